@@ -1,0 +1,50 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpucp
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: run test venv lint format services system-deps bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+venv: $(STAMP)
+
+## Embedded mode: SQLite, in-process scheduling loop, simulated GPU agents, on 127.0.0.1:8000.
+run: venv
+	$(BIN)/python manage.py embedded
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+services:
+	bash scripts/ensure-services.sh
+
+## The whole suite against real PostgreSQL, Redis, Podman and Chromium.
+test: venv system-deps services
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
+	  $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: venv services
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) bash benchmarks/run_all.sh
+
+clean:
+	rm -rf $(VENV) var test-artifacts

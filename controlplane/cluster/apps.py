@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ClusterConfig(AppConfig):
+    name = "controlplane.cluster"
+    label = "cluster"

@@ -1,0 +1,149 @@
+"""Pools, nodes, their GPUs, telemetry, and the tokens nodes join and talk with."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Pool(models.Model):
+    name = models.SlugField(max_length=63, unique=True)
+    # The most watts the pool's GPUs may draw together (a PDU or facility limit); null = none.
+    power_budget_w = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(power_budget_w__isnull=True) | Q(power_budget_w__gt=0),
+                name="pool_budget_positive",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeState(models.TextChoices):
+    """What an admin wants of a node. Liveness is kept apart, in Node.ready."""
+
+    READY = "ready", "Ready"
+    CORDONED = "cordoned", "Cordoned (no new work)"
+    DRAINING = "draining", "Draining (no new work, borrowed work is preempted)"
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=253, unique=True)
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
+    labels = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
+    # Liveness, owned by the heartbeat and the liveness sweep: a node that stopped answering is
+    # "down" whatever its admin state, and comes back in that same admin state.
+    ready = models.BooleanField(default=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_interval_s = models.FloatField(default=10.0)
+    cpus = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0)
+    agent_version = models.CharField(max_length=64, blank=True, default="")
+    runtime = models.CharField(max_length=32, blank=True, default="")
+    # Problems the agent reported that need a person (a cap it could not apply, a lost GPU).
+    conditions = models.JSONField(default=list, blank=True)
+    token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    token_prefix = models.CharField(max_length=16, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def status(self) -> str:
+        return self.state if self.ready else "down"
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and self.state == NodeState.READY
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=96, unique=True)
+    model = models.CharField(max_length=64)
+    memory_mib = models.PositiveIntegerField()
+    power_min_w = models.FloatField()
+    power_max_w = models.FloatField()
+    power_default_w = models.FloatField()
+    # What the scheduler wants the cap to be, and what the agent last saw enforced.
+    desired_power_cap_w = models.FloatField(null=True, blank=True)
+    power_cap_w = models.FloatField(null=True, blank=True)
+    healthy = models.BooleanField(default=True)
+    # Latest telemetry. Null means "not reported" (NVML NotSupported), never zero.
+    utilization_pct = models.FloatField(null=True, blank=True)
+    memory_used_mib = models.FloatField(null=True, blank=True)
+    power_draw_w = models.FloatField(null=True, blank=True)
+    energy_j = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+    sm_clock_mhz = models.FloatField(null=True, blank=True)
+    telemetry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+            models.CheckConstraint(
+                condition=Q(power_min_w__lte=models.F("power_max_w")),
+                name="gpu_power_limits_ordered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index} ({self.model})"
+
+
+class GpuTelemetry(models.Model):
+    """Downsampled history: one row per GPU per bucket (the bucket is a setting)."""
+
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="telemetry")
+    bucket_at = models.DateTimeField()
+    utilization_pct = models.FloatField(null=True)
+    memory_used_mib = models.FloatField(null=True)
+    power_draw_w = models.FloatField(null=True)
+    power_cap_w = models.FloatField(null=True)
+    temperature_c = models.FloatField(null=True)
+    samples = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["gpu", "bucket_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu", "bucket_at"], name="telemetry_one_row_per_bucket"
+            )
+        ]
+
+
+class JoinToken(models.Model):
+    """Lets a new agent register its node once (or a few times) before it expires."""
+
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16)
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="join_tokens")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    max_uses = models.PositiveIntegerField(default=1)
+    uses = models.PositiveIntegerField(default=0)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    @property
+    def is_usable(self) -> bool:
+        return (
+            self.revoked_at is None
+            and self.expires_at > timezone.now()
+            and self.uses < self.max_uses
+        )

@@ -1,0 +1,312 @@
+"""Every change of a job's state goes through this module.
+
+Each action is atomic, refuses what the state machine does not allow, guards against a
+concurrent writer with a conditional UPDATE (the row count tells whether someone else got
+there first), writes a JobEvent, and asks for a scheduling cycle once the transaction commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.jobs.models import (
+    ACTIVE_ATTEMPT_STATES,
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobState,
+)
+from controlplane.jobs.transitions import is_allowed
+
+log = logging.getLogger(__name__)
+
+
+class IllegalTransition(Exception):
+    """The state machine does not allow this transition from the job's current state."""
+
+    def __init__(self, job: Job, from_state: str, to_state: str):
+        self.job = job
+        self.from_state = from_state
+        self.to_state = to_state
+        super().__init__(f"job {job.pk} cannot go from {from_state} to {to_state}")
+
+
+class ConcurrentUpdate(Exception):
+    """Another process changed the job between our read and our write."""
+
+
+def request_cycle(reason: str) -> None:
+    """Ask for an extra scheduling cycle after the current transaction commits."""
+    from controlplane.scheduling.trigger import request_cycle as _request
+
+    transaction.on_commit(lambda: _request(reason))
+
+
+def transition(
+    job: Job,
+    to_state: str,
+    *,
+    reason: str = "",
+    actor=None,
+    kind: str = "transition",
+    data: dict | None = None,
+    **fields,
+) -> Job:
+    """Move job to to_state, or raise. The only code that writes Job.state."""
+    from_state = job.state
+    if not is_allowed(from_state, to_state):
+        raise IllegalTransition(job, from_state, to_state)
+    now = timezone.now()
+    updates = {"state": to_state, "state_reason": reason, **fields}
+    if to_state != JobState.PENDING:
+        updates.update(
+            pending_reason_code="", pending_reason="", queue_position=None, estimated_start_at=None
+        )
+    if to_state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+        updates.setdefault("finished_at", now)
+    with transaction.atomic():
+        changed = Job.objects.filter(pk=job.pk, state=from_state).update(**updates)
+        if changed == 0:
+            raise ConcurrentUpdate(f"job {job.pk} is no longer {from_state}")
+        JobEvent.objects.create(
+            job=job,
+            at=now,
+            kind=kind,
+            from_state=from_state,
+            to_state=to_state,
+            message=reason,
+            actor=actor,
+            data=data or {},
+        )
+    for key, value in updates.items():
+        setattr(job, key, value)
+    return job
+
+
+def record_event(
+    job: Job, kind: str, message: str, *, actor=None, data: dict | None = None
+) -> JobEvent:
+    """A notable fact that is not a state change (a warning, a cap change, a log milestone)."""
+    return JobEvent.objects.create(
+        job=job, kind=kind, message=message, actor=actor, data=data or {}
+    )
+
+
+@transaction.atomic
+def submit_job(*, tenant, user, **fields) -> Job:
+    job = Job.objects.create(tenant=tenant, submitted_by=user, state=JobState.PENDING, **fields)
+    JobEvent.objects.create(
+        job=job,
+        kind="submitted",
+        to_state=JobState.PENDING,
+        actor=user,
+        message=f"Submitted by {user.username}",
+    )
+    request_cycle("submit")
+    return job
+
+
+def _release_allocations(attempt: JobAttempt, now) -> None:
+    Allocation.objects.filter(attempt=attempt, active=True).update(active=False, released_at=now)
+
+
+@transaction.atomic
+def cancel_job(job: Job, *, actor=None, reason: str = "") -> Job:
+    """Cancel a job. A running attempt is told to stop; its GPUs free up when the agent confirms."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    reason = reason or (f"Cancelled by {actor.username}" if actor else "Cancelled")
+    now = timezone.now()
+    for attempt in job.attempts.filter(
+        state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True
+    ):
+        JobAttempt.objects.filter(pk=attempt.pk).update(
+            stop_requested_at=now, stop_reason="cancelled"
+        )
+    transition(job, JobState.CANCELLED, reason=reason, actor=actor, kind="cancelled")
+    request_cycle("cancel")
+    return job
+
+
+@transaction.atomic
+def admit_job(
+    job: Job, *, node, gpus: Iterable, borrowed: bool, reason: str = ""
+) -> JobAttempt | None:
+    """Create the attempt and its allocations, and move the job to ADMITTED.
+
+    Returns None (and logs) when the job is no longer pending: a cancel or another cycle won.
+    A GPU already held raises IntegrityError from the partial unique index, which rolls back the
+    savepoint, so nothing of a half-admitted job remains.
+    """
+    number = job.attempt_count + 1
+    changed = Job.objects.filter(
+        pk=job.pk, state=JobState.PENDING, attempt_count=job.attempt_count
+    ).update(attempt_count=F("attempt_count") + 1)
+    if changed == 0:
+        log.info("job %s changed since the snapshot; not admitting it", job.pk)
+        return None
+    job.attempt_count = number
+    attempt = JobAttempt.objects.create(job=job, number=number, node=node, borrowed=borrowed)
+    Allocation.objects.bulk_create([Allocation(attempt=attempt, gpu=gpu) for gpu in gpus])
+    transition(
+        job,
+        JobState.ADMITTED,
+        reason=reason or f"Admitted to {node.name}",
+        kind="admitted",
+        data={
+            "attempt": attempt.pk,
+            "node": node.name,
+            "gpus": [g.uuid for g in gpus],
+            "borrowed": borrowed,
+        },
+    )
+    return attempt
+
+
+@transaction.atomic
+def request_stop(attempt: JobAttempt, *, reason: str, message: str) -> bool:
+    """Tell the agent to stop an attempt (preemption, fencing). True if this call asked first."""
+    changed = JobAttempt.objects.filter(
+        pk=attempt.pk, state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True
+    ).update(stop_requested_at=timezone.now(), stop_reason=reason)
+    if changed:
+        record_event(
+            attempt.job, "stop_requested", message, data={"attempt": attempt.pk, "reason": reason}
+        )
+    return bool(changed)
+
+
+@transaction.atomic
+def mark_attempt_running(
+    attempt: JobAttempt, *, started_at=None, energy_start_j: dict | None = None
+) -> None:
+    started_at = started_at or timezone.now()
+    changed = JobAttempt.objects.filter(pk=attempt.pk, state=AttemptState.ADMITTED).update(
+        state=AttemptState.RUNNING, started_at=started_at, energy_start_j=energy_start_j or {}
+    )
+    if not changed:
+        return
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if job.state == JobState.ADMITTED:
+        transition(
+            job,
+            JobState.RUNNING,
+            reason=f"Running on {attempt.node.name}",
+            kind="running",
+            started_at=job.started_at or started_at,
+            data={"attempt": attempt.pk},
+        )
+
+
+def _book_usage(
+    attempt: JobAttempt, finished_at, energy_j: float | None, energy_estimated: bool
+) -> dict:
+    begun = attempt.started_at or attempt.created_at
+    gpu_count = attempt.allocations.count()
+    seconds = max(0.0, (finished_at - begun).total_seconds())
+    return {
+        "gpu_seconds": seconds * gpu_count,
+        "energy_j": energy_j if energy_j is not None else attempt.energy_j,
+        "energy_estimated": energy_estimated,
+    }
+
+
+@transaction.atomic
+def finish_attempt(
+    attempt: JobAttempt,
+    *,
+    exit_code: int | None,
+    finished_at=None,
+    energy_j: float | None = None,
+    energy_estimated: bool = False,
+    lost: bool = False,
+) -> bool:
+    """The agent says the attempt's container is gone (or the node is lost).
+
+    Books usage, frees the GPUs, and moves the job: to SUCCEEDED / FAILED when it ended by
+    itself; PREEMPTED then PENDING when it was preempted; LOST then PENDING or FAILED when
+    its node vanished. Idempotent: a repeated report changes nothing.
+    """
+    finished_at = finished_at or timezone.now()
+    stopped_on_purpose = attempt.stop_requested_at is not None
+    if lost:
+        new_state = AttemptState.LOST
+    elif stopped_on_purpose:
+        new_state = AttemptState.STOPPED
+    else:
+        new_state = AttemptState.SUCCEEDED if exit_code == 0 else AttemptState.FAILED
+    usage = _book_usage(attempt, finished_at, energy_j, energy_estimated)
+    changed = JobAttempt.objects.filter(pk=attempt.pk, state__in=ACTIVE_ATTEMPT_STATES).update(
+        state=new_state, finished_at=finished_at, exit_code=exit_code, **usage
+    )
+    if not changed:
+        return False
+    _release_allocations(attempt, finished_at)
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if job.state in (JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED):
+        record_event(
+            job,
+            "attempt_stopped",
+            f"Attempt {attempt.number} stopped",
+            data={"exit_code": exit_code},
+        )
+    elif lost:
+        transition(
+            job, JobState.LOST, reason=f"Node {attempt.node.name} stopped answering", kind="lost"
+        )
+        if job.restartable:
+            transition(
+                job, JobState.PENDING, reason="Requeued after its node was lost", kind="requeued"
+            )
+        else:
+            transition(
+                job,
+                JobState.FAILED,
+                reason="Its node was lost and the job is not restartable",
+                kind="failed",
+            )
+    elif stopped_on_purpose and attempt.stop_reason in ("preempted", "drained"):
+        if job.state == JobState.ADMITTED:
+            transition(
+                job,
+                JobState.RUNNING,
+                reason="Started",
+                kind="running",
+                started_at=job.started_at or finished_at,
+            )
+        transition(job, JobState.PREEMPTED, reason="Preempted to give GPUs back", kind="preempted")
+        transition(job, JobState.PENDING, reason="Requeued after preemption", kind="requeued")
+    elif stopped_on_purpose:
+        # Fenced (e.g. a stale attempt on a node that came back): the job was already moved on.
+        record_event(
+            job, "attempt_stopped", f"Attempt {attempt.number} stopped ({attempt.stop_reason})"
+        )
+    else:
+        if job.state == JobState.ADMITTED:
+            transition(
+                job,
+                JobState.RUNNING,
+                reason="Started",
+                kind="running",
+                started_at=attempt.started_at or finished_at,
+            )
+        if exit_code == 0:
+            transition(
+                job, JobState.SUCCEEDED, reason="Exited with code 0", kind="succeeded", exit_code=0
+            )
+        else:
+            transition(
+                job,
+                JobState.FAILED,
+                reason=f"Exited with code {exit_code}",
+                kind="failed",
+                exit_code=exit_code,
+            )
+    request_cycle("job_end")
+    return True

@@ -1,0 +1,187 @@
+"""One settings file, driven by the environment.
+
+Defaults are safe for the embedded mode (SQLite, DEBUG, a throwaway secret). Production sets
+GPUCP_ENV=production, which makes a missing SECRET_KEY or DATABASE_URL a hard error instead
+of a silent fallback.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
+PRODUCTION = os.environ.get("GPUCP_ENV", "embedded") == "production"
+
+
+def required(name: str, embedded_default: str) -> str:
+    value = os.environ.get(name)
+    if value:
+        return value
+    if PRODUCTION:
+        raise ImproperlyConfigured(f"{name} must be set when GPUCP_ENV=production")
+    return embedded_default
+
+
+SECRET_KEY = required("SECRET_KEY", "embedded-mode-insecure-secret-key-do-not-use-in-production")
+DEBUG = env_bool("DEBUG", not PRODUCTION)
+ALLOWED_HOSTS = [
+    h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h
+]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_htmx",
+    "controlplane.tenancy",
+    "controlplane.cluster",
+    "controlplane.jobs",
+    "controlplane.scheduling",
+    "controlplane.accounting",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        required("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'embedded.sqlite3'}"),
+        conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "60")),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The embedded mode runs web, scheduling loop and agent API in one process with threads;
+    # a generous busy timeout turns SQLite's writer lock into a short wait, not an error.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "controlplane.tenancy.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU control plane API",
+    "DESCRIPTION": "Tenants, quotas, budgets, nodes, GPUs and jobs of a multi-tenant GPU cluster.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "gpucp")
+
+# Scheduling loop. The periodic tick is a floor: submits, cancels and job ends request an extra,
+# debounced cycle so a burst of work does not wait for the next tick.
+SCHEDULER_CYCLE_INTERVAL_S = env_float("SCHEDULER_CYCLE_INTERVAL_S", 5.0)
+SCHEDULER_DEBOUNCE_S = env_float("SCHEDULER_DEBOUNCE_S", 0.5)
+SCHEDULER_EMBEDDED = env_bool("SCHEDULER_EMBEDDED", False)
+
+# Node liveness: a node silent for NODE_NOT_READY_AFTER_INTERVALS heartbeat intervals gets no new
+# work; after NODE_LOST_GRACE_S more its attempts are declared lost.
+AGENT_HEARTBEAT_INTERVAL_S = env_float("AGENT_HEARTBEAT_INTERVAL_S", 10.0)
+NODE_NOT_READY_AFTER_INTERVALS = 3
+NODE_LOST_GRACE_S = env_float("NODE_LOST_GRACE_S", 60.0)
+
+CELERY_BEAT_SCHEDULE = {
+    "scheduling-cycle": {
+        "task": "controlplane.scheduling.tasks.run_cycle",
+        "schedule": SCHEDULER_CYCLE_INTERVAL_S,
+    },
+    "node-liveness": {
+        "task": "controlplane.cluster.tasks.sweep_node_liveness",
+        "schedule": AGENT_HEARTBEAT_INTERVAL_S,
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,225 @@
+"""Plain, frozen data: a snapshot of the cluster going in, a plan coming out.
+
+Times are seconds on one clock chosen by the caller (Unix time in production, simulated time in
+the simulator); the core never reads a clock of its own. Tenants, users, nodes and GPUs are
+referred to by stable string keys, jobs and attempts by integer ids.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+ANY_GPU_TYPE = ""
+
+
+class Ordering(enum.StrEnum):
+    """How the queue is ordered; the baselines of the simulator are orderings plus switches."""
+
+    FAIR = "fair"  # ours: guarantee first, priority, weighted share, predicted duration, aging
+    FIFO = "fifo"
+    SJF = "sjf"  # shortest (predicted or oracle) duration first
+    SRTF = "srtf"  # shortest remaining time first, preemptive
+    LAS = "las"  # Tiresias 2D-LAS: least attained GPU-service first, no duration knowledge
+    QSSF = "qssf"  # Helios: shortest predicted GPU-service first
+
+
+class ReasonCode(enum.StrEnum):
+    """Why a job is still pending, in a form a program can switch on."""
+
+    QUOTA_LIMIT = "quota_limit"  # the tenant is at its limit for this GPU type
+    MAX_RUNNING_JOBS = "max_running_jobs"
+    NO_CAPACITY = "no_capacity"  # not enough free GPUs of the type anywhere
+    RESERVED = "reserved"  # free GPUs are held for the head of the queue
+    GANG_FRAGMENTED = "gang_fragmented"  # enough GPUs in total, but not placeable together
+    NO_MATCHING_GPUS = "no_matching_gpus"  # no schedulable node has this GPU type / size at all
+    BUDGET_HOLD = "budget_hold"  # the tenant's energy or GPU-hour budget is spent (hold)
+    BUDGET_NO_BORROWING = "budget_no_borrowing"
+    WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # GPUs are being reclaimed for it
+    STATIC_PARTITION = "static_partition"  # baselines without borrowing
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    uuid: str
+    index: int
+    gpu_type: str
+    power_min_w: float
+    power_max_w: float
+    power_default_w: float
+    power_cap_w: float | None = None  # the cap enforced now (None: unknown, assume default)
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    pool: str
+    gpus: tuple[Gpu, ...]
+    schedulable: bool = True  # False when cordoned, draining or not ready
+    draining: bool = False
+    cpus: float = 0.0  # 0 means "not tracked"
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PowerProfile:
+    """How a job's throughput and draw depend on its GPUs' power cap (see scheduler.power)."""
+
+    # Watts one GPU of the job draws when uncapped, as a fraction of that GPU's maximum cap.
+    uncapped_fraction: float = 0.9
+    # Share of the draw that does not scale with clocks (memory, fans, leakage).
+    static_fraction: float = 0.35
+    # How strongly throughput follows the dynamic power; 0 = not at all (memory-bound).
+    sensitivity: float = 1.0
+    # How many telemetry samples refined this profile (0 = the default profile).
+    samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An attempt that holds GPUs now."""
+
+    attempt_id: int
+    job_id: int
+    tenant: str
+    user: str
+    priority: int
+    preemptible: bool
+    started_at_s: float
+    gpus: tuple[str, ...]  # GPU uuids, possibly on several nodes (a gang)
+    gpu_type: str  # the type of the GPUs it holds
+    predicted_end_s: float | None = None
+    stopping: bool = False  # already told to stop; its GPUs free up soon
+    submitted_at_s: float = 0.0
+    attained_service_s: float = 0.0  # GPU-seconds received so far, over all attempts (for LAS)
+    remaining_s: float | None = None  # oracle remaining time (simulator only, for SRTF)
+    power_profile: PowerProfile = field(default_factory=PowerProfile)
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A job waiting for GPUs."""
+
+    job_id: int
+    tenant: str
+    user: str
+    name: str
+    gpus: int
+    gpu_type: str = ANY_GPU_TYPE
+    priority: int = 100
+    preemptible: bool = True
+    submitted_at_s: float = 0.0
+    predicted_duration_s: float | None = None  # from history or, in the simulator, the oracle
+    estimated_duration_s: float | None = None  # what the user said
+    max_runtime_s: float | None = None
+    attained_service_s: float = 0.0  # GPU-seconds received in earlier attempts (for LAS)
+    cpus: float = 0.0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    gpu_type: str  # ANY_GPU_TYPE caps the sum over all types
+    guaranteed_gpus: int
+    limit_gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    weight: float = 1.0
+    quotas: tuple[Quota, ...] = ()
+    max_running_jobs: int | None = None
+    # Energy / GPU-hour budgets, already turned into what the core needs this cycle.
+    budget_action: str | None = None  # "throttle" | "no_borrowing" | "hold" when a budget is spent
+    power_pace_w: float | None = None  # watts it may draw on average for the rest of its period
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRecord:
+    """A finished job, for duration prediction."""
+
+    tenant: str
+    user: str
+    name: str
+    gpus: int
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    power_budget_w: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now_s: float
+    nodes: tuple[Node, ...]
+    running: tuple[Running, ...] = ()
+    pending: tuple[Pending, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
+    pools: tuple[Pool, ...] = ()
+    history: tuple[HistoryRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    ordering: Ordering = Ordering.FAIR
+    borrowing: bool = True  # lend idle capacity beyond guarantees
+    preemption: bool = True  # reclaim borrowed GPUs for work within a guarantee
+    backfill: bool = True
+    min_runtime_s: float = 60.0  # never preempt an attempt younger than this (no thrashing)
+    # Waiting raises a job's rank: every aging_period_s of waiting counts like one priority step.
+    aging_period_s: float = 3600.0
+    # Default when neither history nor the user gives a duration and there is no max runtime.
+    default_duration_s: float = 3600.0
+    power_planning: bool = True
+    power_step_w: float = 25.0
+    # Caps move only when the new one differs by more than this (hysteresis against flapping).
+    power_hysteresis_w: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: int
+    # One entry per node the job lands on: (node name, GPU uuids on it).
+    placements: tuple[tuple[str, tuple[str, ...]], ...]
+    borrowed: bool
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(u for _, uuids in self.placements for u in uuids)
+
+    @property
+    def node(self) -> str:
+        return self.placements[0][0]
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    attempt_id: int
+    job_id: int
+    reason: str
+    for_job_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDecision:
+    job_id: int
+    reason_code: ReasonCode
+    reason: str  # a sentence a person understands
+    queue_position: int  # 1 = next in line
+    estimated_start_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    starts: tuple[Start, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    pending: tuple[PendingDecision, ...] = ()
+    power_caps_w: dict[str, float] = field(default_factory=dict)  # GPU uuid -> cap
+    predicted_duration_s: dict[int, float] = field(default_factory=dict)  # job id -> prediction
+    # Wall seconds per named step; measurement only, so equal plans compare equal without it.
+    step_seconds: dict[str, float] = field(default_factory=dict, compare=False)

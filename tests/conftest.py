@@ -1,0 +1,113 @@
+"""Shared fixtures: two tenants, a person in each role, a small cluster.
+
+`alice` (member of vision) and `bob` (member of nlp) must never see each other's data.
+"""
+
+import pytest
+
+
+@pytest.fixture
+def make_user(db, django_user_model):
+    def make(username: str, *, staff: bool = False, password: str = "pw-for-tests-1"):
+        return django_user_model.objects.create_user(
+            username=username, password=password, is_staff=staff, is_superuser=staff
+        )
+
+    return make
+
+
+@pytest.fixture
+def vision(db):
+    from controlplane.tenancy.models import Quota, Tenant
+
+    tenant = Tenant.objects.create(slug="vision", name="Vision lab", weight=1.0)
+    Quota.objects.create(tenant=tenant, gpu_type="H100-SXM-80GB", guaranteed_gpus=8, limit_gpus=16)
+    return tenant
+
+
+@pytest.fixture
+def nlp(db):
+    from controlplane.tenancy.models import Quota, Tenant
+
+    tenant = Tenant.objects.create(slug="nlp", name="NLP lab", weight=1.0)
+    Quota.objects.create(tenant=tenant, gpu_type="H100-SXM-80GB", guaranteed_gpus=8, limit_gpus=16)
+    return tenant
+
+
+def _member(make_user, tenant, username, role):
+    from controlplane.tenancy.models import Membership
+
+    user = make_user(username)
+    Membership.objects.create(user=user, tenant=tenant, role=role)
+    return user
+
+
+@pytest.fixture
+def alice(make_user, vision):
+    return _member(make_user, vision, "alice", "member")
+
+
+@pytest.fixture
+def bob(make_user, nlp):
+    return _member(make_user, nlp, "bob", "member")
+
+
+@pytest.fixture
+def vision_viewer(make_user, vision):
+    return _member(make_user, vision, "victor", "viewer")
+
+
+@pytest.fixture
+def vision_admin(make_user, vision):
+    return _member(make_user, vision, "vera", "admin")
+
+
+@pytest.fixture
+def cluster_admin(make_user):
+    return make_user("root-admin", staff=True)
+
+
+@pytest.fixture
+def pool(db):
+    from controlplane.cluster.models import Pool
+
+    return Pool.objects.create(name="default")
+
+
+@pytest.fixture
+def make_node(pool):
+    from controlplane.cluster.models import GPU, Node
+
+    def make(name: str, gpus: int = 8, model: str = "H100-SXM-80GB", **fields):
+        node = Node.objects.create(name=name, pool=pool, cpus=64, memory_mib=512 * 1024, **fields)
+        for i in range(gpus):
+            GPU.objects.create(
+                node=node,
+                index=i,
+                uuid=f"GPU-{name}-{i}",
+                model=model,
+                memory_mib=81559,
+                power_min_w=200.0,
+                power_max_w=700.0,
+                power_default_w=700.0,
+            )
+        return node
+
+    return make
+
+
+@pytest.fixture
+def make_job(db):
+    from controlplane.jobs import actions
+
+    def make(tenant, user, **fields):
+        defaults = {
+            "name": "train",
+            "image": "registry.local/team/train:1",
+            "command": ["python", "train.py"],
+            "gpus": 1,
+        }
+        defaults.update(fields)
+        return actions.submit_job(tenant=tenant, user=user, **defaults)
+
+    return make
