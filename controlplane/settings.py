@@ -185,3 +185,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Bearer token a Prometheus scraper presents at /metrics (admins' sessions work without it).
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")

@@ -72,6 +72,8 @@ class PowerProfile:
     static_fraction: float = 0.35
     # How strongly throughput follows the dynamic power; 0 = not at all (memory-bound).
     sensitivity: float = 1.0
+    # Dynamic power follows the clock as clock ** clock_exponent (voltage falls with the clock).
+    clock_exponent: float = 2.0
     # How many telemetry samples refined this profile (0 = the default profile).
     samples: int = 0
 
