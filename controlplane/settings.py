@@ -103,6 +103,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded mode runs web, scheduling loop and agent API in one process with threads;
     # a generous busy timeout turns SQLite's writer lock into a short wait, not an error.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # A transaction that reads, then writes, would fail at once (not wait) if another thread
+    # wrote in between; taking the writer lock at BEGIN makes it wait its turn instead.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -144,6 +147,13 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Several models have a field named "state" with different choices; name each set.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "controlplane.jobs.models.JobState",
+        "AttemptStateEnum": "controlplane.jobs.models.AttemptState",
+        "NodeStateEnum": "controlplane.cluster.models.NodeState",
+        "RoleEnum": "controlplane.tenancy.models.Role",
+    },
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "")

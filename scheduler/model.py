@@ -64,16 +64,22 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class PowerProfile:
-    """How a job's throughput and draw depend on its GPUs' power cap (see scheduler.power)."""
+    """How a job's throughput and draw depend on its GPUs' power cap (see scheduler.power).
 
-    # Watts one GPU of the job draws when uncapped, as a fraction of that GPU's maximum cap.
-    uncapped_fraction: float = 0.9
+    The defaults are a typical training job: the median of the profiles fitted to the zeus
+    workloads that draw at least 60 % of the maximum cap uncapped.
+    """
+
+    # Watts one GPU of the job draws with no cap at all, as a fraction of that GPU's maximum cap.
+    uncapped_fraction: float = 0.82
     # Share of the draw that does not scale with clocks (memory, fans, leakage).
-    static_fraction: float = 0.35
-    # How strongly throughput follows the dynamic power; 0 = not at all (memory-bound).
-    sensitivity: float = 1.0
-    # Dynamic power follows the clock as clock ** clock_exponent (voltage falls with the clock).
-    clock_exponent: float = 2.0
+    static_fraction: float = 0.27
+    # Share of a step's time that follows the SM clock; 0 = not at all (memory- or input-bound).
+    sensitivity: float = 0.88
+    # Dynamic power follows the clock as clock ** clock_exponent (voltage falls with the clock) ...
+    clock_exponent: float = 3.5
+    # ... down to this share of the full clock; below it the voltage is at its floor (power ~ clock).
+    floor_clock: float = 0.66
     # How many telemetry samples refined this profile (0 = the default profile).
     samples: int = 0
 
@@ -97,6 +103,9 @@ class Running:
     attained_service_s: float = 0.0  # GPU-seconds received so far, over all attempts (for LAS)
     remaining_s: float | None = None  # oracle remaining time (simulator only, for SRTF)
     power_profile: PowerProfile = field(default_factory=PowerProfile)
+    # What it holds besides GPUs, so a node's tracked CPUs and memory are not promised twice.
+    cpus: float = 0.0
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +190,9 @@ class Config:
     power_step_w: float = 25.0
     # Caps move only when the new one differs by more than this (hysteresis against flapping).
     power_hysteresis_w: float = 10.0
+    # "Eco" mode: with no binding budget, run each job at the least-energy cap that makes it at
+    # most this much slower (0.05 = 5 %); None runs unconstrained jobs uncapped.
+    eco_max_slowdown: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,7 @@ answers() {
 if ! answers; then
   rm -f "$sock"
   # setsid + nohup: the service must outlive this script and the shell (or test) that ran it.
-  setsid nohup podman system service --time=0 "unix://$sock" >"$dir/service.log" 2>&1 </dev/null &
+  setsid nohup podman system service --time=0 "unix://$sock" >"$dir/service.log" 2>&1 </dev/null 9>&- &
   echo $! >"$dir/service.pid"
   for _ in $(seq 1 100); do
     answers && break

@@ -113,6 +113,18 @@ def submit_job(*, tenant, user, **fields) -> Job:
     return job
 
 
+def _notify_nodes_on_commit(attempts: list[JobAttempt]) -> None:
+    """Wake the agents that run these attempts once the change is visible, so a stop is quick."""
+    from controlplane.cluster.models import Node
+    from controlplane.scheduling.notify import notify_nodes
+
+    ids = [a.pk for a in attempts]
+    names = set(
+        Node.objects.filter(gpus__allocations__attempt_id__in=ids).values_list("name", flat=True)
+    ) | set(Node.objects.filter(attempts__id__in=ids).values_list("name", flat=True))
+    transaction.on_commit(lambda: notify_nodes(names))
+
+
 def _release_allocations(attempt: JobAttempt, now) -> None:
     Allocation.objects.filter(attempt=attempt, active=True).update(active=False, released_at=now)
 
@@ -123,13 +135,16 @@ def cancel_job(job: Job, *, actor=None, reason: str = "") -> Job:
     job = Job.objects.select_for_update().get(pk=job.pk)
     reason = reason or (f"Cancelled by {actor.username}" if actor else "Cancelled")
     now = timezone.now()
-    for attempt in job.attempts.filter(
-        state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True
-    ):
+    stopping = list(
+        job.attempts.filter(state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True)
+    )
+    for attempt in stopping:
         JobAttempt.objects.filter(pk=attempt.pk).update(
             stop_requested_at=now, stop_reason="cancelled"
         )
     transition(job, JobState.CANCELLED, reason=reason, actor=actor, kind="cancelled")
+    if stopping:
+        _notify_nodes_on_commit(stopping)
     request_cycle("cancel")
     return job
 
@@ -226,8 +241,12 @@ def finish_attempt(
     energy_j: float | None = None,
     energy_estimated: bool = False,
     lost: bool = False,
+    message: str = "",
 ) -> bool:
     """The agent says the attempt's container is gone (or the node is lost).
+
+    exit_code None without lost means it never started (message says why): the job FAILS
+    at once. message, when given, is the reason recorded for a lost or never-started attempt.
 
     Books usage, frees the GPUs, and moves the job: to SUCCEEDED / FAILED when it ended by
     itself; PREEMPTED then PENDING when it was preempted; LOST then PENDING or FAILED when
@@ -258,7 +277,10 @@ def finish_attempt(
         )
     elif lost:
         transition(
-            job, JobState.LOST, reason=f"Node {attempt.node.name} stopped answering", kind="lost"
+            job,
+            JobState.LOST,
+            reason=message or f"Node {attempt.node.name} stopped answering",
+            kind="lost",
         )
         if job.restartable:
             transition(
@@ -287,6 +309,8 @@ def finish_attempt(
         record_event(
             job, "attempt_stopped", f"Attempt {attempt.number} stopped ({attempt.stop_reason})"
         )
+    elif exit_code is None:
+        transition(job, JobState.FAILED, reason=message or "Failed to start", kind="failed")
     else:
         if job.state == JobState.ADMITTED:
             transition(

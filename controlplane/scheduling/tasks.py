@@ -4,5 +4,11 @@ from celery import shared_task
 @shared_task(acks_late=True, ignore_result=True)
 def run_cycle(trigger: str = "tick") -> dict:
     from controlplane.scheduling.cycle import run_scheduling_cycle
+    from controlplane.scheduling.trigger import request_cycle
 
-    return run_scheduling_cycle(trigger=trigger)
+    result = run_scheduling_cycle(trigger=trigger)
+    if result.get("skipped") and trigger != "tick":
+        # The cycle that holds the lock may have read its snapshot before this request's change
+        # committed; ask again (debounced) rather than leave the change to the next tick.
+        request_cycle(trigger)
+    return result

@@ -1,10 +1,59 @@
-"""`make run`: the whole system on one machine (SQLite, in-process loop, simulated agents)."""
+"""`make run`: the whole system on one machine (SQLite, in-process loop, simulated agents).
+
+One process serves the web UI, the REST API and the agent API (threaded runserver) and runs the
+scheduling loop and the liveness sweep in a thread; the agents are child processes with
+simulated GPUs and the `process` runtime, joined with a fresh join token, and are stopped
+when the server stops.
+"""
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import connections
+from django.utils import timezone
+
+AGENT_GPU_MODEL = "H100-SXM-80GB"
+AGENT_GPUS = 8
+SERVER_WAIT_S = 60.0
+
+
+def agent_command(*, name: str, server_url: str, state_dir: str, gpus: int, model: str):
+    """The command line of one simulated agent (see agents/__main__.py for its flags)."""
+    return [
+        sys.executable,
+        "-m",
+        "agents",
+        "--server",
+        server_url,
+        "--name",
+        name,
+        "--state-dir",
+        state_dir,
+        "--gpu-backend",
+        f"simulated:{model}:{gpus}",
+        "--runtime",
+        "process",
+    ]
+
+
+def _wait_for_port(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
 
 
 class Command(BaseCommand):
@@ -15,6 +64,9 @@ class Command(BaseCommand):
         parser.add_argument("--agents", type=int, default=3, help="simulated GPU nodes to start")
 
     def handle(self, *args, addr: str, agents: int, **options):
+        # Before anything can ask for a cycle: requests wake the loop below, not a Celery worker.
+        settings.SCHEDULER_EMBEDDED = True
+        os.environ["SCHEDULER_EMBEDDED"] = "1"
         (settings.BASE_DIR / "var").mkdir(exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
         from controlplane.demo import seed_demo
@@ -33,5 +85,79 @@ class Command(BaseCommand):
             self.stdout.write(
                 "Demo accounts exist already (admin, vision-researcher, nlp-researcher, ...)."
             )
-        os.environ.setdefault("SCHEDULER_EMBEDDED", "1")
-        call_command("runserver", addr, use_reloader=False)
+
+        from controlplane.scheduling.embedded import SchedulingLoop
+
+        loop = SchedulingLoop().start()
+        children: list[subprocess.Popen] = []
+        launcher = threading.Thread(
+            target=self._launch_agents, args=(addr, agents, children), daemon=True
+        )
+        launcher.start()
+        # A plain `kill` must stop the agents too, not only Ctrl-C.
+        previous = signal.signal(signal.SIGTERM, self._raise_interrupt)
+        try:
+            call_command("runserver", addr, use_reloader=False)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            launcher.join(timeout=1.0)
+            self._stop_agents(children)
+            loop.stop()
+
+    @staticmethod
+    def _raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    def _launch_agents(self, addr: str, count: int, children: list) -> None:
+        if count <= 0:
+            return
+        host, _, port = addr.rpartition(":")
+        host = host or "127.0.0.1"
+        if not _wait_for_port(host, int(port), SERVER_WAIT_S):
+            self.stderr.write(f"The server did not come up on {addr}; no agents started.")
+            return
+        from controlplane.cluster.agent_auth import issue_join_token
+        from controlplane.cluster.models import Pool
+
+        pool = Pool.objects.get(name="default")
+        # A fresh token per start, good for this many registrations and for a day.
+        _, raw = issue_join_token(
+            pool, expires_at=timezone.now() + timedelta(days=1), max_uses=count
+        )
+        connections.close_all()
+        env = {**os.environ, "GPUCP_JOIN_TOKEN": raw}
+        agents_dir = settings.BASE_DIR / "var" / "agents"
+        for i in range(1, count + 1):
+            name = f"sim-node-{i}"
+            state_dir = agents_dir / name
+            state_dir.mkdir(parents=True, exist_ok=True)
+            cmd = agent_command(
+                name=name,
+                server_url=f"http://{host}:{port}",
+                state_dir=str(state_dir),
+                gpus=AGENT_GPUS,
+                model=AGENT_GPU_MODEL,
+            )
+            with open(state_dir / "agent.log", "ab") as log_file:
+                children.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=env,
+                        cwd=settings.BASE_DIR,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+            self.stdout.write(f"Started simulated agent {name} (log: {state_dir / 'agent.log'})")
+
+    def _stop_agents(self, children: list) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + 10.0
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()

@@ -1,0 +1,198 @@
+"""The agent's side of the agent protocol (docs/agent-protocol.md), over HTTP with requests.
+
+Every call is one attempt that either answers or raises one of three errors, so the daemon
+decides what to do: ControlPlaneUnavailable (retry later with backoff; never a reason to touch
+the jobs), Unauthorized (the node token is no longer valid: register again) and Rejected (the
+control plane refused what we sent).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import requests
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/agent/v1"
+TOKEN_FILE = "node-token"
+
+
+class ControlPlaneError(Exception):
+    """A call to the control plane did not succeed."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ControlPlaneUnavailable(ControlPlaneError):
+    """Unreachable, timed out, or a 5xx / 429: worth retrying later."""
+
+
+class Unauthorized(ControlPlaneError):
+    """401/403: the token is unknown, revoked or expired."""
+
+
+class Rejected(ControlPlaneError):
+    """Another 4xx: the request itself is at fault (the message says which field)."""
+
+
+class Backoff:
+    """Exponential backoff with jitter, so agents that lost the control plane together do not
+    all come back in the same second. Each delay is drawn from [d/2, d] with d doubling from
+    ``base_s`` up to ``max_s``.
+    """
+
+    def __init__(
+        self,
+        base_s: float = 0.5,
+        max_s: float = 30.0,
+        factor: float = 2.0,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.base_s = base_s
+        self.max_s = max_s
+        self.factor = factor
+        self._rng = rng
+        self.failures = 0
+
+    def next_delay_s(self) -> float:
+        """The wait before the next try; each call counts one more failure."""
+        ceiling_s = min(self.max_s, self.base_s * self.factor**self.failures)
+        self.failures += 1
+        return ceiling_s / 2 + self._rng() * ceiling_s / 2
+
+    def reset(self) -> None:
+        """A call succeeded: the next failure starts again from ``base_s``."""
+        self.failures = 0
+
+
+class ControlPlaneClient:
+    """Talks to the control plane at ``base_url``; keeps the node token in ``state_dir``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        state_dir: str | os.PathLike,
+        join_token: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.join_token = join_token
+        self.timeout_s = timeout_s
+        self._token_path = Path(state_dir) / TOKEN_FILE
+        # requests.Session is not safe to share between threads (the watch runs in its own).
+        self._local = threading.local()
+        self.node_token = self._load_token()
+
+    # -- the node token --------------------------------------------------------------------------
+
+    @property
+    def token_path(self) -> Path:
+        """Where the node token is kept (mode 0600)."""
+        return self._token_path
+
+    def _load_token(self) -> str | None:
+        try:
+            token = self._token_path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if os.stat(self._token_path).st_mode & 0o077:
+            os.chmod(self._token_path, 0o600)
+        return token or None
+
+    def _save_token(self, token: str) -> None:
+        self._token_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._token_path.with_name(TOKEN_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(tmp, 0o600)  # in case the file was there with looser bits
+        os.replace(tmp, self._token_path)
+        self.node_token = token
+
+    def forget_token(self) -> None:
+        """Drop a node token the control plane refused, so the next start registers again."""
+        self.node_token = None
+        try:
+            self._token_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.headers["User-Agent"] = "gpucp-agent"
+            self._local.session = session
+        return session
+
+    def _post(self, path: str, body: dict, token: str | None, timeout_s: float) -> Any:
+        if not token:
+            raise Unauthorized(f"no token for {path}")
+        url = self.base_url + API_PREFIX + path
+        try:
+            response = self._session().post(
+                url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
+            )
+        except requests.RequestException as exc:
+            raise ControlPlaneUnavailable(f"{url}: {exc}") from exc
+        status = response.status_code
+        if status >= 500 or status == 429:
+            raise ControlPlaneUnavailable(f"{url}: HTTP {status}", status)
+        if status in (401, 403):
+            raise Unauthorized(f"{url}: HTTP {status} {response.text[:200]}", status)
+        if status >= 400:
+            raise Rejected(f"{url}: HTTP {status} {response.text[:500]}", status)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ControlPlaneUnavailable(f"{url}: answer is not JSON", status) from exc
+
+    def register(self, payload: dict) -> dict:
+        """Register with the join token; keeps the node token it gets. Returns the answer."""
+        if not self.join_token:
+            raise Unauthorized("no join token to register with (set GPUCP_JOIN_TOKEN)")
+        answer = self._post("/register", payload, self.join_token, self.timeout_s)
+        token = answer.get("node_token")
+        if not token:
+            raise Rejected("register answered without a node_token")
+        self._save_token(token)
+        return answer
+
+    def heartbeat(self, body: dict) -> dict:
+        """Send what the node observes; returns the desired state."""
+        return self._post("/heartbeat", body, self.node_token, self.timeout_s)
+
+    def watch(self, timeout_s: float) -> bool:
+        """Long-poll: True as soon as this node's desired state changed, False at the timeout."""
+        answer = self._post(
+            "/watch", {"timeout_s": timeout_s}, self.node_token, timeout_s + self.timeout_s
+        )
+        return bool(answer.get("changed"))
+
+    def send_logs(self, attempt_id: int, offset: int, data: str) -> int:
+        """Ship a chunk of output at byte ``offset``; returns the offset the control plane has."""
+        answer = self._post(
+            "/logs",
+            {"attempt_id": attempt_id, "offset": offset, "data": data},
+            self.node_token,
+            self.timeout_s,
+        )
+        return int(answer["next_offset"])
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()

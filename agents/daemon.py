@@ -1,0 +1,672 @@
+"""The reconcile loop: observe, report, do what the answer says. Level-triggered, like a kubelet.
+
+Each heartbeat carries everything the node observes (GPU telemetry, every attempt it runs or saw
+end and not yet had acknowledged); its answer is everything the node should be doing. The loop
+then starts the listed attempts it does not run, stops the ones it runs that are not listed
+(fencing), and applies the caps that differ. Nothing here decides anything; a lost or repeated
+message changes nothing, and a control plane that cannot be reached never stops a job.
+
+Between heartbeats the loop blocks on the watch long-poll (in a thread), so new work starts
+within a second of being admitted, and polls its runtime, so an exit is reported at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from agents import __version__
+from agents.client import (
+    Backoff,
+    ControlPlaneClient,
+    ControlPlaneError,
+    ControlPlaneUnavailable,
+    Rejected,
+    Unauthorized,
+)
+from agents.gpu.base import GpuBackend, GpuError, GpuTelemetry
+from agents.runtime.base import (
+    AttemptSpec,
+    AttemptState,
+    AttemptStatus,
+    Runtime,
+    StartError,
+    decode_log_chunk,
+    write_json_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+LOG_CHUNK_BYTES = 64 * 1024
+# Per attempt and cycle, so a chatty job cannot delay the heartbeat much.
+LOG_CHUNKS_PER_CYCLE = 16
+# Caps within this of the enforced one count as applied (NVML rounds to its own step).
+CAP_TOLERANCE_W = 0.5
+# Attempts the agent finished are remembered this long, so a stale answer can never start one
+# of them a second time.
+TOMBSTONE_TTL_S = 7 * 24 * 3600.0
+
+
+class RegistrationRefused(Exception):
+    """The control plane refused the join token or the inventory: a person must look."""
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent is told at start (flags and environment, see __main__)."""
+
+    url: str
+    state_dir: Path
+    node_name: str = field(default_factory=socket.gethostname)
+    join_token: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    runtime: str = "process"
+    gpu_backend: str = "auto"
+    # None: use what the control plane says (register and every heartbeat answer).
+    heartbeat_interval_s: float | None = None
+    watch: bool = True
+    watch_timeout_s: float = 20.0
+    poll_interval_s: float = 0.5
+    stop_grace_s: float = 10.0
+    power_cap_dry_run: bool = False
+    docker_url: str | None = None
+    cpus: int | None = None
+    memory_mib: int | None = None
+    request_timeout_s: float = 10.0
+    backoff_max_s: float = 30.0
+
+
+@dataclass
+class AttemptMeta:
+    """What the agent keeps per attempt in `<state-dir>/attempts/<id>.json`."""
+
+    attempt_id: int
+    job_id: int | None = None
+    gpu_uuids: list[str] = field(default_factory=list)
+    max_runtime_s: float | None = None
+    # GPU counters when it started; None per GPU where the counter is absent.
+    energy_start_j: dict[str, float | None] = field(default_factory=dict)
+    energy_j: float = 0.0
+    energy_estimated: bool = False
+    energy_at: float | None = None  # wall time of the last energy update (for integrating)
+    log_offset: int = 0  # bytes of output the control plane acknowledged
+    logs_rejected: bool = False  # the control plane will not take its logs (404): don't wait
+    failed_message: str = ""  # set when the runtime could not start it
+    failed_at: float | None = None
+    message: str = ""
+    ended: bool = False  # its exit has been seen (energy frozen)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AttemptMeta:
+        """Read a record, ignoring keys of other versions."""
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def host_memory_mib() -> int:
+    """The host's RAM in MiB."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        return 0
+
+
+class Agent:
+    """One node's agent. `run()` blocks until `stop()` (or SIGTERM through __main__)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        client: ControlPlaneClient,
+        gpu: GpuBackend,
+        runtime: Runtime,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.gpu = gpu
+        self.runtime = runtime
+        self.state_dir = Path(config.state_dir)
+        self._attempts_dir = self.state_dir / "attempts"
+        self._attempts_dir.mkdir(parents=True, exist_ok=True)
+        self._tombstones_path = self.state_dir / "finished.json"
+        self._meta: dict[int, AttemptMeta] = {}
+        self._tombstones: dict[int, float] = {}
+        self._conditions: dict[tuple[str, str], dict] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._seq = int(time.time() * 1000)  # grows across restarts without being stored
+        self.interval_s = config.heartbeat_interval_s or 10.0
+        self.backoff = Backoff(max_s=config.backoff_max_s)
+        self.connected = False
+        self.heartbeats_ok = 0
+        self._last_reported: dict[int, str] = {}
+        self._watch_thread: threading.Thread | None = None
+        self._speeds: dict[int, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Leave the loop soon. Jobs keep running; the next start adopts them."""
+        self._stop.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        """Adopt what survived a restart, make sure the node is registered, then loop."""
+        try:
+            self.recover()
+            self.ensure_registered()
+            if self.config.watch and not self.stopping:
+                self._watch_thread = threading.Thread(
+                    target=self._watch_loop, name="watch", daemon=True
+                )
+                self._watch_thread.start()
+            self._loop()
+        finally:
+            self._shutdown()
+
+    def _loop(self) -> None:
+        next_heartbeat = 0.0
+        last_ok = True
+        while not self.stopping:
+            now = time.monotonic()
+            due = now >= next_heartbeat or self._wake.is_set()
+            if due or (last_ok and self._local_change()):
+                self._wake.clear()
+                last_ok = self.cycle()
+                delay_s = self.interval_s if last_ok else self.backoff.next_delay_s()
+                next_heartbeat = time.monotonic() + delay_s
+            wait_s = max(0.0, min(next_heartbeat - time.monotonic(), self.config.poll_interval_s))
+            self._wake.wait(wait_s)
+
+    def _shutdown(self) -> None:
+        for meta in self._meta.values():
+            self._save_meta(meta)
+        try:
+            self.runtime.close()
+        finally:
+            self.gpu.close()
+            self.client.close()
+        log.info("agent stopped; its attempts keep running and are adopted at the next start")
+
+    def recover(self) -> None:
+        """Re-read the state dir and adopt the runtime's attempts that outlived the last agent."""
+        self._load_tombstones()
+        for path in self._attempts_dir.glob("*.json"):
+            try:
+                meta = AttemptMeta.from_dict(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("ignoring unreadable %s: %s", path, exc)
+                continue
+            self._meta[meta.attempt_id] = meta
+        adopted = {s.attempt_id: s for s in self.runtime.adopt()}
+        for attempt_id, status in adopted.items():
+            meta = self._meta.get(attempt_id)
+            if meta is None:
+                # Its record is gone: count energy from now, and say that it is an estimate.
+                meta = AttemptMeta(
+                    attempt_id=attempt_id,
+                    job_id=status.job_id,
+                    gpu_uuids=list(status.gpu_uuids),
+                    energy_start_j=self._counters(status.gpu_uuids),
+                    energy_estimated=True,
+                    energy_at=time.time(),
+                )
+                self._meta[attempt_id] = meta
+                self._save_meta(meta)
+            if status.state is AttemptState.RUNNING:
+                self.gpu.attach_load(attempt_id, meta.gpu_uuids)
+            else:
+                meta.ended = True  # it ended while we were away: keep the energy last recorded
+        for attempt_id, meta in self._meta.items():
+            if attempt_id not in adopted and not meta.failed_message:
+                # The agent died between writing this record and starting the attempt.
+                meta.failed_message = "the agent restarted while starting this attempt"
+                meta.failed_at = time.time()
+                meta.ended = True
+                self._save_meta(meta)
+        if adopted:
+            log.info("adopted %d attempt(s) from before the restart", len(adopted))
+
+    def registration(self) -> dict:
+        """The register request: the node and its GPU inventory."""
+        return {
+            "name": self.config.node_name,
+            "cpus": self.config.cpus or os.cpu_count() or 0,
+            "memory_mib": self.config.memory_mib or host_memory_mib(),
+            "labels": self.config.labels,
+            "agent_version": __version__,
+            "runtime": self.runtime.name,
+            "gpus": [info.to_wire() for info in self.gpu.inventory()],
+        }
+
+    def ensure_registered(self) -> None:
+        """Register unless a node token is kept; retries while the control plane is away."""
+        if self.client.node_token:
+            return
+        backoff = Backoff(max_s=self.config.backoff_max_s)
+        while not self.stopping:
+            try:
+                answer = self.client.register(self.registration())
+            except ControlPlaneUnavailable as exc:
+                delay_s = backoff.next_delay_s()
+                log.warning("cannot register yet (%s); retrying in %.1f s", exc, delay_s)
+                self._stop.wait(delay_s)
+                continue
+            except (Unauthorized, Rejected) as exc:
+                raise RegistrationRefused(str(exc)) from exc
+            self._take_interval(answer)
+            log.info("registered as %s", answer.get("node", self.config.node_name))
+            return
+
+    def _take_interval(self, answer: dict) -> None:
+        if self.config.heartbeat_interval_s is None and answer.get("heartbeat_interval_s"):
+            self.interval_s = float(answer["heartbeat_interval_s"])
+
+    # -- the watch -------------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        backoff = Backoff(max_s=self.config.backoff_max_s)
+        while not self.stopping:
+            try:
+                changed = self.client.watch(self.config.watch_timeout_s)
+            except ControlPlaneError as exc:
+                delay_s = backoff.next_delay_s()
+                log.debug("watch failed (%s); again in %.1f s", exc, delay_s)
+                self._stop.wait(delay_s)
+                continue
+            backoff.reset()
+            if changed:
+                self._wake.set()
+
+    # -- one cycle -------------------------------------------------------------------------------
+
+    def _local_change(self) -> bool:
+        """True when an attempt changed state since the last report (say, it exited)."""
+        try:
+            now = {s.attempt_id: s.state.value for s in self.runtime.statuses()}
+        except Exception as exc:  # a runtime hiccup must not end the loop
+            log.warning("cannot poll the runtime: %s", exc)
+            return False
+        return any(self._last_reported.get(k) != v for k, v in now.items())
+
+    def cycle(self) -> bool:
+        """Observe, report, reconcile. True when the control plane answered the heartbeat."""
+        telemetry = self._telemetry()
+        statuses = self._observe(telemetry)
+        self._ship_logs(statuses)
+        body = self._heartbeat_body(telemetry, statuses)
+        try:
+            answer = self.client.heartbeat(body)
+        except Unauthorized as exc:
+            self._on_unauthorized(exc)
+            return False
+        except Rejected as exc:
+            log.error("heartbeat refused: %s", exc)
+            self.connected = False
+            return False
+        except ControlPlaneUnavailable as exc:
+            if self.connected:
+                log.warning("control plane unreachable (%s); jobs keep running", exc)
+            self.connected = False
+            return False
+        if not self.connected:
+            log.info("heartbeats answered")
+        self.connected = True
+        self.backoff.reset()
+        self.heartbeats_ok += 1
+        self._take_interval(answer)
+        self._forget_acknowledged(body, statuses)
+        self.reconcile(answer, statuses)
+        return True
+
+    def _on_unauthorized(self, exc: Unauthorized) -> None:
+        self.connected = False
+        if not self.client.join_token:
+            log.error("the node token was refused (%s) and there is no join token", exc)
+            return
+        log.warning("the node token was refused (%s); registering again", exc)
+        try:
+            answer = self.client.register(self.registration())
+        except ControlPlaneError as register_exc:
+            log.error("registering again failed: %s", register_exc)
+            return
+        self._take_interval(answer)
+
+    def _telemetry(self) -> list[GpuTelemetry]:
+        try:
+            readings = self.gpu.telemetry()
+        except GpuError as exc:
+            self._conditions[("GpuTelemetryFailed", "")] = {
+                "type": "GpuTelemetryFailed",
+                "gpu_uuid": None,
+                "message": str(exc),
+            }
+            return []
+        self._conditions.pop(("GpuTelemetryFailed", ""), None)
+        return readings
+
+    def _counters(self, gpu_uuids) -> dict[str, float | None]:
+        counters: dict[str, float | None] = {}
+        for uuid in gpu_uuids:
+            try:
+                counters[uuid] = self.gpu.energy_j(uuid)
+            except GpuError:
+                counters[uuid] = None
+        return counters
+
+    def _observe(self, telemetry: list[GpuTelemetry]) -> dict[int, AttemptStatus]:
+        """The runtime's view plus the agent's own failures; energy and limits kept up to date."""
+        statuses = {s.attempt_id: s for s in self.runtime.statuses()}
+        now = time.time()
+        draw_w = {t.uuid: t.power_draw_w for t in telemetry}
+        counters = {t.uuid: t.energy_j for t in telemetry}
+        for attempt_id, meta in list(self._meta.items()):
+            if meta.failed_message:
+                statuses[attempt_id] = AttemptStatus(
+                    attempt_id=attempt_id,
+                    state=AttemptState.FAILED_TO_START,
+                    job_id=meta.job_id,
+                    gpu_uuids=tuple(meta.gpu_uuids),
+                    finished_at=meta.failed_at,
+                    message=meta.failed_message,
+                    logs_complete=True,
+                )
+                continue
+            status = statuses.get(attempt_id)
+            if status is None:
+                continue
+            if not meta.ended:
+                self._update_energy(meta, counters, draw_w, now)
+            if status.state is AttemptState.RUNNING:
+                self._enforce_max_runtime(meta, status, now)
+                self._publish_speed(meta)
+            elif not meta.ended:
+                meta.ended = True
+                self.gpu.detach_load(attempt_id)
+                self._speeds.pop(attempt_id, None)
+                self._save_meta(meta)
+                log.info("attempt %d ended: %s %s", attempt_id, status.state, status.exit_code)
+        return statuses
+
+    def _update_energy(
+        self,
+        meta: AttemptMeta,
+        counters: dict[str, float | None],
+        draw_w: dict[str, float | None],
+        now: float,
+    ) -> None:
+        total_j = 0.0
+        estimated = meta.energy_estimated
+        for uuid in meta.gpu_uuids:
+            start_j = meta.energy_start_j.get(uuid)
+            counter_j = counters.get(uuid)
+            if start_j is not None and counter_j is not None and counter_j >= start_j:
+                total_j += counter_j - start_j
+                continue
+            # No counter (or it went back: the driver reloaded): integrate the draw instead.
+            estimated = True
+            break
+        else:
+            meta.energy_j = max(meta.energy_j, total_j)
+            meta.energy_estimated = estimated
+            meta.energy_at = now
+            return
+        if meta.energy_at is not None:
+            watts = sum(draw_w.get(uuid) or 0.0 for uuid in meta.gpu_uuids)
+            meta.energy_j += watts * max(now - meta.energy_at, 0.0)
+        meta.energy_estimated = True
+        meta.energy_at = now
+
+    def _enforce_max_runtime(self, meta: AttemptMeta, status: AttemptStatus, now: float) -> None:
+        if meta.max_runtime_s is None or status.started_at is None:
+            return
+        if now - status.started_at > meta.max_runtime_s and not meta.message:
+            meta.message = f"exceeded its max runtime of {meta.max_runtime_s:.0f} s"
+            log.info("attempt %d %s: stopping it", meta.attempt_id, meta.message)
+            self._save_meta(meta)
+            self.runtime.stop(meta.attempt_id, self.config.stop_grace_s)
+
+    def _speed_path(self, attempt_id: int) -> Path:
+        return self._attempts_dir / f"{attempt_id}.speed"
+
+    def _publish_speed(self, meta: AttemptMeta) -> None:
+        """Write the modelled speed for a simulated job to read (see agents.simjob)."""
+        speed = self.gpu.progress_speed(meta.gpu_uuids)
+        if speed is None or self._speeds.get(meta.attempt_id) == speed:
+            return
+        path = self._speed_path(meta.attempt_id)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{speed:.6f}\n")
+        os.replace(tmp, path)
+        self._speeds[meta.attempt_id] = speed
+
+    def _heartbeat_body(
+        self, telemetry: list[GpuTelemetry], statuses: dict[int, AttemptStatus]
+    ) -> dict:
+        self._seq += 1
+        attempts = []
+        for attempt_id, status in sorted(statuses.items()):
+            meta = self._meta.get(attempt_id)
+            entry = {
+                "attempt_id": attempt_id,
+                "state": status.state.value,
+                "started_at": status.started_at,
+                "exit_code": status.exit_code,
+                "finished_at": status.finished_at,
+                "energy_j": round(meta.energy_j, 3) if meta else None,
+                "energy_estimated": meta.energy_estimated if meta else True,
+            }
+            message = status.message or (meta.message if meta else "")
+            if message:
+                entry["message"] = message
+            attempts.append(entry)
+        self._last_reported = {k: s.state.value for k, s in statuses.items()}
+        return {
+            "seq": self._seq,
+            "sent_at": time.time(),
+            "gpus": [t.to_wire() for t in telemetry],
+            "attempts": attempts,
+            "conditions": list(self._conditions.values()),
+        }
+
+    # -- logs ------------------------------------------------------------------------------------
+
+    def _ship_logs(self, statuses: dict[int, AttemptStatus]) -> None:
+        for attempt_id, status in statuses.items():
+            meta = self._meta.get(attempt_id)
+            if meta is None or meta.logs_rejected:
+                continue
+            try:
+                self._ship_attempt_logs(meta, status)
+            except ControlPlaneUnavailable:
+                return  # no point trying the others now; the offsets say where to resume
+            except (Unauthorized, Rejected) as exc:
+                if getattr(exc, "status", None) == 404:
+                    log.warning("control plane refuses logs of attempt %d: %s", attempt_id, exc)
+                    meta.logs_rejected = True
+                    self._save_meta(meta)
+                else:
+                    log.warning("logs of attempt %d not shipped: %s", attempt_id, exc)
+                    return
+
+    def _ship_attempt_logs(self, meta: AttemptMeta, status: AttemptStatus) -> None:
+        shipped = False
+        for _ in range(LOG_CHUNKS_PER_CYCLE):
+            data = self.runtime.read_logs(meta.attempt_id, meta.log_offset, LOG_CHUNK_BYTES)
+            if not data:
+                break
+            final = status.logs_complete and len(data) < LOG_CHUNK_BYTES
+            text, used = decode_log_chunk(data, final=final)
+            if used == 0:
+                break
+            next_offset = self.client.send_logs(meta.attempt_id, meta.log_offset, text)
+            # The control plane's offset wins: it may already hold more (a resend after a
+            # restart) or less (a gap it will not fill), and either way that is where to go on.
+            progressed = next_offset != meta.log_offset
+            meta.log_offset = next_offset
+            shipped = True
+            if not progressed:
+                break
+        if shipped:
+            self._save_meta(meta)
+
+    def _logs_shipped(self, meta: AttemptMeta, status: AttemptStatus) -> bool:
+        if meta.logs_rejected:
+            return True
+        if not status.logs_complete:
+            return False
+        return not self.runtime.read_logs(meta.attempt_id, meta.log_offset, 1)
+
+    # -- after a 200 -----------------------------------------------------------------------------
+
+    def _forget_acknowledged(self, body: dict, statuses: dict[int, AttemptStatus]) -> None:
+        """An exit the control plane acknowledged is final: forget the attempt (logs first)."""
+        for entry in body["attempts"]:
+            if entry["state"] == AttemptState.RUNNING.value:
+                continue
+            attempt_id = entry["attempt_id"]
+            meta = self._meta.get(attempt_id)
+            status = statuses.get(attempt_id)
+            if meta is not None and status is not None and not self._logs_shipped(meta, status):
+                continue
+            self._forget(attempt_id)
+
+    def _forget(self, attempt_id: int) -> None:
+        self._tombstones[attempt_id] = time.time()
+        self._save_tombstones()
+        self.runtime.remove(attempt_id)
+        self.gpu.detach_load(attempt_id)
+        self._meta.pop(attempt_id, None)
+        self._speeds.pop(attempt_id, None)
+        self._last_reported.pop(attempt_id, None)
+        for path in (self._attempts_dir / f"{attempt_id}.json", self._speed_path(attempt_id)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        log.info("attempt %d acknowledged and forgotten", attempt_id)
+
+    def reconcile(self, answer: dict, statuses: dict[int, AttemptStatus]) -> None:
+        """Make the node match the desired state in ``answer``."""
+        desired: dict[int, AttemptSpec] = {}
+        for raw in answer.get("attempts") or ():
+            try:
+                spec = AttemptSpec.from_wire(raw)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("ignoring a desired attempt I cannot read (%s): %r", exc, raw)
+                continue
+            desired[spec.attempt_id] = spec
+        for attempt_id, spec in desired.items():
+            if attempt_id in self._meta or attempt_id in self._tombstones:
+                continue  # running, ended, or ended and forgotten: never start one twice
+            self._start(spec)
+        for attempt_id, status in statuses.items():
+            if status.state is AttemptState.RUNNING and attempt_id not in desired:
+                log.info("attempt %d is not desired any more: stopping it", attempt_id)
+                self.runtime.stop(attempt_id, self.config.stop_grace_s)
+        self._apply_caps(answer.get("power_caps_w") or {})
+
+    def _start(self, spec: AttemptSpec) -> None:
+        meta = AttemptMeta(
+            attempt_id=spec.attempt_id,
+            job_id=spec.job_id,
+            gpu_uuids=list(spec.gpu_uuids),
+            max_runtime_s=spec.max_runtime_s,
+            energy_start_j=self._counters(spec.gpu_uuids),
+            energy_at=time.time(),
+        )
+        meta.energy_estimated = any(v is None for v in meta.energy_start_j.values())
+        # The record is written before the start, so a crash in between cannot start it twice.
+        self._meta[spec.attempt_id] = meta
+        self._save_meta(meta)
+        extra_env: dict[str, str] = {}
+        speed = self.gpu.progress_speed(spec.gpu_uuids)
+        if speed is not None:
+            extra_env["GPUCP_SIM_SPEED"] = f"{speed:.6f}"
+            if self.runtime.name == "process":
+                extra_env["GPUCP_SIM_SPEED_FILE"] = str(self._speed_path(spec.attempt_id))
+            self._publish_speed(meta)
+        self.gpu.attach_load(spec.attempt_id, spec.gpu_uuids)
+        try:
+            self.runtime.start(spec, extra_env)
+        except StartError as exc:
+            self._failed_to_start(meta, str(exc))
+        except Exception as exc:  # an engine error of any kind must not end the loop
+            log.exception("attempt %d: start failed", spec.attempt_id)
+            self._failed_to_start(meta, f"{type(exc).__name__}: {exc}")
+        else:
+            log.info("attempt %d started (job %s)", spec.attempt_id, spec.job_id)
+
+    def _failed_to_start(self, meta: AttemptMeta, message: str) -> None:
+        log.warning("attempt %d failed to start: %s", meta.attempt_id, message)
+        self.gpu.detach_load(meta.attempt_id)
+        meta.failed_message = message
+        meta.failed_at = time.time()
+        meta.ended = True
+        self._save_meta(meta)
+        self._wake.set()  # report it now, not at the next periodic heartbeat
+
+    def _apply_caps(self, caps_w: dict) -> None:
+        for uuid, cap_w in caps_w.items():
+            key = ("PowerCapFailed", uuid)
+            try:
+                cap_w = float(cap_w)
+                enforced_w = self.gpu.enforced_power_limit_w(uuid)
+                if abs(enforced_w - cap_w) <= CAP_TOLERANCE_W:
+                    self._conditions.pop(key, None)
+                    continue
+                applied_w = self.gpu.set_power_limit(
+                    uuid, cap_w, dry_run=self.config.power_cap_dry_run
+                )
+            except (GpuError, TypeError, ValueError) as exc:
+                if key not in self._conditions:
+                    log.warning("GPU %s: cap %s W not applied: %s", uuid, cap_w, exc)
+                self._conditions[key] = {
+                    "type": "PowerCapFailed",
+                    "gpu_uuid": uuid,
+                    "message": str(exc),
+                }
+                continue
+            self._conditions.pop(key, None)
+            if self.config.power_cap_dry_run:
+                log.info(
+                    "GPU %s: would set %.1f W (dry run; enforced %.1f W)", uuid, cap_w, applied_w
+                )
+            else:
+                log.info("GPU %s: cap %.1f W (enforced %.1f W)", uuid, cap_w, applied_w)
+        # A cap that is no longer asked for cannot be failing any more.
+        for key in [k for k in self._conditions if k[0] == "PowerCapFailed"]:
+            if key[1] not in caps_w:
+                del self._conditions[key]
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def _save_meta(self, meta: AttemptMeta) -> None:
+        write_json_atomic(self._attempts_dir / f"{meta.attempt_id}.json", asdict(meta))
+
+    def _load_tombstones(self) -> None:
+        try:
+            raw = json.loads(self._tombstones_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s: %s", self._tombstones_path, exc)
+            return
+        horizon = time.time() - TOMBSTONE_TTL_S
+        self._tombstones = {int(k): float(v) for k, v in raw.items() if float(v) > horizon}
+
+    def _save_tombstones(self) -> None:
+        horizon = time.time() - TOMBSTONE_TTL_S
+        self._tombstones = {k: v for k, v in self._tombstones.items() if v > horizon}
+        write_json_atomic(self._tombstones_path, {str(k): v for k, v in self._tombstones.items()})

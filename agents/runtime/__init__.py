@@ -1,0 +1,47 @@
+"""Runtimes: where attempts run (containers on a Docker-compatible engine, or plain processes)."""
+
+from __future__ import annotations
+
+import os
+
+from agents.runtime.base import (
+    AttemptSpec,
+    AttemptState,
+    AttemptStatus,
+    Runtime,
+    StartError,
+)
+
+__all__ = [
+    "AttemptSpec",
+    "AttemptState",
+    "AttemptStatus",
+    "Runtime",
+    "StartError",
+    "make_runtime",
+]
+
+
+def make_runtime(
+    kind: str,
+    *,
+    state_dir: str | os.PathLike,
+    node_name: str,
+    docker_url: str | None = None,
+    gpu_device_requests: bool = False,
+) -> Runtime:
+    """Build the runtime named ``kind`` ("docker" or "process")."""
+    if kind == "process":
+        from agents.runtime.process import ProcessRuntime
+
+        return ProcessRuntime(state_dir)
+    if kind == "docker":
+        from agents.runtime.docker import DockerRuntime
+
+        return DockerRuntime(
+            state_dir,
+            node_name=node_name,
+            base_url=docker_url,
+            gpu_device_requests=gpu_device_requests,
+        )
+    raise ValueError(f"unknown runtime {kind!r}: use docker or process")

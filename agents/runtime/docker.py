@@ -1,0 +1,376 @@
+"""Attempts as containers on any Docker-compatible engine (Docker, or Podman's Docker API).
+
+Containers carry labels naming the node and the attempt, so an agent restarted while they run
+finds them again (`adopt`) instead of starting them twice. Output is followed into a local file
+per attempt, rewritten from the engine's full log on adoption, so byte offsets stay the same
+across restarts. GPUs are handed over by device request only where the node has real NVIDIA
+GPUs; the visible-devices variables are always set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import docker.types
+import requests
+
+from agents.runtime.base import (
+    ATTEMPT_LABEL,
+    GPUS_LABEL,
+    JOB_LABEL,
+    NODE_LABEL,
+    AttemptSpec,
+    AttemptState,
+    AttemptStatus,
+    Runtime,
+    StartError,
+    read_file_range,
+    visible_devices_env,
+)
+
+log = logging.getLogger(__name__)
+
+MANAGED_LABEL = "gpucp.managed"
+RUNNING_STATES = {"running", "paused", "restarting", "stopping"}
+NOT_STARTED_STATES = {"created", "configured", "initialized"}
+# The container vanished (removed behind the agent's back): its exit code is unknown.
+LOST_EXIT_CODE = 255
+
+_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?$")
+
+
+def parse_engine_time(value: str | None) -> float | None:
+    """An engine timestamp (RFC 3339 with nanoseconds) as Unix seconds; None for "never"."""
+    if not value or value.startswith("0001-"):
+        return None
+    match = _TIME.match(value.strip())
+    if match is None:
+        return None
+    zone = match[3] or "Z"
+    moment = datetime.fromisoformat(match[1] + ("+00:00" if zone == "Z" else zone))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp() + (float(match[2]) if match[2] else 0.0)
+
+
+def container_name(node_name: str, attempt_id: int) -> str:
+    """A name unique per node and attempt, within what engines accept."""
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", node_name).strip(".-") or "node"
+    return f"gpucp-{safe}-{attempt_id}"
+
+
+@dataclass(slots=True)
+class _Entry:
+    attempt_id: int
+    job_id: int | None
+    gpu_uuids: tuple[str, ...]
+    container: Any = None
+    log_thread: threading.Thread | None = None
+    logs_done: threading.Event = field(default_factory=threading.Event)
+    stopping: bool = False
+    failed: str = ""  # why it could not start (reported as failed_to_start)
+    finished_at: float | None = None
+
+
+class DockerRuntime(Runtime):
+    """Runs attempts as containers of node ``node_name`` on the engine at ``base_url``.
+
+    ``base_url`` None means the environment's engine (DOCKER_HOST, else the default socket).
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        *,
+        node_name: str,
+        base_url: str | None = None,
+        gpu_device_requests: bool = False,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self._node = node_name
+        self._root = Path(state_dir) / "docker"
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._gpu_device_requests = gpu_device_requests
+        try:
+            if base_url:
+                self._client = docker.DockerClient(base_url=base_url, timeout=timeout_s)
+            else:
+                self._client = docker.from_env(timeout=timeout_s)
+            self._client.ping()
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise RuntimeError(
+                f"no container engine answers at {base_url or os.environ.get('DOCKER_HOST') or 'the default socket'}: {exc}"
+            ) from exc
+        self._entries: dict[int, _Entry] = {}
+        self._lock = threading.Lock()
+
+    def log_path(self, attempt_id: int) -> Path:
+        """The local copy of the attempt's output."""
+        return self._root / f"{attempt_id}.log"
+
+    # -- starting --------------------------------------------------------------------------------
+
+    def _labels(self, spec: AttemptSpec) -> dict[str, str]:
+        return {
+            MANAGED_LABEL: "true",
+            NODE_LABEL: self._node,
+            ATTEMPT_LABEL: str(spec.attempt_id),
+            JOB_LABEL: "" if spec.job_id is None else str(spec.job_id),
+            GPUS_LABEL: ",".join(spec.gpu_uuids),
+        }
+
+    def start(self, spec: AttemptSpec, extra_env: dict[str, str] | None = None) -> AttemptStatus:
+        if not spec.image:
+            raise StartError("the docker runtime needs an image")
+        env = dict(spec.env)
+        env.update(visible_devices_env(spec.gpu_uuids))
+        env.update(extra_env or {})
+        env["GPUCP_ATTEMPT_ID"] = str(spec.attempt_id)
+        if spec.job_id is not None:
+            env["GPUCP_JOB_ID"] = str(spec.job_id)
+        kwargs: dict[str, Any] = {
+            "command": list(spec.command) or None,
+            "environment": env,
+            "labels": self._labels(spec),
+            "name": container_name(self._node, spec.attempt_id),
+            "detach": True,
+        }
+        if spec.cpus > 0:
+            kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+        if spec.memory_mib > 0:
+            kwargs["mem_limit"] = f"{spec.memory_mib}m"
+        if self._gpu_device_requests and spec.gpu_uuids:
+            kwargs["device_requests"] = [
+                docker.types.DeviceRequest(
+                    driver="nvidia", device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]]
+                )
+            ]
+        self._ensure_image(spec.image)
+        entry = _Entry(spec.attempt_id, spec.job_id, spec.gpu_uuids)
+        container = None
+        try:
+            container = self._client.containers.create(spec.image, **kwargs)
+            container.start()
+        except docker.errors.DockerException as exc:
+            if container is not None:
+                self._remove_quietly(container)
+            raise StartError(_explain(exc)) from exc
+        entry.container = container
+        with self._lock:
+            self._entries[spec.attempt_id] = entry
+        self._follow_logs(entry)
+        return self._status(entry)
+
+    def _ensure_image(self, image: str) -> None:
+        try:
+            self._client.images.get(image)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            raise StartError(_explain(exc)) from exc
+        log.info("pulling %s", image)
+        try:
+            self._client.images.pull(image)
+        except docker.errors.DockerException as exc:
+            raise StartError(
+                f"image {image} is not here and cannot be pulled: {_explain(exc)}"
+            ) from exc
+
+    # -- following output ------------------------------------------------------------------------
+
+    def _follow_logs(self, entry: _Entry) -> None:
+        """Copy the container's whole output into the local file, from the start, until it ends."""
+
+        def follow() -> None:
+            path = self.log_path(entry.attempt_id)
+            try:
+                with open(path, "wb") as out:
+                    for chunk in entry.container.logs(
+                        stream=True, follow=True, stdout=True, stderr=True
+                    ):
+                        out.write(chunk)
+                        out.flush()
+                entry.logs_done.set()
+            except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+                # Retried from the start by the next statuses(): the engine may be restarting.
+                log.warning("attempt %d: following logs failed: %s", entry.attempt_id, exc)
+
+        entry.logs_done.clear()
+        entry.log_thread = threading.Thread(
+            target=follow, name=f"logs-{entry.attempt_id}", daemon=True
+        )
+        entry.log_thread.start()
+
+    # -- observing -------------------------------------------------------------------------------
+
+    def _status(self, entry: _Entry) -> AttemptStatus:
+        common = {
+            "attempt_id": entry.attempt_id,
+            "job_id": entry.job_id,
+            "gpu_uuids": entry.gpu_uuids,
+        }
+        if entry.failed:
+            return AttemptStatus(
+                state=AttemptState.FAILED_TO_START,
+                message=entry.failed,
+                finished_at=entry.finished_at,
+                logs_complete=True,
+                **common,
+            )
+        try:
+            entry.container.reload()
+        except docker.errors.NotFound:
+            entry.logs_done.set()
+            return AttemptStatus(
+                state=AttemptState.EXITED,
+                exit_code=LOST_EXIT_CODE,
+                finished_at=entry.finished_at or time.time(),
+                message="the container was removed behind the agent's back",
+                logs_complete=True,
+                **common,
+            )
+        state = entry.container.attrs.get("State") or {}
+        status = str(state.get("Status") or entry.container.status or "").lower()
+        started_at = parse_engine_time(state.get("StartedAt"))
+        if status in RUNNING_STATES or status in NOT_STARTED_STATES:
+            return AttemptStatus(state=AttemptState.RUNNING, started_at=started_at, **common)
+        if entry.log_thread is not None and not entry.log_thread.is_alive():
+            if not entry.logs_done.is_set():
+                self._follow_logs(entry)
+        else:
+            # The output stream ends right after the container: give it a moment to drain.
+            entry.logs_done.wait(0.5)
+        message = "out of memory (OOMKilled)" if state.get("OOMKilled") else ""
+        if state.get("Error"):
+            message = str(state["Error"])
+        return AttemptStatus(
+            state=AttemptState.EXITED,
+            started_at=started_at,
+            finished_at=parse_engine_time(state.get("FinishedAt")),
+            exit_code=int(state.get("ExitCode", LOST_EXIT_CODE)),
+            message=message,
+            logs_complete=entry.logs_done.is_set(),
+            **common,
+        )
+
+    def statuses(self) -> list[AttemptStatus]:
+        with self._lock:
+            entries = list(self._entries.values())
+        found = []
+        for entry in entries:
+            try:
+                found.append(self._status(entry))
+            except (docker.errors.DockerException, requests.RequestException) as exc:
+                # The engine is briefly away: say nothing about this attempt rather than a lie.
+                log.warning("attempt %d: cannot inspect: %s", entry.attempt_id, exc)
+        return found
+
+    def adopt(self) -> list[AttemptStatus]:
+        containers = self._client.containers.list(
+            all=True, filters={"label": [f"{NODE_LABEL}={self._node}"]}
+        )
+        for container in containers:
+            labels = container.labels or {}
+            try:
+                attempt_id = int(labels[ATTEMPT_LABEL])
+            except (KeyError, ValueError):
+                continue
+            with self._lock:
+                if attempt_id in self._entries:
+                    continue
+            job = labels.get(JOB_LABEL) or ""
+            entry = _Entry(
+                attempt_id,
+                int(job) if job.isdigit() else None,
+                tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u),
+                container=container,
+            )
+            if container.status in NOT_STARTED_STATES:
+                # Created, then the agent died before starting it: finish what it began.
+                try:
+                    container.start()
+                except docker.errors.DockerException as exc:
+                    entry.failed = _explain(exc)
+                    entry.finished_at = time.time()
+            with self._lock:
+                self._entries[attempt_id] = entry
+            if not entry.failed:
+                self._follow_logs(entry)
+            log.info("adopted container %s (attempt %d)", container.name, attempt_id)
+        return self.statuses()
+
+    # -- stopping and removing -------------------------------------------------------------------
+
+    def stop(self, attempt_id: int, grace_s: float) -> None:
+        with self._lock:
+            entry = self._entries.get(attempt_id)
+            if entry is None or entry.stopping or entry.container is None:
+                return
+            entry.stopping = True
+        log.info("attempt %d: SIGTERM, SIGKILL in %.0f s", attempt_id, grace_s)
+        self._kill(entry, "SIGTERM")
+
+        def escalate() -> None:
+            try:
+                entry.container.reload()
+            except (docker.errors.DockerException, requests.RequestException):
+                pass
+            if entry.container.status in RUNNING_STATES:
+                log.info("attempt %d: still running after %.0f s: SIGKILL", attempt_id, grace_s)
+                self._kill(entry, "SIGKILL")
+
+        timer = threading.Timer(grace_s, escalate)
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def _kill(entry: _Entry, sig: str) -> None:
+        try:
+            entry.container.kill(signal=sig)
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            # Most often it has just exited; a real failure shows as a still-running attempt.
+            log.info("attempt %d: kill %s: %s", entry.attempt_id, sig, exc)
+
+    def read_logs(self, attempt_id: int, offset: int, max_bytes: int) -> bytes:
+        return read_file_range(self.log_path(attempt_id), offset, max_bytes)
+
+    @staticmethod
+    def _remove_quietly(container: Any) -> None:
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            log.warning("cannot remove container %s: %s", container.name, exc)
+
+    def remove(self, attempt_id: int) -> None:
+        with self._lock:
+            entry = self._entries.pop(attempt_id, None)
+        if entry is not None and entry.container is not None:
+            self._remove_quietly(entry.container)
+        try:
+            self.log_path(attempt_id).unlink()
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _explain(exc: Exception) -> str:
+    """The engine's own words (e.g. "executable file not found in $PATH"), not the HTTP dress."""
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc)

@@ -1,0 +1,387 @@
+"""Heartbeat throughput and latency: many simulated agents against gunicorn + PostgreSQL.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gpucp REDIS_URL=redis://127.0.0.1:6379/15 \
+      .venv/bin/python benchmarks/bench_heartbeat.py [--nodes 1000] [--rate 1000] [--duration-s 30]
+
+It creates its own database (the DATABASE_URL's name + "_bench_hb", dropped and re-created),
+registers --nodes nodes with 8 GPUs each through the real register endpoint, admits one job
+per node onto one of its GPUs, starts gunicorn (gthread workers) on 127.0.0.1, and then has
+client processes send real heartbeat JSON (8 GPUs of telemetry, the running attempt with its
+energy) at --rate heartbeats per second in total, spread evenly over the nodes (open loop:
+a send is due at its time whether or not the previous answer came back). --rate 0 sends as
+fast as the server answers (closed loop), which measures the ceiling.
+
+Prints: heartbeats per second sustained, latency p50 / p99 / max, errors. The goal (issue 4):
+>= 1,000 per second with p99 < 200 ms, i.e. 10,000 nodes at a 10 s interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def bench_database_url(base_url: str, suffix: str) -> tuple[str, str]:
+    parsed = urlparse(base_url)
+    if parsed.scheme not in ("postgres", "postgresql", "pgsql"):
+        sys.exit("bench_heartbeat needs DATABASE_URL=postgres://... (it measures PostgreSQL)")
+    name = (parsed.path.lstrip("/") or "gpucp") + suffix
+    return parsed._replace(path="/" + name).geturl(), name
+
+
+def recreate_database(base_url: str, name: str) -> None:
+    import psycopg
+
+    parsed = urlparse(base_url)
+    admin = parsed._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def setup_django(database_url: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+
+    django.setup()
+
+
+def start_gunicorn(port: int, workers: int, threads: int, env: dict) -> subprocess.Popen:
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "gunicorn"),
+        "controlplane.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--worker-class",
+        "gthread",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--keep-alive",
+        "75",
+        "--backlog",
+        "4096",
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("POST", "/api/agent/v1/heartbeat", body="{}")
+            conn.getresponse().read()
+            return proc
+        except OSError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            sys.exit("gunicorn exited during start-up")
+    stop(proc)
+    sys.exit("gunicorn did not answer within 60 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def inventory(name: str, gpus: int) -> dict:
+    return {
+        "name": name,
+        "cpus": 128,
+        "memory_mib": 2 * 1024 * 1024,
+        "labels": {"rack": name[-2:]},
+        "agent_version": "bench",
+        "runtime": "docker",
+        "gpus": [
+            {
+                "index": i,
+                "uuid": f"GPU-{name}-{i}",
+                "model": "H100-SXM-80GB",
+                "memory_mib": 81559,
+                "power_min_w": 200.0,
+                "power_max_w": 700.0,
+                "power_default_w": 700.0,
+            }
+            for i in range(gpus)
+        ],
+    }
+
+
+def register_nodes(port: int, join_token: str, count: int, gpus: int) -> list[tuple[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    nodes = []
+    for i in range(count):
+        name = f"bench-{i:05d}"
+        conn.request(
+            "POST",
+            "/api/agent/v1/register",
+            body=json.dumps(inventory(name, gpus)),
+            headers={"Authorization": f"Bearer {join_token}", "Content-Type": "application/json"},
+        )
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 201:
+            sys.exit(f"register {name}: {response.status} {body[:200]!r}")
+        nodes.append((name, json.loads(body)["node_token"]))
+    return nodes
+
+
+def admit_one_job_per_node() -> dict[str, int]:
+    """One running job per node, so heartbeats carry an attempt report like real ones do."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.cluster.models import GPU
+    from controlplane.jobs import actions
+    from controlplane.tenancy.models import Tenant
+
+    user = get_user_model().objects.create_user("bench", password="bench-password-1")
+    tenant = Tenant.objects.create(slug="bench", name="Bench")
+    attempts = {}
+    for gpu in GPU.objects.filter(index=0).select_related("node"):
+        job = actions.submit_job(
+            tenant=tenant, user=user, name="bench", image="bench:1", command=["true"], gpus=1
+        )
+        attempt = actions.admit_job(job, node=gpu.node, gpus=[gpu], borrowed=False)
+        attempts[gpu.node.name] = attempt.pk
+    return attempts
+
+
+def heartbeat_body(name: str, gpus: int, seq: int, attempt_id: int | None, t0: float) -> bytes:
+    now = time.time()
+    readings = []
+    for i in range(gpus):
+        busy = i == 0 and attempt_id is not None
+        readings.append(
+            {
+                "uuid": f"GPU-{name}-{i}",
+                "healthy": True,
+                "utilization_pct": 97.0 if busy else 0.0,
+                "memory_used_mib": 40000.0 if busy else 0.0,
+                "power_draw_w": (510.0 if busy else 70.0) + random.random(),
+                "power_cap_w": 700.0,
+                "energy_j": 1e8 + (now - t0) * (510.0 if busy else 70.0),
+                "temperature_c": 61.0 if busy else 35.0,
+                "sm_clock_mhz": 1755.0 if busy else 210.0,
+                "throttle_reasons": ["sw_power_cap"] if busy else [],
+                "ecc_errors": 0,
+            }
+        )
+    attempts = []
+    if attempt_id is not None:
+        attempts.append(
+            {
+                "attempt_id": attempt_id,
+                "state": "running",
+                "started_at": t0,
+                "exit_code": None,
+                "finished_at": None,
+                "energy_j": (now - t0) * 510.0,
+                "energy_estimated": False,
+            }
+        )
+    return json.dumps(
+        {"seq": seq, "sent_at": now, "gpus": readings, "attempts": attempts, "conditions": []}
+    ).encode()
+
+
+def client_process(
+    port: int,
+    nodes: list[tuple[str, str, int | None]],
+    gpus: int,
+    rate_per_s: float,
+    duration_s: float,
+    threads: int,
+    start_at: float,
+    out: mp.Queue,
+) -> None:
+    import threading
+
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    t0 = time.time()
+
+    def worker(mine: list[tuple[str, str, int | None]], thread_rate: float) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        local: list[float] = []
+        failed = 0
+        seq = 0
+        while time.time() < start_at:
+            time.sleep(0.01)
+        began = time.perf_counter()
+        end = began + duration_s
+        sent = 0
+        while True:
+            if thread_rate > 0:
+                due = began + sent / thread_rate
+                now = time.perf_counter()
+                if due > now:
+                    time.sleep(due - now)
+            if time.perf_counter() >= end:
+                break
+            name, token, attempt_id = mine[sent % len(mine)]
+            seq += 1
+            body = heartbeat_body(name, gpus, seq, attempt_id, t0)
+            sent_at = time.perf_counter()
+            try:
+                conn.request(
+                    "POST",
+                    "/api/agent/v1/heartbeat",
+                    body=body,
+                    headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                )
+                response = conn.getresponse()
+                response.read()
+                if response.status != 200:
+                    failed += 1
+                else:
+                    local.append(time.perf_counter() - sent_at)
+            except (OSError, http.client.HTTPException):
+                failed += 1
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            sent += 1
+        with lock:
+            latencies.extend(local)
+            errors[0] += failed
+
+    share = [nodes[i::threads] for i in range(threads)]
+    pool = [
+        threading.Thread(target=worker, args=(mine, rate_per_s / threads)) for mine in share if mine
+    ]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    out.put((latencies, errors[0]))
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=1000.0, help="heartbeats/s; 0 = closed loop")
+    parser.add_argument("--duration-s", type=float, default=30.0)
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--port", type=int, default=18450)
+    parser.add_argument("--workers", type=int, default=max(2, (os.cpu_count() or 2)))
+    parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker")
+    parser.add_argument("--client-processes", type=int, default=2)
+    parser.add_argument("--client-threads", type=int, default=16, help="per client process")
+    args = parser.parse_args()
+
+    base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucp")
+    database_url, name = bench_database_url(base_url, "_bench_hb")
+    recreate_database(base_url, name)
+    env = {**os.environ, "DATABASE_URL": database_url, "DEBUG": "0", "LOG_LEVEL": "WARNING"}
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+    setup_django(database_url)
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from controlplane.cluster.agent_auth import issue_join_token
+    from controlplane.cluster.models import Pool
+
+    pool = Pool.objects.create(name="bench")
+    _, join_token = issue_join_token(
+        pool, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=args.nodes
+    )
+    server = start_gunicorn(args.port, args.workers, args.threads, env)
+    try:
+        print(f"registering {args.nodes} nodes with {args.gpus} GPUs each ...", flush=True)
+        registered = register_nodes(args.port, join_token, args.nodes, args.gpus)
+        attempts = admit_one_job_per_node()
+        nodes = [(n, tok, attempts.get(n)) for n, tok in registered]
+
+        def run(duration_s: float, rate: float) -> tuple[list[float], int, float]:
+            out: mp.Queue = mp.Queue()
+            start_at = time.time() + 1.0
+            procs = [
+                mp.Process(
+                    target=client_process,
+                    args=(
+                        args.port,
+                        nodes[i :: args.client_processes],
+                        args.gpus,
+                        rate / args.client_processes,
+                        duration_s,
+                        args.client_threads,
+                        start_at,
+                        out,
+                    ),
+                )
+                for i in range(args.client_processes)
+            ]
+            for p in procs:
+                p.start()
+            latencies: list[float] = []
+            errors = 0
+            for _ in procs:
+                lat, err = out.get()
+                latencies.extend(lat)
+                errors += err
+            for p in procs:
+                p.join()
+            return sorted(latencies), errors, duration_s
+
+        if args.warmup_s > 0:
+            run(args.warmup_s, args.rate)
+        latencies, errors, duration_s = run(args.duration_s, args.rate)
+    finally:
+        stop(server)
+
+    achieved = len(latencies) / duration_s
+    mode = "closed loop (as fast as answered)" if args.rate == 0 else f"target {args.rate:.0f}/s"
+    print()
+    print(
+        f"heartbeat benchmark: {args.nodes} nodes x {args.gpus} GPUs, {mode}, "
+        f"gunicorn gthread {args.workers}x{args.threads}, {os.cpu_count()} CPUs shared with the clients"
+    )
+    print(f"  heartbeats answered : {len(latencies)} in {duration_s:.0f} s, errors: {errors}")
+    print(f"  sustained           : {achieved:.0f} heartbeats/s")
+    if latencies:
+        print(
+            f"  latency             : p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+            f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, "
+            f"max {latencies[-1] * 1000:.1f} ms, mean {statistics.fmean(latencies) * 1000:.1f} ms"
+        )
+    print(
+        f"  goal                : >= 1000/s with p99 < 200 ms -> "
+        f"{'met' if achieved >= 1000 * 0.98 and percentile(latencies, 0.99) < 0.2 else 'NOT met'}"
+    )
+
+
+if __name__ == "__main__":
+    main()

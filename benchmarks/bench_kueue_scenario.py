@@ -1,0 +1,478 @@
+"""Kueue's large-scale scheduler scenario, rebuilt on our stack (issue 3, "Benchmarks").
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gpucp REDIS_URL=redis://127.0.0.1:6379/5 \\
+        CELERY_QUEUE=gpucp_bench .venv/bin/python benchmarks/bench_kueue_scenario.py --scale 0.1
+
+The scenario (Kueue's test/performance/scheduler large-scale config, as the issue states it):
+1,000 tenants in 10 groups of 100; each group shares a pool of 2,000 GPUs; each tenant is
+guaranteed 20 GPUs of its pool and may borrow up to 100 more. Per tenant 50 jobs: 35 small
+(1 GPU, runs 150 ms, priority 50, one every 60 ms), 11 medium (5 GPUs, 350 ms, priority 100,
+every 300 ms), 4 large (20 GPUs, 700 ms, priority 200, every 700 ms); 50,000 jobs in all.
+
+How it maps onto our model:
+- A Kueue cohort is a group here: its own Pool of nodes (8 GPUs each) whose GPUs have their own
+  type (`KUEUE-G03`, ...). Our quotas are per tenant and GPU type, so a tenant's quota on its
+  group's type (guaranteed 20, limit 20 + 100) is its ClusterQueue's nominal quota and
+  borrowing limit, and borrowing can only happen inside the group, as inside a cohort.
+- Priority 50 / 100 / 200 are our classes low / normal / high. A large job (20 GPUs) does not
+  fit one node, so it runs as a gang over three nodes, which Kueue's quota-only test never has
+  to place.
+- Everything runs the production path: jobs go in through controlplane.jobs.actions.submit_job
+  (two submitter processes keeping to the per-tenant schedule), which asks for a debounced
+  cycle through Redis; a real Celery worker runs the cycles (advisory lock, load, plan, apply)
+  on PostgreSQL; this script stands in for beat (a tick every SCHEDULER_CYCLE_INTERVAL_S) and
+  for the agents (two processes that call actions.mark_attempt_running when they see an
+  admission and actions.finish_attempt when the job's runtime has passed; no containers).
+
+Figures, measured like Kueue's recorder does:
+- wall: from the first scheduled submit to the last job's end;
+- time to admission per class: from the job's creation to its first admission;
+- usage: GPUs held by admitted work (admission to end), integrated over time, over
+  (all GPUs x wall). The quotas' nominal sum equals the GPU count, as in Kueue's setup.
+Kueue's published figures: 1,179 s wall, 38.6 % usage, 106 / 256 / 700 s mean time to admission
+for large / medium / small. Goal: <= 590 s wall at >= 38.6 % usage.
+
+--scale keeps the 10 groups and the per-tenant work but scales the tenants per group (and so
+the pool sizes): --scale 0.1 is 100 tenants, 2,000 GPUs, 5,000 jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _scheduling_db import REPO, bench_database, setup_django  # noqa: E402
+
+GROUPS = 10
+TENANTS_PER_GROUP = 100
+GUARANTEED_GPUS = 20
+BORROWABLE_GPUS = 100
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class JobClass:
+    name: str
+    count: int
+    gpus: int
+    runtime_s: float
+    priority: str  # ours: low 50, normal 100, high 200, as Kueue's 50 / 100 / 200
+    interval_s: float
+
+
+CLASSES = (
+    JobClass("small", 35, 1, 0.150, "low", 0.060),
+    JobClass("medium", 11, 5, 0.350, "normal", 0.300),
+    JobClass("large", 4, 20, 0.700, "high", 0.700),
+)
+RUNTIME_S = {c.name: c.runtime_s for c in CLASSES}
+KUEUE = {"wall_s": 1179.0, "usage_pct": 38.6, "large": 106.0, "medium": 256.0, "small": 700.0}
+
+
+def tenants_per_group(scale: float) -> int:
+    return max(1, round(TENANTS_PER_GROUP * scale))
+
+
+def group_type(g: int) -> str:
+    return f"KUEUE-G{g:02d}"
+
+
+def schedule(scale: float) -> list[tuple[float, int, str]]:
+    """(seconds after start, tenant number, class) for every job, in time order."""
+    per_group = tenants_per_group(scale)
+    events = [
+        (i * c.interval_s, t, c.name)
+        for t in range(GROUPS * per_group)
+        for c in CLASSES
+        for i in range(c.count)
+    ]
+    events.sort()
+    return events
+
+
+def populate(scale: float) -> dict:
+    from django.contrib.auth import get_user_model
+
+    from controlplane.cluster.models import GPU, Node, Pool
+    from controlplane.tenancy.models import Quota, Tenant
+
+    per_group = tenants_per_group(scale)
+    gpus_per_pool = GUARANTEED_GPUS * per_group
+    nodes_per_pool = math.ceil(gpus_per_pool / GPUS_PER_NODE)
+    User = get_user_model()
+    total_gpus = 0
+    for g in range(GROUPS):
+        pool = Pool.objects.create(name=f"group-{g:02d}")
+        nodes = Node.objects.bulk_create(
+            [
+                Node(name=f"g{g:02d}-node-{i:04d}", pool=pool, cpus=128, memory_mib=1 << 20)
+                for i in range(nodes_per_pool)
+            ]
+        )
+        gpus = []
+        for i in range(gpus_per_pool):
+            node = nodes[i // GPUS_PER_NODE]
+            gpus.append(
+                GPU(
+                    node=node,
+                    index=i % GPUS_PER_NODE,
+                    uuid=f"GPU-{node.name}-{i % GPUS_PER_NODE}",
+                    model=group_type(g),
+                    memory_mib=81559,
+                    power_min_w=200.0,
+                    power_max_w=700.0,
+                    power_default_w=700.0,
+                )
+            )
+        GPU.objects.bulk_create(gpus, batch_size=4000)
+        total_gpus += len(gpus)
+        tenants = Tenant.objects.bulk_create(
+            [
+                Tenant(slug=f"g{g:02d}-t{k:03d}", name=f"Group {g} tenant {k}")
+                for k in range(per_group)
+            ]
+        )
+        Quota.objects.bulk_create(
+            [
+                Quota(
+                    tenant=t,
+                    gpu_type=group_type(g),
+                    guaranteed_gpus=GUARANTEED_GPUS,
+                    limit_gpus=GUARANTEED_GPUS + BORROWABLE_GPUS,
+                )
+                for t in tenants
+            ]
+        )
+        User.objects.bulk_create([User(username=t.slug, password="!") for t in tenants])
+    return {"gpus": total_gpus, "tenants": GROUPS * per_group, "nodes": GROUPS * nodes_per_pool}
+
+
+# --- roles that run as their own processes -----------------------------------------------------
+
+
+def role_submit(args) -> None:
+    """Submit this shard's jobs at their scheduled times (or as soon as possible when behind)."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.jobs import actions
+    from controlplane.tenancy.models import Tenant
+
+    per_group = tenants_per_group(args.scale)
+    tenants = {t.slug: t for t in Tenant.objects.all()}
+    users = {u.username: u for u in get_user_model().objects.all()}
+    classes = {c.name: c for c in CLASSES}
+    lags = []
+    for offset_s, t, cls in schedule(args.scale):
+        if t % args.shards != args.shard:
+            continue
+        due = args.t0 + offset_s
+        wait = due - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        lags.append(max(0.0, time.time() - due))
+        g, k = divmod(t, per_group)
+        slug = f"g{g:02d}-t{k:03d}"
+        c = classes[cls]
+        actions.submit_job(
+            tenant=tenants[slug],
+            user=users[slug],
+            name=c.name,
+            image="registry.local/kueue-bench:1",
+            command=["sleep", str(c.runtime_s)],
+            gpus=c.gpus,
+            gpu_type=group_type(g),
+            priority=c.priority,
+            cpus=1.0,
+            memory_mib=1024,
+        )
+    print(json.dumps({"submitted": len(lags), "mean_lag_s": sum(lags) / max(1, len(lags))}))
+
+
+def role_agent(args) -> None:
+    """Stand in for the agents of one shard of the attempts: run each, finish it after its runtime."""
+    from django.db.models import F
+    from django.utils import timezone
+
+    from controlplane.jobs import actions
+    from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, AttemptState, Job, JobAttempt
+
+    due: list[tuple[float, int]] = []  # (end time, attempt id), soonest first
+    mine = JobAttempt.objects.annotate(shard=F("id") % args.shards).filter(shard=args.shard)
+    while True:
+        # Marking an attempt running moves it out of this query: no memory of it is needed.
+        admitted = mine.filter(state=AttemptState.ADMITTED, stop_requested_at__isnull=True)
+        for attempt in admitted.select_related("job", "node"):
+            begun = timezone.now()
+            actions.mark_attempt_running(attempt, started_at=begun)
+            heapq.heappush(due, (begun.timestamp() + RUNTIME_S[attempt.job.name], attempt.pk))
+        stopping = mine.filter(state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=False)
+        for attempt in stopping.select_related("node"):
+            # Preempted: the stand-in container dies at once.
+            actions.finish_attempt(attempt, exit_code=137)
+        ended = []
+        while due and due[0][0] <= time.time():
+            ended.append(heapq.heappop(due)[1])
+        if ended:
+            for attempt in JobAttempt.objects.filter(
+                pk__in=ended, state__in=ACTIVE_ATTEMPT_STATES
+            ).select_related("node"):
+                actions.finish_attempt(attempt, exit_code=0)
+        if not due and Job.objects.filter(state="SUCCEEDED").count() >= args.total:
+            return
+        time.sleep(0.02 if not due else min(0.02, max(0.0, due[0][0] - time.time())))
+
+
+# --- the orchestrator ---------------------------------------------------------------------------
+
+
+def _child(role: str, args, env: dict, extra: list[str]) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--role",
+        role,
+        "--scale",
+        str(args.scale),
+        "--t0",
+        str(args.t0),
+        *extra,
+    ]
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+
+
+def _worker(env: dict, queue: str, log_path: Path) -> subprocess.Popen:
+    celery = Path(sys.executable).with_name("celery")
+    log_file = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        [
+            str(celery),
+            "-A",
+            "controlplane",
+            "worker",
+            "-Q",
+            queue,
+            "--pool=solo",
+            "-n",
+            f"{queue}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "WARNING",
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _purge(queue: str) -> None:
+    from controlplane.redis_client import get_redis
+
+    conn = get_redis()
+    for key in conn.scan_iter(match=f"{queue}*"):
+        conn.delete(key)
+    conn.delete("gpucp:cycle-requested")
+
+
+def report(total_gpus: int, t0: float, submit_lags: list[float]) -> dict:
+    from django.db.models import Avg, Count, Max, Min
+
+    from controlplane.jobs.models import Allocation, Job, JobAttempt
+    from controlplane.scheduling.models import SchedulingCycle
+
+    gpus_of = dict(
+        Allocation.objects.values("attempt_id")
+        .annotate(n=Count("id"))
+        .values_list("attempt_id", "n")
+    )
+    end = Job.objects.aggregate(end=Max("finished_at"))["end"].timestamp()
+    wall_s = end - t0
+    held_gpu_s = 0.0
+    busy_gpu_s = 0.0
+    for pk, created, started, finished in JobAttempt.objects.values_list(
+        "id", "created_at", "started_at", "finished_at"
+    ):
+        n = gpus_of.get(pk, 0)
+        finished = finished or datetime.fromtimestamp(end, tz=UTC)
+        held_gpu_s += n * (finished - created).total_seconds()
+        if started:
+            busy_gpu_s += n * (finished - started).total_seconds()
+    admission = {}
+    first = {
+        job_id: created
+        for job_id, created in JobAttempt.objects.filter(number=1).values_list(
+            "job_id", "created_at"
+        )
+    }
+    for cls in ("large", "medium", "small"):
+        waits = [
+            (first[pk] - submitted).total_seconds()
+            for pk, submitted in Job.objects.filter(name=cls).values_list("id", "submitted_at")
+            if pk in first
+        ]
+        admission[cls] = sum(waits) / len(waits) if waits else float("nan")
+    cycles = SchedulingCycle.objects.aggregate(
+        n=Count("id"),
+        mean_ms=Avg("duration_ms"),
+        max_ms=Max("duration_ms"),
+        first=Min("started_at"),
+    )
+    step_s: dict[str, float] = {}
+    for steps in SchedulingCycle.objects.values_list("step_ms", flat=True):
+        for name, ms in steps.items():
+            step_s[name] = step_s.get(name, 0.0) + ms / 1000.0
+    return {
+        "wall_s": wall_s,
+        "cycle_step_total_s": {k: round(v, 2) for k, v in sorted(step_s.items())},
+        "starts_per_cycle_max": SchedulingCycle.objects.aggregate(m=Max("starts"))["m"],
+        "usage_pct": 100.0 * held_gpu_s / (total_gpus * wall_s),
+        "busy_pct": 100.0 * busy_gpu_s / (total_gpus * wall_s),
+        "admission_s": admission,
+        "cycles": cycles["n"],
+        "cycle_mean_s": (cycles["mean_ms"] or 0) / 1000,
+        "cycle_max_s": (cycles["max_ms"] or 0) / 1000,
+        "preemptions": JobAttempt.objects.filter(stop_reason="preempted").count(),
+        "attempts": JobAttempt.objects.count(),
+        "mean_submit_lag_s": sum(submit_lags) / max(1, len(submit_lags)),
+    }
+
+
+def orchestrate(args) -> None:
+    from django.conf import settings
+    from django.db import connection
+
+    from controlplane.jobs.models import Job
+    from controlplane.scheduling.tasks import run_cycle
+
+    if not settings.REDIS_URL:
+        sys.exit("This benchmark needs Redis (the Celery broker): set REDIS_URL=redis://...")
+    queue = f"{settings.CELERY_TASK_DEFAULT_QUEUE}_kueue"
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    from controlplane.celery import app
+
+    app.conf.task_default_queue = queue
+    total = len(schedule(args.scale))
+    with bench_database("bench_kueue") as name:
+        sizes = populate(args.scale)
+        print(
+            f"scale {args.scale}: {GROUPS} groups x {tenants_per_group(args.scale)} tenants, "
+            f"{sizes['gpus']} GPUs on {sizes['nodes']} nodes, {total} jobs"
+        )
+        db = connection.settings_dict
+        env = {
+            **os.environ,
+            "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}",
+            "CELERY_QUEUE": queue,
+            "SCHEDULER_EMBEDDED": "0",
+            "LOG_LEVEL": "WARNING",
+        }
+        _purge(queue)
+        log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{queue}-worker.log"
+        worker = _worker(env, queue, log_path)
+        children: list[subprocess.Popen] = []
+        try:
+            time.sleep(3.0)  # the worker's start-up; requests queue up in Redis meanwhile
+            args.t0 = time.time() + 1.0
+            submitters = [
+                _child("submit", args, env, ["--shard", str(i), "--shards", "2"]) for i in range(2)
+            ]
+            agents = [
+                _child(
+                    "agent", args, env, ["--shard", str(i), "--shards", "2", "--total", str(total)]
+                )
+                for i in range(2)
+            ]
+            children = submitters + agents
+            next_tick = args.t0
+            last_print = time.time()
+            while any(a.poll() is None for a in agents):
+                if time.time() > args.t0 + args.max_wall_s:
+                    print(f"stopped after {args.max_wall_s} s: the figures below are partial")
+                    break
+                if time.time() >= next_tick:
+                    # Beat's periodic cycle (beat itself would also run the liveness sweep,
+                    # which would take these agentless nodes down).
+                    run_cycle.delay(trigger="tick")
+                    next_tick += settings.SCHEDULER_CYCLE_INTERVAL_S
+                if time.time() - last_print >= 30:
+                    done = Job.objects.filter(state="SUCCEEDED").count()
+                    print(
+                        f"  t={time.time() - args.t0:6.0f} s: {done}/{total} jobs done", flush=True
+                    )
+                    last_print = time.time()
+                time.sleep(0.2)
+            lags = []
+            for s in submitters:
+                out, _ = s.communicate(timeout=60)
+                lags.append(json.loads(out.strip().splitlines()[-1])["mean_lag_s"])
+            figures = report(sizes["gpus"], args.t0, lags)
+        finally:
+            for child in [*children, worker]:
+                if child.poll() is None:
+                    child.terminate()
+            for child in [*children, worker]:
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            _purge(queue)
+        print_figures(figures, args.scale)
+
+
+def print_figures(f: dict, scale: float) -> None:
+    a = f["admission_s"]
+    print(
+        f"wall time:            {f['wall_s']:8.1f} s      (Kueue {KUEUE['wall_s']:.0f} s at full size)"
+    )
+    print(
+        f"mean GPU usage:       {f['usage_pct']:8.1f} %      (held by admitted work; Kueue {KUEUE['usage_pct']} %)"
+    )
+    print(f"  of it running:      {f['busy_pct']:8.1f} %")
+    for cls in ("large", "medium", "small"):
+        print(f"time to admission, {cls:6s} {a[cls]:7.1f} s  (Kueue {KUEUE[cls]:.0f} s)")
+    print(
+        f"cycles: {f['cycles']} (mean {f['cycle_mean_s']:.2f} s, max {f['cycle_max_s']:.2f} s); "
+        f"{f['attempts']} attempts, {f['preemptions']} preempted; "
+        f"submitters were {f['mean_submit_lag_s']:.1f} s behind schedule on average"
+    )
+    print(
+        "time spent in cycle steps (s, all cycles): "
+        + ", ".join(f"{k} {v}" for k, v in f["cycle_step_total_s"].items())
+    )
+    print(json.dumps({"scale": scale, **f}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="fraction of the tenants (1.0 = 1,000)"
+    )
+    parser.add_argument("--max-wall-s", type=float, default=3600.0)
+    parser.add_argument(
+        "--role", choices=("main", "submit", "agent"), default="main", help=argparse.SUPPRESS
+    )
+    parser.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--shards", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    setup_django()
+    {"main": orchestrate, "submit": role_submit, "agent": role_agent}[args.role](args)
+
+
+if __name__ == "__main__":
+    main()

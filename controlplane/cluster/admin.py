@@ -1,0 +1,139 @@
+"""Django admin for ops: pools and their power budgets, nodes (cordon / drain / uncordon), GPUs,
+and join tokens, whose secret is shown once when one is added."""
+
+from django.contrib import admin, messages
+from django.utils import timezone
+
+from controlplane.cluster.api.node_state import set_node_state
+from controlplane.cluster.models import GPU, JoinToken, Node, NodeState, Pool
+from controlplane.tenancy.models import hash_token, new_raw_token
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    list_display = ["name", "power_budget_w"]
+    search_fields = ["name"]
+
+
+class GpuInline(admin.TabularInline):
+    model = GPU
+    extra = 0
+    can_delete = False
+    fields = ["index", "uuid", "model", "healthy", "power_cap_w", "power_draw_w", "utilization_pct"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+def _state_action(state: str, description: str):
+    def act(modeladmin, request, queryset):
+        changed = sum(set_node_state(node, state, actor=request.user) for node in queryset)
+        modeladmin.message_user(request, f"{changed} node(s) now {state}.", messages.SUCCESS)
+
+    act.__name__ = f"set_{state}"
+    return admin.action(description=description)(act)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "pool",
+        "state",
+        "ready",
+        "last_heartbeat_at",
+        "cpus",
+        "memory_mib",
+        "agent_version",
+    ]
+    list_filter = ["state", "ready", "pool"]
+    search_fields = ["name"]
+    list_select_related = ["pool"]
+    # Inventory and liveness come from the agent; the admin state from the actions below.
+    readonly_fields = [
+        "state",
+        "ready",
+        "last_heartbeat_at",
+        "heartbeat_interval_s",
+        "cpus",
+        "memory_mib",
+        "agent_version",
+        "runtime",
+        "conditions",
+        "token_prefix",
+        "created_at",
+    ]
+    exclude = ["token_hash"]
+    inlines = [GpuInline]
+    actions = [
+        _state_action(NodeState.CORDONED, "Cordon: no new work"),
+        _state_action(NodeState.DRAINING, "Drain: no new work, preempt borrowed work"),
+        _state_action(NodeState.READY, "Uncordon: take new work again"),
+    ]
+
+    def has_add_permission(self, request):
+        # Nodes join by their agent registering with a join token.
+        return False
+
+
+@admin.register(GPU)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["uuid", "node", "index", "model", "healthy", "power_cap_w", "power_draw_w"]
+    list_filter = ["model", "healthy", "node__pool"]
+    search_fields = ["uuid", "node__name"]
+    list_select_related = ["node"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(JoinToken)
+class JoinTokenAdmin(admin.ModelAdmin):
+    list_display = [
+        "prefix",
+        "pool",
+        "created_by",
+        "created_at",
+        "expires_at",
+        "uses",
+        "max_uses",
+        "revoked_at",
+    ]
+    list_filter = ["pool"]
+    list_select_related = ["pool", "created_by"]
+    fields = [
+        "pool",
+        "expires_at",
+        "max_uses",
+        "prefix",
+        "uses",
+        "created_by",
+        "created_at",
+        "revoked_at",
+    ]
+    readonly_fields = ["prefix", "uses", "created_by", "created_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            raw = new_raw_token("gcpj")
+            obj.token_hash = hash_token(raw)
+            obj.prefix = raw[:12]
+            obj.created_by = request.user
+            super().save_model(request, obj, form, change)
+            self.message_user(
+                request,
+                f"Join token (shown this once, only its hash is kept): {raw}",
+                messages.WARNING,
+            )
+            return
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Revoke the selected join tokens")
+    def revoke(self, request, queryset):
+        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {revoked} join token(s).", messages.SUCCESS)

@@ -1,0 +1,102 @@
+"""Credentials of the agent API: join tokens (to register) and node tokens (for everything else).
+
+The agent API is a separate trust domain from the user API. A node token opens the agent API
+and nothing else (the user authentication refuses anything that is not `gcp_...`); here, a user
+token or a session opens nothing, because only a `gcpn_` bearer token is looked at.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import F
+from django.http import HttpRequest
+from django.utils import timezone
+
+from controlplane.cluster.models import JoinToken, Node, Pool
+from controlplane.tenancy.models import hash_token, new_raw_token
+
+NODE_TOKEN_PREFIX = "gcpn"
+JOIN_TOKEN_PREFIX = "gcpj"
+
+
+class AgentAuthError(Exception):
+    """The request carries no usable agent credential; the API answers 401."""
+
+
+def bearer_token(request: HttpRequest) -> str | None:
+    header = request.headers.get("Authorization", "")
+    parts = header.split()
+    if len(parts) != 2 or parts[0] != "Bearer":
+        return None
+    return parts[1]
+
+
+def authenticate_node(request: HttpRequest) -> Node:
+    """The node whose current token the request carries, or AgentAuthError."""
+    raw = bearer_token(request)
+    if raw is None:
+        raise AgentAuthError("A node token is required (Authorization: Bearer gcpn_...).")
+    if not raw.startswith(NODE_TOKEN_PREFIX + "_"):
+        raise AgentAuthError("Only node tokens may call the agent API.")
+    node = (
+        Node.objects.filter(token_hash=hash_token(raw))
+        .only("id", "name", "ready", "last_heartbeat_at", "heartbeat_interval_s", "conditions")
+        .first()
+    )
+    if node is None:
+        # Rotated, revoked, or never issued: all look the same from outside.
+        raise AgentAuthError("Invalid node token.")
+    return node
+
+
+def issue_join_token(
+    pool: Pool, *, expires_at: datetime, max_uses: int = 1, created_by=None
+) -> tuple[JoinToken, str]:
+    """Create a join token and return it with its raw secret, which is never stored."""
+    raw = new_raw_token(JOIN_TOKEN_PREFIX)
+    token = JoinToken.objects.create(
+        token_hash=hash_token(raw),
+        prefix=raw[:12],
+        pool=pool,
+        created_by=created_by,
+        expires_at=expires_at,
+        max_uses=max_uses,
+    )
+    return token, raw
+
+
+def consume_join_token(raw: str | None) -> JoinToken:
+    """Spend one use of a join token, or AgentAuthError.
+
+    The use is counted by a conditional UPDATE, so two agents racing for the last use of a
+    token cannot both get in: the row count says who won.
+    """
+    if not raw or not raw.startswith(JOIN_TOKEN_PREFIX + "_"):
+        raise AgentAuthError("A join token is required (Authorization: Bearer gcpj_...).")
+    digest = hash_token(raw)
+    spent = JoinToken.objects.filter(
+        token_hash=digest,
+        revoked_at__isnull=True,
+        expires_at__gt=timezone.now(),
+        uses__lt=F("max_uses"),
+    ).update(uses=F("uses") + 1)
+    if spent == 0:
+        raise AgentAuthError("Join token invalid, expired, revoked or used up.")
+    return JoinToken.objects.select_related("pool").get(token_hash=digest)
+
+
+def rotate_node_token(node: Node) -> str:
+    """Give the node a fresh token; the previous one stops working at once."""
+    raw = new_raw_token(NODE_TOKEN_PREFIX)
+    Node.objects.filter(pk=node.pk).update(token_hash=hash_token(raw), token_prefix=raw[:12])
+    node.token_hash = hash_token(raw)
+    node.token_prefix = raw[:12]
+    return raw
+
+
+def revoke_node_token(node: Node) -> None:
+    """Cut a node off (a stolen token, a decommissioned host): it must register again."""
+    Node.objects.filter(pk=node.pk).update(token_hash=None, token_prefix="")
+    node.token_hash = None
+    node.token_prefix = ""

@@ -1,0 +1,217 @@
+"""Pools, nodes and GPUs as members see them (a summary: which jobs hold a GPU is not shown),
+and join tokens for cluster admins."""
+
+import math
+from collections import Counter
+from datetime import timedelta
+
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from controlplane.cluster.models import GPU, JoinToken, Node, NodeState, Pool
+from controlplane.tenancy.models import hash_token, new_raw_token
+
+# A budget above this is a typo (a large datacenter hall draws tens of megawatts).
+MAX_POOL_POWER_BUDGET_W = 1e8
+MAX_JOIN_TOKEN_LIFETIME = timedelta(days=30)
+DEFAULT_JOIN_TOKEN_LIFETIME = timedelta(days=1)
+MAX_JOIN_TOKEN_USES = 10_000
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    nodes = serializers.IntegerField(source="node_count", read_only=True, default=0)
+    gpus = serializers.IntegerField(source="gpu_count", read_only=True, default=0)
+    power_max_w = serializers.FloatField(
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="Sum of the GPUs' maximum power caps",
+    )
+    power_draw_w = serializers.FloatField(
+        read_only=True, allow_null=True, default=None, help_text="Sum of the GPUs' reported draw"
+    )
+
+    class Meta:
+        model = Pool
+        fields = ["id", "name", "power_budget_w", "nodes", "gpus", "power_max_w", "power_draw_w"]
+        extra_kwargs = {
+            "power_budget_w": {
+                "help_text": "Most watts the pool's GPUs may draw together; null: none"
+            }
+        }
+
+    def validate_power_budget_w(self, value):
+        if value is None:
+            return value
+        if not math.isfinite(value) or value <= 0:
+            raise serializers.ValidationError("Must be more than 0 W, or null for no budget.")
+        if value > MAX_POOL_POWER_BUDGET_W:
+            raise serializers.ValidationError(
+                f"{value:g} W is beyond any facility (at most {MAX_POOL_POWER_BUDGET_W:g} W)."
+            )
+        return value
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    status = serializers.CharField(read_only=True, help_text="The admin state, or down")
+    gpus_total = serializers.SerializerMethodField()
+    gpus_allocated = serializers.SerializerMethodField()
+    gpus_free = serializers.SerializerMethodField()
+    gpu_models = serializers.SerializerMethodField(help_text="GPU model -> how many")
+    power_draw_w = serializers.SerializerMethodField(help_text="Sum of its GPUs' reported draw")
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "pool",
+            "status",
+            "state",
+            "ready",
+            "last_heartbeat_at",
+            "labels",
+            "cpus",
+            "memory_mib",
+            "agent_version",
+            "runtime",
+            "conditions",
+            "gpus_total",
+            "gpus_allocated",
+            "gpus_free",
+            "gpu_models",
+            "power_draw_w",
+        ]
+        read_only_fields = fields
+
+    # The node's GPUs are prefetched with an `allocated` flag (see NodeViewSet).
+
+    def get_gpus_total(self, obj) -> int:
+        return len(obj.gpus.all())
+
+    def get_gpus_allocated(self, obj) -> int:
+        return sum(1 for g in obj.gpus.all() if getattr(g, "allocated", False))
+
+    def get_gpus_free(self, obj) -> int:
+        return sum(1 for g in obj.gpus.all() if g.healthy and not getattr(g, "allocated", False))
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
+    def get_gpu_models(self, obj) -> dict:
+        return dict(Counter(g.model for g in obj.gpus.all()))
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_power_draw_w(self, obj) -> float | None:
+        draws = [g.power_draw_w for g in obj.gpus.all() if g.power_draw_w is not None]
+        return sum(draws) if draws else None
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    pool = serializers.CharField(source="node.pool.name", read_only=True)
+    allocated = serializers.BooleanField(
+        read_only=True, default=False, help_text="Held by a job's attempt now"
+    )
+
+    class Meta:
+        model = GPU
+        fields = [
+            "id",
+            "uuid",
+            "node",
+            "pool",
+            "index",
+            "model",
+            "memory_mib",
+            "healthy",
+            "allocated",
+            "power_min_w",
+            "power_max_w",
+            "power_default_w",
+            "desired_power_cap_w",
+            "power_cap_w",
+            "utilization_pct",
+            "memory_used_mib",
+            "power_draw_w",
+            "energy_j",
+            "temperature_c",
+            "sm_clock_mhz",
+            "telemetry_at",
+        ]
+        read_only_fields = fields
+
+
+class JoinTokenSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    usable = serializers.BooleanField(source="is_usable", read_only=True)
+    expires_at = serializers.DateTimeField(
+        required=False, help_text="At most 30 days ahead; a day from now when left out"
+    )
+
+    class Meta:
+        model = JoinToken
+        fields = [
+            "id",
+            "prefix",
+            "pool",
+            "created_by",
+            "created_at",
+            "expires_at",
+            "max_uses",
+            "uses",
+            "revoked_at",
+            "usable",
+        ]
+        read_only_fields = ["prefix", "created_by", "created_at", "uses", "revoked_at"]
+        extra_kwargs = {
+            "max_uses": {
+                "min_value": 1,
+                "max_value": MAX_JOIN_TOKEN_USES,
+                "help_text": "How many nodes may register with it",
+            }
+        }
+
+    def validate_expires_at(self, value):
+        now = timezone.now()
+        if value <= now:
+            raise serializers.ValidationError("Must be in the future.")
+        if value > now + MAX_JOIN_TOKEN_LIFETIME:
+            raise serializers.ValidationError("At most 30 days ahead: join tokens are short-lived.")
+        return value
+
+    def create(self, validated_data):
+        raw = new_raw_token("gcpj")
+        token = JoinToken.objects.create(
+            token_hash=hash_token(raw),
+            prefix=raw[:12],
+            created_by=self.context["request"].user,
+            expires_at=validated_data.get("expires_at")
+            or timezone.now() + DEFAULT_JOIN_TOKEN_LIFETIME,
+            pool=validated_data["pool"],
+            max_uses=validated_data.get("max_uses", 1),
+        )
+        token.raw_token = raw
+        return token
+
+
+class JoinTokenCreatedSerializer(JoinTokenSerializer):
+    token = serializers.SerializerMethodField(
+        help_text="The secret, shown this once: only its hash is stored"
+    )
+
+    class Meta(JoinTokenSerializer.Meta):
+        fields = [*JoinTokenSerializer.Meta.fields, "token"]
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_token(self, obj) -> str:
+        return obj.raw_token
+
+
+NODE_ACTION_STATES = {
+    "cordon": NodeState.CORDONED,
+    "drain": NodeState.DRAINING,
+    "uncordon": NodeState.READY,
+}

@@ -1,0 +1,151 @@
+"""Cluster endpoints: pools, nodes (with cordon / drain / uncordon), GPUs, join tokens."""
+
+from django.db.models import Count, Exists, OuterRef, Prefetch, Sum
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from controlplane.cluster.api.node_state import set_node_state
+from controlplane.cluster.api.serializers import (
+    NODE_ACTION_STATES,
+    GpuSerializer,
+    JoinTokenCreatedSerializer,
+    JoinTokenSerializer,
+    NodeSerializer,
+    PoolSerializer,
+)
+from controlplane.cluster.filtersets import (
+    GpuFilterSet,
+    JoinTokenFilterSet,
+    NodeFilterSet,
+    PoolFilterSet,
+)
+from controlplane.cluster.models import GPU, JoinToken, Node, Pool
+from controlplane.jobs.models import Allocation
+from controlplane.permissions import (
+    SIGNED_IN,
+    STAFF,
+    Need,
+    ScopedCreateMixin,
+    ScopedDestroyMixin,
+    ScopedViewSet,
+)
+
+
+def _gpus_with_allocated_flag():
+    held = Allocation.objects.filter(gpu=OuterRef("pk"), active=True)
+    return GPU.objects.annotate(allocated=Exists(held))
+
+
+class PoolViewSet(
+    ScopedCreateMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    ScopedDestroyMixin,
+    ScopedViewSet,
+):
+    """Groups of nodes with a shared power budget. Everyone reads; cluster admins write."""
+
+    queryset = Pool.objects.annotate(
+        node_count=Count("nodes", distinct=True),
+        gpu_count=Count("nodes__gpus"),
+        power_max_w=Sum("nodes__gpus__power_max_w"),
+        power_draw_w=Sum("nodes__gpus__power_draw_w"),
+    )
+    serializer_class = PoolSerializer
+    filterset_class = PoolFilterSet
+    lookup_field = "name"
+    ordering_fields = ["name", "power_budget_w"]
+    read_need = Need(SIGNED_IN)
+    write_need = Need(STAFF)
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """GPU hosts. Everyone reads a summary; cluster admins cordon, drain and uncordon.
+
+    Nodes are created by their agent registering with a join token, not here.
+    """
+
+    queryset = Node.objects.select_related("pool").prefetch_related(
+        Prefetch("gpus", queryset=_gpus_with_allocated_flag())
+    )
+    serializer_class = NodeSerializer
+    filterset_class = NodeFilterSet
+    lookup_field = "name"
+    # Host names have dots; the default lookup pattern stops at one.
+    lookup_value_regex = "[^/]+"
+    ordering_fields = ["name", "last_heartbeat_at", "state"]
+    read_need = Need(SIGNED_IN)
+    action_needs = {name: Need(STAFF) for name in NODE_ACTION_STATES}
+
+    def _set_state(self, request, action_name: str):
+        node = self.get_object()
+        set_node_state(node, NODE_ACTION_STATES[action_name], actor=request.user)
+        return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, name=None):
+        """No new work starts on the node; what runs there keeps running."""
+        return self._set_state(request, "cordon")
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request, name=None):
+        """No new work, and the scheduler preempts the borrowed work running there."""
+        return self._set_state(request, "drain")
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, name=None):
+        """The node takes new work again."""
+        return self._set_state(request, "uncordon")
+
+
+class GpuViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Every GPU with its power limits and latest telemetry. Read-only: agents report them."""
+
+    queryset = _gpus_with_allocated_flag().select_related("node__pool")
+    serializer_class = GpuSerializer
+    filterset_class = GpuFilterSet
+    lookup_field = "uuid"
+    lookup_value_regex = "[^/]+"
+    ordering_fields = ["node__name", "index", "model", "power_draw_w"]
+    read_need = Need(SIGNED_IN)
+
+
+@extend_schema_view(
+    create=extend_schema(
+        request=JoinTokenSerializer,
+        responses={201: JoinTokenCreatedSerializer},
+        description="Create a token an agent registers its node with. The secret is in this "
+        "answer only.",
+    ),
+    destroy=extend_schema(description="Revoke the token: no node can register with it any more."),
+)
+class JoinTokenViewSet(
+    ScopedCreateMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    ScopedDestroyMixin,
+    ScopedViewSet,
+):
+    """Tokens that let a new node join a pool. Cluster admins only."""
+
+    queryset = JoinToken.objects.select_related("pool", "created_by")
+    serializer_class = JoinTokenSerializer
+    filterset_class = JoinTokenFilterSet
+    ordering_fields = ["created_at", "expires_at"]
+    read_need = Need(STAFF)
+    write_need = Need(STAFF)
+
+    def created_representation(self, serializer, instance):
+        return JoinTokenCreatedSerializer(instance, context=self.get_serializer_context()).data
+
+    def perform_destroy(self, instance):
+        JoinToken.objects.filter(pk=instance.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )

@@ -1,0 +1,413 @@
+"""What a heartbeat does: record what the agent sees, move attempts on, answer what should run.
+
+A heartbeat is level-triggered: it carries everything the agent observes and the answer carries
+everything the node should be doing, so a repeated or lost heartbeat changes nothing. The work
+per heartbeat is a fixed handful of queries whatever the number of GPUs or attempts (one UPDATE
+for all GPU rows, one upsert for all history rows, two reads for the desired state); only state
+changes of attempts (rare: a start, an exit) cost more, through controlplane.jobs.actions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.cluster import telemetry
+from controlplane.cluster.models import GPU, Node
+from controlplane.cluster.telemetry import GpuSample
+from controlplane.jobs import actions
+from controlplane.jobs.models import (
+    ACTIVE_ATTEMPT_STATES,
+    AttemptState,
+    JobAttempt,
+)
+
+log = logging.getLogger(__name__)
+
+RUNNING = "running"
+EXITED = "exited"
+FAILED_TO_START = "failed_to_start"
+ATTEMPT_REPORT_STATES = (RUNNING, EXITED, FAILED_TO_START)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    attempt_id: int
+    state: str
+    started_at: float | None = None
+    exit_code: int | None = None
+    finished_at: float | None = None
+    energy_j: float | None = None
+    energy_estimated: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionReport:
+    type: str
+    message: str = ""
+    gpu_uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    seq: int
+    sent_at: float
+    gpus: tuple[GpuSample, ...] = ()
+    attempts: tuple[AttemptReport, ...] = ()
+    conditions: tuple[ConditionReport, ...] = ()
+
+
+@dataclass(slots=True)
+class Work:
+    """An active attempt that holds GPUs on this node (or, needing none, was placed on it)."""
+
+    attempt_id: int
+    job_id: int
+    state: str
+    stop_requested: bool
+    started_at: dt.datetime | None
+    energy_j: float
+    job_gpus: int
+    image: str
+    command: list
+    env: dict
+    cpus: float
+    memory_mib: int
+    max_runtime_s: int
+    gpu_uuids: list[str] = field(default_factory=list)
+
+    @property
+    def wanted(self) -> bool:
+        return self.state in ACTIVE_ATTEMPT_STATES and not self.stop_requested
+
+    @property
+    def all_gpus_here(self) -> bool:
+        return len(self.gpu_uuids) >= self.job_gpus
+
+
+def from_unix(ts: float | None, *, not_after: dt.datetime) -> dt.datetime | None:
+    """An agent's Unix time as a datetime; a clock running ahead is clamped to ours."""
+    if ts is None:
+        return None
+    return min(dt.datetime.fromtimestamp(ts, tz=dt.UTC), not_after)
+
+
+def load_work(node_id: int) -> dict[int, Work]:
+    """The node's active attempts with their local GPUs: one query, whatever their number.
+
+    One row per attempt and local GPU. Attempts of jobs that need no GPU hold no allocation;
+    they are found by the node they were placed on.
+    """
+    here = Q(allocations__active=True, allocations__gpu__node_id=node_id) | Q(
+        node_id=node_id, job__gpus=0
+    )
+    rows = (
+        JobAttempt.objects.filter(here, state__in=ACTIVE_ATTEMPT_STATES)
+        .values_list(
+            "id",
+            "job_id",
+            "state",
+            "stop_requested_at",
+            "started_at",
+            "energy_j",
+            "job__gpus",
+            "job__image",
+            "job__command",
+            "job__env",
+            "job__cpus",
+            "job__memory_mib",
+            "job__max_runtime_s",
+            "allocations__gpu__index",
+            "allocations__gpu__uuid",
+        )
+        .order_by("id", "allocations__gpu__index")
+    )
+    work: dict[int, Work] = {}
+    for row in rows:
+        aid, uuid = row[0], row[14]
+        w = work.get(aid)
+        if w is None:
+            job_id, state, stop_at, started_at, energy_j, gpus, image, command, env = row[1:10]
+            cpus, memory_mib, max_runtime_s = row[10:13]
+            w = work[aid] = Work(
+                attempt_id=aid,
+                job_id=job_id,
+                state=state,
+                stop_requested=stop_at is not None,
+                started_at=started_at,
+                energy_j=energy_j,
+                job_gpus=gpus,
+                image=image,
+                command=command,
+                env=env,
+                cpus=cpus,
+                memory_mib=memory_mib,
+                max_runtime_s=max_runtime_s,
+            )
+        if uuid is not None:
+            w.gpu_uuids.append(uuid)
+    return work
+
+
+def desired_state(
+    work: dict[int, Work], caps: dict[str, float], heartbeat_interval_s: float
+) -> dict:
+    """The answer of docs/agent-protocol.md: what should run here, and at which caps."""
+    return {
+        "attempts": [
+            {
+                "attempt_id": w.attempt_id,
+                "job_id": w.job_id,
+                "image": w.image,
+                "command": w.command,
+                "env": w.env,
+                "gpu_uuids": w.gpu_uuids,
+                "cpus": w.cpus,
+                "memory_mib": w.memory_mib,
+                "max_runtime_s": w.max_runtime_s,
+            }
+            for w in work.values()
+            if w.wanted
+        ],
+        "power_caps_w": caps,
+        "heartbeat_interval_s": heartbeat_interval_s,
+    }
+
+
+def desired_caps(node_id: int) -> dict[str, float]:
+    return dict(
+        GPU.objects.filter(node_id=node_id, desired_power_cap_w__isnull=False)
+        .order_by("index")
+        .values_list("uuid", "desired_power_cap_w")
+    )
+
+
+def current_desired_state(node: Node) -> dict:
+    """The desired state as a heartbeat would answer it now (two reads, no writes)."""
+    return desired_state(load_work(node.pk), desired_caps(node.pk), node.heartbeat_interval_s)
+
+
+def digest(answer: dict) -> str:
+    """A fingerprint of the part of an answer the agent acts on."""
+    acted_on = {"attempts": answer["attempts"], "power_caps_w": answer["power_caps_w"]}
+    return hashlib.sha1(json.dumps(acted_on, sort_keys=True).encode()).hexdigest()
+
+
+# --- what each node was last told (so a watch can tell a change it missed) -------------------
+
+_answered_lock = threading.Lock()
+_answered: dict[str, str] = {}
+
+
+def _answered_key(name: str) -> str:
+    return f"gpucp:node:{name}:answered"
+
+
+def remember_answer(node: Node, answer_digest: str) -> None:
+    with _answered_lock:
+        _answered[node.name] = answer_digest
+    if settings.REDIS_URL:
+        try:
+            from controlplane.redis_client import get_redis
+
+            ttl_s = max(60, int(node.heartbeat_interval_s * 10))
+            get_redis().set(_answered_key(node.name), answer_digest, ex=ttl_s)
+        except Exception:
+            log.warning("could not record the answer to %s in Redis", node.name, exc_info=True)
+
+
+def last_answer_digest(node: Node) -> str | None:
+    if settings.REDIS_URL:
+        try:
+            from controlplane.redis_client import get_redis
+
+            value = get_redis().get(_answered_key(node.name))
+            return value.decode() if value is not None else None
+        except Exception:
+            log.warning("could not read the answer to %s from Redis", node.name, exc_info=True)
+    with _answered_lock:
+        return _answered.get(node.name)
+
+
+# --- the heartbeat ---------------------------------------------------------------------------
+
+
+def _merge_conditions(old: list, reported: tuple[ConditionReport, ...], now_ts: float) -> list:
+    """The reported conditions, each keeping the time it was first seen."""
+    since = {(c.get("type"), c.get("gpu_uuid")): c.get("since", now_ts) for c in old or []}
+    return [
+        {
+            "type": c.type,
+            "gpu_uuid": c.gpu_uuid,
+            "message": c.message,
+            "since": since.get((c.type, c.gpu_uuid), now_ts),
+        }
+        for c in reported
+    ]
+
+
+def _record(node: Node, hb: Heartbeat, now: dt.datetime) -> tuple[dict[int, Work], dict]:
+    """One transaction: the node is alive, its attempts' energy so far, its GPUs' readings.
+
+    Returns the node's work and its GPUs' desired caps.
+    """
+    conditions = _merge_conditions(node.conditions, hb.conditions, now.timestamp())
+    samples = {s.uuid: s for s in hb.gpus}
+    with transaction.atomic():
+        # The node row first: its lock orders this heartbeat against a liveness sweep that may
+        # be declaring the node lost right now (see controlplane.cluster.tasks). The work is
+        # read under it: attempts the sweep declared lost before we got the lock are no longer
+        # active, so they are not in the answer.
+        Node.objects.filter(pk=node.pk).update(
+            last_heartbeat_at=now, ready=True, conditions=conditions
+        )
+        work = load_work(node.pk)
+        # Attempt rows before GPU rows, the order the scheduler's plan applier takes them in.
+        _record_energy(work, hb, samples)
+        gpus = telemetry.write_latest(node.pk, samples, now)
+        telemetry.record_history(
+            ((gpu_id, samples[uuid]) for gpu_id, uuid, _ in gpus if uuid in samples), now
+        )
+    if not node.ready:
+        log.info("node %s answers again after being declared not ready", node.name)
+    node.ready = True
+    node.last_heartbeat_at = now
+    node.conditions = conditions
+    caps = {uuid: cap for _, uuid, cap in sorted(gpus, key=lambda g: g[0]) if cap is not None}
+    return work, caps
+
+
+def _record_energy(work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuSample]) -> None:
+    """Energy so far of the node's running attempts, and their GPUs' counters, as reported."""
+    rows = []
+    for r in hb.attempts:
+        w = work.get(r.attempt_id)
+        if w is None or w.state != AttemptState.RUNNING or r.state != RUNNING:
+            continue
+        if r.energy_j is None or r.energy_j == w.energy_j:
+            continue
+        counters = {
+            u: samples[u].energy_j
+            for u in w.gpu_uuids
+            if u in samples and samples[u].energy_j is not None
+        }
+        rows.append((r.attempt_id, r.energy_j, r.energy_estimated, json.dumps(counters)))
+    # The state condition: an attempt that ended since load_work keeps its final figures.
+    telemetry.update_rows(
+        JobAttempt,
+        [("energy_j", "DOUBLE PRECISION"), ("energy_estimated", "BOOLEAN"), _json_column()],
+        rows,
+        where="state = %s",
+        where_params=(AttemptState.RUNNING,),
+    )
+
+
+def _json_column() -> tuple[str, str]:
+    return ("energy_last_j", "JSONB" if connection.vendor == "postgresql" else "TEXT")
+
+
+def _full_attempt(attempt_id: int) -> JobAttempt:
+    return JobAttempt.objects.select_related("node", "job").get(pk=attempt_id)
+
+
+def _apply_report(
+    node: Node, w: Work, r: AttemptReport, counters: dict[str, float], now: dt.datetime
+) -> None:
+    """Move one attempt on as its report says; the actions guard every write."""
+    started_at = from_unix(r.started_at, not_after=now)
+    if (
+        w.state == AttemptState.ADMITTED
+        and r.state in (RUNNING, EXITED)
+        and (r.state == RUNNING or started_at is not None)
+    ):
+        attempt = _full_attempt(w.attempt_id)
+        actions.mark_attempt_running(
+            attempt,
+            started_at=started_at or now,
+            energy_start_j={u: counters[u] for u in w.gpu_uuids if u in counters},
+        )
+        w.state = AttemptState.RUNNING
+        w.started_at = started_at or now
+    if r.state == RUNNING:
+        return
+    attempt = _full_attempt(w.attempt_id)
+    if r.state == EXITED:
+        actions.finish_attempt(
+            attempt,
+            exit_code=r.exit_code,
+            finished_at=from_unix(r.finished_at, not_after=now) or now,
+            energy_j=r.energy_j,
+            energy_estimated=r.energy_estimated,
+        )
+    else:
+        actions.finish_attempt(
+            attempt,
+            exit_code=None,
+            finished_at=from_unix(r.finished_at, not_after=now) or now,
+            energy_j=r.energy_j,
+            energy_estimated=r.energy_estimated,
+            message=f"Failed to start on {node.name}: {r.message or 'no reason given'}",
+        )
+    w.state = AttemptState.FAILED  # no longer active: left out of the answer
+
+
+def _forget_unreported(node: Node, w: Work, hb: Heartbeat, now: dt.datetime) -> None:
+    """A running attempt the agent no longer reports is gone from the node (its state was wiped,
+    the host rebooted). Starting it again would run the job twice; it is lost instead, and a
+    restartable job gets a fresh attempt through the scheduler.
+
+    Only when the heartbeat was sent after the attempt started (a heartbeat overtaken in flight
+    does not count), and only when all its GPUs are here (a gang's other nodes report for
+    themselves and may not have started their part yet).
+    """
+    if w.state != AttemptState.RUNNING or w.started_at is None or not w.all_gpus_here:
+        return
+    if hb.sent_at <= w.started_at.timestamp():
+        return
+    actions.finish_attempt(
+        _full_attempt(w.attempt_id),
+        exit_code=None,
+        finished_at=now,
+        lost=True,
+        message=f"The agent on {node.name} no longer runs it",
+    )
+    w.state = AttemptState.LOST
+
+
+def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = None) -> dict:
+    """Apply one heartbeat of `node` and return the desired state to answer with."""
+    now = now or timezone.now()
+    work, caps = _record(node, hb, now)
+    counters = {s.uuid: s.energy_j for s in hb.gpus if s.energy_j is not None}
+    reports = {r.attempt_id: r for r in hb.attempts}
+    for aid, r in reports.items():
+        w = work.get(aid)
+        if w is None:
+            # Finished, lost, or not this node's: nothing to record; left out of the answer,
+            # so the agent stops it if it still runs.
+            continue
+        try:
+            _apply_report(node, w, r, counters, now)
+        except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
+            # Someone else moved the job on (a cancel, a sweep): the next heartbeat sees where.
+            log.info("report on attempt %s of %s not applied: %s", aid, node.name, exc)
+    for aid, w in work.items():
+        if aid not in reports:
+            try:
+                _forget_unreported(node, w, hb, now)
+            except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
+                log.info("attempt %s of %s not declared lost: %s", aid, node.name, exc)
+
+    answer = desired_state(work, caps, node.heartbeat_interval_s)
+    remember_answer(node, digest(answer))
+    return answer

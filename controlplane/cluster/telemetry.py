@@ -1,0 +1,233 @@
+"""GPU telemetry from heartbeats: the latest values on the GPU rows, and a downsampled history.
+
+The history keeps one GpuTelemetry row per GPU per bucket (TELEMETRY_BUCKET_S, a minute by
+default): every heartbeat folds its sample into the bucket's running mean with one multi-row
+upsert, so 10,000 nodes heartbeating every 10 s write one row per GPU per minute, not six. Rows
+older than TELEMETRY_RETENTION_S are deleted by the liveness sweep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection
+
+from controlplane.cluster.models import GPU, GpuTelemetry
+
+log = logging.getLogger(__name__)
+
+TELEMETRY_BUCKET_S = float(getattr(settings, "TELEMETRY_BUCKET_S", 60.0))
+TELEMETRY_RETENTION_S = float(getattr(settings, "TELEMETRY_RETENTION_S", 24 * 3600.0))
+# The retention DELETE scans the history table, so it runs at most this often, not every sweep.
+TELEMETRY_PRUNE_EVERY_S = float(getattr(settings, "TELEMETRY_PRUNE_EVERY_S", 600.0))
+
+# GPU row fields a heartbeat rewrites. Absent readings are written as null: "not reported"
+# must replace an old value, or a GPU whose sensor died would show its last reading forever.
+LATEST_FIELDS = (
+    "healthy",
+    "power_cap_w",
+    "utilization_pct",
+    "memory_used_mib",
+    "power_draw_w",
+    "energy_j",
+    "temperature_c",
+    "sm_clock_mhz",
+    "telemetry_at",
+)
+# History fields averaged over the bucket; power_cap_w keeps the latest value instead, since a
+# cap is a setting, and its mean over a change would be a cap nobody ever set.
+MEAN_FIELDS = ("utilization_pct", "memory_used_mib", "power_draw_w", "temperature_c")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """What one heartbeat says about one GPU. None: the agent could not read it."""
+
+    uuid: str
+    healthy: bool = True
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    power_draw_w: float | None = None
+    power_cap_w: float | None = None
+    energy_j: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: float | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    ecc_errors: int | None = None
+
+
+def bucket_start(at: dt.datetime, bucket_s: float = TELEMETRY_BUCKET_S) -> dt.datetime:
+    ts = at.timestamp()
+    return dt.datetime.fromtimestamp(ts - ts % bucket_s, tz=dt.UTC)
+
+
+def write_latest(
+    node_id: int, samples: dict[str, GpuSample], now: dt.datetime
+) -> list[tuple[int, str, float | None]]:
+    """Write every GPU row of the node in one UPDATE; returns (id, uuid, desired cap) of each.
+
+    A GPU the agent no longer lists is unhealthy with no readings. RETURNING spares the read
+    the history upsert and the answer's caps would otherwise need.
+    """
+    qn = connection.ops.quote_name
+    table = qn(GPU._meta.db_table)
+    readings = [
+        (
+            s.uuid,
+            s.healthy,
+            s.power_cap_w,
+            s.utilization_pct,
+            s.memory_used_mib,
+            s.power_draw_w,
+            s.energy_j,
+            s.temperature_c,
+            s.sm_clock_mhz,
+        )
+        for s in samples.values()
+    ]
+    columns = [f for f in LATEST_FIELDS if f not in ("healthy", "telemetry_at")]
+    assignments = ", ".join(
+        [
+            "healthy = CASE WHEN x.u IS NULL THEN FALSE ELSE CAST(x.healthy AS BOOLEAN) END",
+            *(f"{f} = CAST(x.{f} AS DOUBLE PRECISION)" for f in columns),
+            f"telemetry_at = CASE WHEN x.u IS NULL THEN {table}.telemetry_at ELSE %s END",
+        ]
+    )
+    # An empty VALUES list is not SQL; a row that matches no GPU stands in for it.
+    values = readings or [(None,) * 9]
+    values_sql = ", ".join(["(" + ", ".join(["%s"] * 9) + ")"] * len(values))
+    sql = (
+        f"WITH v(u, healthy, {', '.join(columns)}) AS (VALUES {values_sql}) "
+        f"UPDATE {table} SET {assignments} "
+        f"FROM (SELECT g.id AS gid, v.* FROM {table} g LEFT JOIN v ON v.u = g.uuid "
+        f"WHERE g.node_id = %s) x "
+        f"WHERE {table}.id = x.gid "
+        f"RETURNING {table}.id, {table}.uuid, {table}.desired_power_cap_w"
+    )
+    params = [p for row in values for p in row]
+    params += [connection.ops.adapt_datetimefield_value(now), node_id]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def update_rows(
+    model,
+    columns: Sequence[tuple[str, str]],
+    rows: Sequence[tuple],
+    *,
+    constants: dict | None = None,
+    where: str = "",
+    where_params: Sequence = (),
+) -> int:
+    """UPDATE many rows, each to its own values, in one statement: `rows` are (pk, *values).
+
+    Django's bulk_update builds a CASE per field and row, which costs more Python time than the
+    rest of a heartbeat together; a VALUES list joined on the key is cheap for both sides. The
+    CASTs type the VALUES columns (a column of NULLs would otherwise be text on PostgreSQL);
+    the same SQL runs on SQLite (3.33+) for the embedded mode.
+    """
+    if not rows:
+        return 0
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk = qn(model._meta.pk.column)
+    names = [name for name, _ in columns]
+    width = 1 + len(names)
+    values_sql = ", ".join(["(" + ", ".join(["%s"] * width) + ")"] * len(rows))
+    assignments = [f"{qn(name)} = CAST(v.{qn(name)} AS {cast})" for name, cast in columns]
+    assignments.extend(f"{qn(name)} = %s" for name in constants or {})
+    params: list = []
+    for row in rows:
+        params.extend(row)
+    constant_params = [
+        connection.ops.adapt_datetimefield_value(v) if isinstance(v, dt.datetime) else v
+        for v in (constants or {}).values()
+    ]
+    sql = (
+        f"WITH v(k, {', '.join(qn(n) for n in names)}) AS (VALUES {values_sql}) "
+        f"UPDATE {table} SET {', '.join(assignments)} FROM v WHERE {table}.{pk} = v.k"
+        + (f" AND {where}" if where else "")
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params + constant_params + list(where_params))
+        return cursor.rowcount
+
+
+def record_history(
+    pairs: Iterable[tuple[int, GpuSample]], now: dt.datetime, bucket_s: float = TELEMETRY_BUCKET_S
+) -> int:
+    """Fold one sample per GPU into its current bucket with a single upsert; returns rows touched.
+
+    Raw SQL because the ORM's upsert can only overwrite, and a bucket keeps a running mean:
+    new = (old * samples + sample) / (samples + 1). A null sample leaves the mean alone.
+    """
+    rows = list(pairs)
+    if not rows:
+        return 0
+    table = connection.ops.quote_name(GpuTelemetry._meta.db_table)
+    bucket = connection.ops.adapt_datetimefield_value(bucket_start(now, bucket_s))
+    columns = ("gpu_id", "bucket_at", *MEAN_FIELDS, "power_cap_w", "samples")
+    values_sql = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
+    params: list = []
+    for gpu_id, sample in rows:
+        params.extend(
+            [gpu_id, bucket, *(getattr(sample, f) for f in MEAN_FIELDS), sample.power_cap_w, 1]
+        )
+    mean_updates = ", ".join(
+        f"{f} = CASE WHEN excluded.{f} IS NULL THEN {table}.{f} "
+        f"WHEN {table}.{f} IS NULL THEN excluded.{f} "
+        f"ELSE ({table}.{f} * {table}.samples + excluded.{f}) / ({table}.samples + 1) END"
+        for f in MEAN_FIELDS
+    )
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values_sql} "
+        f"ON CONFLICT (gpu_id, bucket_at) DO UPDATE SET {mean_updates}, "
+        f"power_cap_w = COALESCE(excluded.power_cap_w, {table}.power_cap_w), "
+        f"samples = {table}.samples + 1"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    return len(rows)
+
+
+_last_prune_lock = threading.Lock()
+_last_prune_monotonic: float | None = None
+
+
+def prune_history(now: dt.datetime, *, force: bool = False) -> int:
+    """Delete history older than the retention; at most once per TELEMETRY_PRUNE_EVERY_S.
+
+    Several workers may run the sweep; the Redis key (or, without Redis, this process's clock)
+    keeps them from each scanning the table. Deleting twice would be harmless, only wasteful.
+    """
+    global _last_prune_monotonic
+    if not force and not _prune_is_due():
+        return 0
+    cutoff = now - dt.timedelta(seconds=TELEMETRY_RETENTION_S)
+    deleted, _ = GpuTelemetry.objects.filter(bucket_at__lt=cutoff).delete()
+    with _last_prune_lock:
+        _last_prune_monotonic = time.monotonic()
+    if deleted:
+        log.info("pruned %d telemetry rows older than %s", deleted, cutoff.isoformat())
+    return deleted
+
+
+def _prune_is_due() -> bool:
+    if settings.REDIS_URL:
+        try:
+            from controlplane.redis_client import get_redis
+
+            ttl_ms = max(1, int(TELEMETRY_PRUNE_EVERY_S * 1000))
+            return bool(get_redis().set("gpucp:telemetry-pruned", "1", nx=True, px=ttl_ms))
+        except Exception:
+            log.warning("Redis unavailable; deciding on telemetry pruning locally", exc_info=True)
+    with _last_prune_lock:
+        last = _last_prune_monotonic
+    return last is None or time.monotonic() - last >= TELEMETRY_PRUNE_EVERY_S

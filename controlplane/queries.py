@@ -1,0 +1,470 @@
+"""Read-side queries shared by the web UI and the API: who may see what, and the figures pages show.
+
+Nothing here writes. Tenant isolation follows controlplane.permissions (the API's rules): every
+page that lists or fetches a tenant's objects starts from `visible_jobs` or
+`permissions.visible_tenants`, so a user of another tenant gets "not found", never a hint that the
+object exists.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils import timezone
+
+from controlplane.accounting.budgets import J_PER_KWH, BudgetState, budget_states
+from controlplane.cluster.models import GPU, GpuTelemetry, Node, Pool
+from controlplane.jobs.models import (
+    ACTIVE_ATTEMPT_STATES,
+    ACTIVE_JOB_STATES,
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobState,
+)
+from controlplane.permissions import (
+    TenantScope,
+    is_cluster_admin,
+    role_at_least,
+    tenant_roles,
+)
+from controlplane.scheduling.models import SchedulingCycle
+from controlplane.tenancy.models import Quota, Role, Tenant, TenantEvent
+
+ANY_GPU_TYPE_LABEL = "any type"
+
+
+# --- who may see what -------------------------------------------------------------------------
+# The rules themselves live in controlplane.permissions (shared with the API); these narrow
+# querysets with them.
+
+
+def role_in(user, tenant) -> str | None:
+    """The user's role in tenant, or None. Cluster admins act as tenant admins everywhere."""
+    if is_cluster_admin(user):
+        return Role.ADMIN
+    if not user.is_authenticated:
+        return None
+    return tenant_roles(user).get(tenant.pk)
+
+
+def has_role(user, tenant, at_least: str) -> bool:
+    return role_at_least(role_in(user, tenant), at_least)
+
+
+def tenants_with_role(user, at_least: str) -> QuerySet[Tenant]:
+    """Active tenants in which the user holds at least the given role (may submit: member)."""
+    if not user.is_authenticated:
+        return Tenant.objects.none()
+    if is_cluster_admin(user):
+        return Tenant.objects.filter(active=True)
+    ids = [t for t, role in tenant_roles(user).items() if role_at_least(role, at_least)]
+    return Tenant.objects.filter(active=True, pk__in=ids)
+
+
+def visible_jobs(user) -> QuerySet[Job]:
+    """Every job the user may read: their tenants' jobs (all jobs for cluster admins)."""
+    if not user.is_authenticated:
+        return Job.objects.none()
+    return TenantScope("tenant").filter(Job.objects.select_related("tenant", "submitted_by"), user)
+
+
+def may_cancel(user, job: Job) -> bool:
+    """A member cancels their own jobs; a tenant admin (or cluster admin) anyone's in the tenant."""
+    if job.is_finished:
+        return False
+    role = role_in(user, job.tenant)
+    if role_at_least(role, Role.ADMIN):
+        return True
+    return role_at_least(role, Role.MEMBER) and job.submitted_by_id == user.pk
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+# What a person can sort the job list by, mapped to the ORM ordering (ties: newest first).
+JOB_SORTS = {
+    "-submitted": ("-submitted_at", "-id"),
+    "submitted": ("submitted_at", "id"),
+    "name": ("name", "-id"),
+    "-name": ("-name", "-id"),
+    "state": ("state", "-submitted_at"),
+    "-state": ("-state", "-submitted_at"),
+    "gpus": ("gpus", "-submitted_at"),
+    "-gpus": ("-gpus", "-submitted_at"),
+    "user": ("submitted_by__username", "-submitted_at"),
+    "-user": ("-submitted_by__username", "-submitted_at"),
+}
+DEFAULT_JOB_SORT = "-submitted"
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    state: str = ""  # a JobState, "active", "finished" or "" (all)
+    user: str = ""  # username, exact
+    name: str = ""  # substring, case-insensitive
+    tenant: str = ""  # slug
+    sort: str = DEFAULT_JOB_SORT
+
+
+def filter_jobs(jobs: QuerySet[Job], f: JobFilter) -> QuerySet[Job]:
+    if f.state == "active":
+        jobs = jobs.filter(state__in=ACTIVE_JOB_STATES)
+    elif f.state == "finished":
+        jobs = jobs.exclude(state__in=ACTIVE_JOB_STATES)
+    elif f.state:
+        jobs = jobs.filter(state=f.state)
+    if f.user:
+        jobs = jobs.filter(submitted_by__username=f.user)
+    if f.name:
+        jobs = jobs.filter(name__icontains=f.name)
+    if f.tenant:
+        jobs = jobs.filter(tenant__slug=f.tenant)
+    return jobs.order_by(*JOB_SORTS.get(f.sort, JOB_SORTS[DEFAULT_JOB_SORT]))
+
+
+def current_attempt(job: Job) -> JobAttempt | None:
+    """The attempt that holds (or last held) the job's GPUs."""
+    return job.attempts.select_related("node").order_by("-number").first()
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    gpu_seconds: float
+    energy_j: float
+    energy_estimated: bool
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600.0
+
+    @property
+    def energy_kwh(self) -> float:
+        return self.energy_j / J_PER_KWH
+
+
+def job_usage(job: Job, now: dt.datetime | None = None) -> JobUsage:
+    """GPU-time and energy over all attempts so far.
+
+    A running attempt's figures are refreshed by its heartbeats; between two heartbeats its
+    GPU-seconds are at least the time it has run times its GPUs, so the page never goes backwards.
+    """
+    now = now or timezone.now()
+    gpu_s = 0.0
+    energy_j = 0.0
+    estimated = False
+    attempts = job.attempts.annotate(
+        gpu_count=Count("allocations", filter=Q(allocations__active=True))
+    )
+    for a in attempts:
+        seconds = a.gpu_seconds
+        if a.state == AttemptState.RUNNING and a.started_at:
+            seconds = max(seconds, (now - a.started_at).total_seconds() * a.gpu_count)
+        gpu_s += seconds
+        energy_j += a.energy_j
+        estimated = estimated or a.energy_estimated
+    return JobUsage(gpu_s, energy_j, estimated)
+
+
+@dataclass
+class GpuSeries:
+    """One GPU's telemetry over time: (time, value) points, None where not reported."""
+
+    uuid: str
+    label: str
+    utilization_pct: list[tuple[dt.datetime, float | None]] = field(default_factory=list)
+    power_draw_w: list[tuple[dt.datetime, float | None]] = field(default_factory=list)
+    power_cap_w: list[tuple[dt.datetime, float | None]] = field(default_factory=list)
+
+
+def attempt_gpus(attempt: JobAttempt) -> list[GPU]:
+    return list(
+        GPU.objects.filter(allocations__attempt=attempt).select_related("node").order_by("index")
+    )
+
+
+def attempt_telemetry(attempt: JobAttempt, max_points: int = 720) -> list[GpuSeries]:
+    """Telemetry of the attempt's GPUs while the attempt held them, oldest first."""
+    gpus = attempt_gpus(attempt)
+    begin = attempt.started_at or attempt.created_at
+    rows = GpuTelemetry.objects.filter(gpu__in=gpus, bucket_at__gte=begin)
+    if attempt.finished_at:
+        rows = rows.filter(bucket_at__lte=attempt.finished_at)
+    series = {g.pk: GpuSeries(uuid=g.uuid, label=f"GPU {g.index}") for g in gpus}
+    # Newest first, limited, then reversed: a long job's chart shows its recent hours.
+    recent = rows.order_by("-bucket_at").values_list(
+        "gpu_id", "bucket_at", "utilization_pct", "power_draw_w", "power_cap_w"
+    )[: max_points * max(1, len(gpus))]
+    for gpu_id, at, util, draw, cap in reversed(list(recent)):
+        s = series[gpu_id]
+        s.utilization_pct.append((at, util))
+        s.power_draw_w.append((at, draw))
+        s.power_cap_w.append((at, cap))
+    return list(series.values())
+
+
+def pending_jobs_ahead(job: Job) -> int | None:
+    """How many jobs the scheduler placed before this one in its last cycle (None: not known)."""
+    if job.state != JobState.PENDING or job.queue_position is None:
+        return None
+    return max(0, job.queue_position - 1)
+
+
+# --- tenant dashboard -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuTypeUsage:
+    gpu_type: str  # "" = any type
+    in_use: int
+    borrowed: int
+    guaranteed: int
+    limit: int
+    pending_gpus: int
+    max_running_jobs: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.gpu_type or ANY_GPU_TYPE_LABEL
+
+    @property
+    def within_guarantee(self) -> int:
+        return self.in_use - self.borrowed
+
+
+def tenant_gpu_usage(tenant: Tenant) -> list[GpuTypeUsage]:
+    """GPUs in use against the tenant's guarantee and limit, per quota row (GPU type)."""
+    in_use: dict[str, int] = defaultdict(int)
+    borrowed: dict[str, int] = defaultdict(int)
+    for row in (
+        Allocation.objects.filter(active=True, attempt__job__tenant=tenant)
+        .values("gpu__model", "attempt__borrowed")
+        .annotate(n=Count("id"))
+    ):
+        in_use[row["gpu__model"]] += row["n"]
+        if row["attempt__borrowed"]:
+            borrowed[row["gpu__model"]] += row["n"]
+    pending: dict[str, int] = defaultdict(int)
+    for row in (
+        Job.objects.filter(tenant=tenant, state=JobState.PENDING)
+        .values("gpu_type")
+        .annotate(n=Sum("gpus"))
+    ):
+        pending[row["gpu_type"]] += row["n"] or 0
+
+    rows = []
+    seen = set()
+    for q in Quota.objects.filter(tenant=tenant).order_by("gpu_type"):
+        seen.add(q.gpu_type)
+        if q.gpu_type:
+            used, lent, waiting = in_use[q.gpu_type], borrowed[q.gpu_type], pending[q.gpu_type]
+        else:
+            used, lent, waiting = (
+                sum(in_use.values()),
+                sum(borrowed.values()),
+                sum(pending.values()),
+            )
+        rows.append(
+            GpuTypeUsage(
+                gpu_type=q.gpu_type,
+                in_use=used,
+                borrowed=lent,
+                guaranteed=q.guaranteed_gpus,
+                limit=q.limit_gpus,
+                pending_gpus=waiting,
+                max_running_jobs=q.max_running_jobs,
+            )
+        )
+    # GPUs held on a type without a quota row (a quota removed while jobs ran) still show.
+    for gpu_type in sorted(set(in_use) - seen):
+        rows.append(
+            GpuTypeUsage(
+                gpu_type=gpu_type,
+                in_use=in_use[gpu_type],
+                borrowed=borrowed[gpu_type],
+                guaranteed=0,
+                limit=0,
+                pending_gpus=pending[gpu_type],
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class TimelineItem:
+    at: dt.datetime
+    message: str
+    kind: str
+    job: Job | None = None
+
+
+def recent_tenant_events(tenant: Tenant, limit: int = 15) -> list[TimelineItem]:
+    """Job transitions and tenant-wide facts (budget warnings), newest first."""
+    job_events = (
+        JobEvent.objects.filter(job__tenant=tenant)
+        .select_related("job")
+        .order_by("-at", "-id")[:limit]
+    )
+    items = [
+        TimelineItem(
+            at=e.at, message=e.message or f"{e.from_state} → {e.to_state}", kind=e.kind, job=e.job
+        )
+        for e in job_events
+    ]
+    items += [
+        TimelineItem(at=e.at, message=e.message, kind=e.kind)
+        for e in TenantEvent.objects.filter(tenant=tenant).order_by("-at", "-id")[:limit]
+    ]
+    items.sort(key=lambda i: i.at, reverse=True)
+    return items[:limit]
+
+
+def tenant_budgets(tenant: Tenant, now: dt.datetime | None = None) -> list[BudgetState]:
+    return [s for s in budget_states(now) if s.tenant_id == tenant.pk]
+
+
+def tenant_job_counts(tenant: Tenant) -> dict[str, int]:
+    counts = dict(
+        Job.objects.filter(tenant=tenant, state__in=ACTIVE_JOB_STATES)
+        .values_list("state")
+        .annotate(n=Count("id"))
+    )
+    return {state: counts.get(state, 0) for state in ACTIVE_JOB_STATES}
+
+
+# --- cluster ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TenantAllocation:
+    tenant: Tenant
+    guaranteed_in_use: int
+    borrowed_in_use: int
+    guaranteed_quota: int
+    pending_jobs: int
+    pending_gpus: int
+
+    @property
+    def in_use(self) -> int:
+        return self.guaranteed_in_use + self.borrowed_in_use
+
+
+def allocation_by_tenant() -> list[TenantAllocation]:
+    """Per tenant: GPUs held within the guarantee and borrowed, and what is still waiting."""
+    held: dict[int, dict[bool, int]] = defaultdict(lambda: {True: 0, False: 0})
+    for row in (
+        Allocation.objects.filter(active=True)
+        .values("attempt__job__tenant_id", "attempt__borrowed")
+        .annotate(n=Count("id"))
+    ):
+        held[row["attempt__job__tenant_id"]][row["attempt__borrowed"]] += row["n"]
+    waiting = {
+        row["tenant_id"]: (row["jobs"], row["gpus"] or 0)
+        for row in Job.objects.filter(state=JobState.PENDING)
+        .values("tenant_id")
+        .annotate(jobs=Count("id"), gpus=Sum("gpus"))
+    }
+    guaranteed = dict(
+        Quota.objects.exclude(gpu_type="")
+        .values_list("tenant_id")
+        .annotate(total=Sum("guaranteed_gpus"))
+    )
+    result = []
+    for tenant in Tenant.objects.order_by("slug"):
+        jobs, gpus = waiting.get(tenant.pk, (0, 0))
+        result.append(
+            TenantAllocation(
+                tenant=tenant,
+                guaranteed_in_use=held[tenant.pk][False],
+                borrowed_in_use=held[tenant.pk][True],
+                guaranteed_quota=guaranteed.get(tenant.pk, 0),
+                pending_jobs=jobs,
+                pending_gpus=gpus,
+            )
+        )
+    return result
+
+
+@dataclass
+class PoolPower:
+    pool: Pool
+    gpus: int
+    draw_now_w: float | None
+    cap_now_w: float | None
+    # Sum over the pool's GPUs per telemetry bucket, oldest first.
+    draw_w: list[tuple[dt.datetime, float | None]] = field(default_factory=list)
+    cap_w: list[tuple[dt.datetime, float | None]] = field(default_factory=list)
+
+
+def pool_power(window: dt.timedelta = dt.timedelta(hours=1), now=None) -> list[PoolPower]:
+    """Each pool's draw against its budget: now (latest GPU readings) and over the window."""
+    now = now or timezone.now()
+    result = []
+    for pool in Pool.objects.order_by("name"):
+        latest = GPU.objects.filter(node__pool=pool).aggregate(
+            n=Count("id"), draw=Sum("power_draw_w"), cap=Sum("power_cap_w")
+        )
+        pp = PoolPower(
+            pool=pool, gpus=latest["n"], draw_now_w=latest["draw"], cap_now_w=latest["cap"]
+        )
+        for row in (
+            GpuTelemetry.objects.filter(gpu__node__pool=pool, bucket_at__gte=now - window)
+            .values("bucket_at")
+            .annotate(draw=Sum("power_draw_w"), cap=Sum("power_cap_w"))
+            .order_by("bucket_at")
+        ):
+            pp.draw_w.append((row["bucket_at"], row["draw"]))
+            pp.cap_w.append((row["bucket_at"], row["cap"]))
+        result.append(pp)
+    return result
+
+
+def recent_cycles(limit: int = 20) -> QuerySet[SchedulingCycle]:
+    return SchedulingCycle.objects.order_by("-started_at", "-id")[:limit]
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    gpu: GPU
+    job: Job | None
+    attempt: JobAttempt | None
+
+    @property
+    def cap_w(self) -> float | None:
+        return (
+            self.gpu.power_cap_w
+            if self.gpu.power_cap_w is not None
+            else self.gpu.desired_power_cap_w
+        )
+
+
+def nodes_with_gpus(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, list[GpuRow]]]:
+    """Nodes, each with its GPUs and the job that holds each GPU now, in three queries."""
+    nodes = list((nodes if nodes is not None else Node.objects.all()).select_related("pool"))
+    gpus = GPU.objects.filter(node__in=nodes).order_by("node__name", "index")
+    held = {
+        a.gpu_id: a.attempt
+        for a in Allocation.objects.filter(active=True, gpu__node__in=nodes).select_related(
+            "attempt__job__tenant"
+        )
+    }
+    by_node: dict[int, list[GpuRow]] = defaultdict(list)
+    for g in gpus:
+        attempt = held.get(g.pk)
+        by_node[g.node_id].append(GpuRow(g, attempt.job if attempt else None, attempt))
+    return [(n, by_node[n.pk]) for n in nodes]
+
+
+def node_active_attempts(node: Node) -> QuerySet[JobAttempt]:
+    return node.attempts.filter(state__in=ACTIVE_ATTEMPT_STATES).select_related("job__tenant")
+
+
+def known_gpu_types() -> list[str]:
+    """GPU models present in the cluster or named in a quota, for pickers."""
+    types = set(GPU.objects.values_list("model", flat=True).distinct())
+    types |= set(Quota.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))
+    return sorted(types)

@@ -1,0 +1,296 @@
+"""Write a scheduler.model.Plan to the database, in one transaction, without trusting it blindly.
+
+The plan was computed from a snapshot that is already a little old. Every write is
+conditional, so whatever changed meanwhile wins: a job cancelled since the snapshot is not
+started, an attempt that ended is not stopped, a GPU somebody holds is not given out twice (the
+partial unique index on active allocations refuses it). Each refused row is logged and
+counted, never silently dropped. State changes go through controlplane.jobs.actions; the
+pending reasons, positions, estimates and power caps written here are not state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, connection, transaction
+
+from controlplane.cluster.models import GPU, Node
+from controlplane.jobs import actions
+from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Job, JobAttempt, JobState
+from controlplane.scheduling import notify
+from controlplane.scheduling.loader import LoadedSnapshot, PendingRow, from_unix_s
+from scheduler import model as m
+
+log = logging.getLogger(__name__)
+
+# Stays well below PostgreSQL's 65,535 bind parameters per statement.
+CHUNK = 5000
+PENDING_FIELDS = [
+    "pending_reason_code",
+    "pending_reason",
+    "queue_position",
+    "estimated_start_at",
+    "predicted_duration_s",
+]
+# Estimates move a little every cycle; rewriting 10,000 rows for sub-second drift buys nothing.
+ESTIMATE_TOLERANCE_S = 1.0
+POWER_TOLERANCE_W = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    kind: str  # "start" or "preemption"
+    id: int  # job id for a start, attempt id for a preemption
+    why: str
+
+
+@dataclass
+class ApplyResult:
+    started: list[int] = field(default_factory=list)  # job ids
+    preempted: list[int] = field(default_factory=list)  # attempt ids
+    pending_rows_written: int = 0
+    power_caps_written: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    nodes_changed: set[str] = field(default_factory=set)
+
+    @property
+    def skipped_rows(self) -> int:
+        return len(self.skipped)
+
+
+def apply_plan(plan: m.Plan, loaded: LoadedSnapshot) -> ApplyResult:
+    """Apply the plan atomically; once committed, signal every node whose desired state changed."""
+    result = ApplyResult()
+    with transaction.atomic():
+        _apply_preemptions(plan.preemptions, loaded, result)
+        _apply_starts(plan.starts, loaded, result)
+        _write_pending(plan, loaded, result)
+        _write_power_caps(plan.power_caps_w, loaded, result)
+        changed = sorted(result.nodes_changed)
+        if changed:
+            transaction.on_commit(lambda: notify.notify_nodes(changed))
+    return result
+
+
+def _chunks(items: Sequence, size: int = CHUNK) -> Iterator[Sequence]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _skip(result: ApplyResult, kind: str, pk: int, why: str) -> None:
+    log.info("scheduling plan: skipped %s %s: %s", kind, pk, why)
+    result.skipped.append(Skipped(kind=kind, id=pk, why=why))
+
+
+def _apply_preemptions(
+    preemptions: Iterable[m.Preemption], loaded: LoadedSnapshot, result: ApplyResult
+) -> None:
+    preemptions = list(preemptions)
+    if not preemptions:
+        return
+    ids = [p.attempt_id for p in preemptions]
+    attempts = {}
+    for chunk in _chunks(ids):
+        attempts.update(JobAttempt.objects.select_related("job", "node").in_bulk(chunk))
+    for p in preemptions:
+        attempt = attempts.get(p.attempt_id)
+        if attempt is None or attempt.state not in ACTIVE_ATTEMPT_STATES:
+            _skip(result, "preemption", p.attempt_id, "the attempt has ended since the snapshot")
+            continue
+        if not actions.request_stop(attempt, reason="preempted", message=p.reason):
+            _skip(result, "preemption", p.attempt_id, "the attempt was already told to stop")
+            continue
+        result.preempted.append(p.attempt_id)
+        # A gang spans nodes: every node holding one of its GPUs must kill its part.
+        result.nodes_changed.add(attempt.node.name)
+        result.nodes_changed.update(
+            loaded.gpu_node[u]
+            for u in loaded.running_gpus.get(p.attempt_id, ())
+            if u in loaded.gpu_node
+        )
+
+
+def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: ApplyResult) -> None:
+    starts = list(starts)
+    if not starts:
+        return
+    jobs: dict[int, Job] = {}
+    for chunk in _chunks([s.job_id for s in starts]):
+        jobs.update(Job.objects.in_bulk(chunk))
+    uuids = [u for s in starts for u in s.gpu_uuids]
+    gpus: dict[str, GPU] = {}
+    for chunk in _chunks(uuids):
+        gpus.update({g.uuid: g for g in GPU.objects.filter(uuid__in=chunk)})
+    node_names = sorted({name for s in starts for name, _ in s.placements})
+    nodes: dict[str, Node] = {}
+    for chunk in _chunks(node_names):
+        nodes.update(Node.objects.in_bulk(chunk, field_name="name"))
+
+    for start in starts:
+        why = _why_not_startable(start, jobs.get(start.job_id), loaded.pending_rows, nodes, gpus)
+        if why:
+            _skip(result, "start", start.job_id, why)
+            continue
+        job = jobs[start.job_id]
+        job_gpus = [gpus[u] for u in start.gpu_uuids]
+        where = ", ".join(f"{name} ({len(uuids)})" for name, uuids in start.placements)
+        reason = f"Admitted to {where}" + (" on borrowed GPUs" if start.borrowed else "")
+        try:
+            # admit_job is atomic, so inside this transaction it runs in its own savepoint: the
+            # unique index refusing one GPU undoes this job's admission only.
+            attempt = actions.admit_job(
+                job, node=nodes[start.node], gpus=job_gpus, borrowed=start.borrowed, reason=reason
+            )
+        except IntegrityError:
+            _skip(result, "start", start.job_id, "one of its GPUs is already allocated")
+            continue
+        if attempt is None:
+            _skip(result, "start", start.job_id, "the job changed since the snapshot")
+            continue
+        result.started.append(start.job_id)
+        result.nodes_changed.update(name for name, _ in start.placements)
+
+
+def _why_not_startable(
+    start: m.Start,
+    job: Job | None,
+    pending_rows: dict[int, PendingRow],
+    nodes: dict[str, Node],
+    gpus: dict[str, GPU],
+) -> str:
+    if job is None:
+        return "the job no longer exists"
+    row = pending_rows.get(start.job_id)
+    if job.state != JobState.PENDING:
+        return f"the job is {job.state} now"
+    if row is None or job.attempt_count != row.attempt_count:
+        return "the job changed since the snapshot"
+    if not start.gpu_uuids:
+        return "the plan gave it no GPUs"
+    for name, uuids in start.placements:
+        node = nodes.get(name)
+        if node is None:
+            return f"node {name} no longer exists"
+        if not node.schedulable:
+            return f"node {name} stopped taking new work"
+        for uuid in uuids:
+            gpu = gpus.get(uuid)
+            if gpu is None or gpu.node_id != node.pk:
+                return f"GPU {uuid} is not on node {name}"
+    return ""
+
+
+def _same(a: float | None, b: float | None, tolerance: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) <= tolerance
+
+
+def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) -> None:
+    """Store each waiting job's reason, position and estimates; only the rows that changed."""
+    changed: list[tuple] = []
+    for decision in plan.pending:
+        row = loaded.pending_rows.get(decision.job_id)
+        if row is None:
+            continue
+        predicted_s = plan.predicted_duration_s.get(decision.job_id, row.predicted_duration_s)
+        estimate_s = (
+            round(decision.estimated_start_s) if decision.estimated_start_s is not None else None
+        )
+        if (
+            row.reason_code == decision.reason_code
+            and row.reason == decision.reason
+            and row.queue_position == decision.queue_position
+            and _same(row.estimated_start_s, estimate_s, ESTIMATE_TOLERANCE_S)
+            and _same(row.predicted_duration_s, predicted_s, 1e-6)
+        ):
+            continue
+        changed.append(
+            (
+                decision.job_id,
+                str(decision.reason_code),
+                decision.reason,
+                decision.queue_position,
+                from_unix_s(estimate_s),
+                predicted_s,
+            )
+        )
+    # A job that left the queue since the snapshot (cancelled) keeps what its transition wrote.
+    result.pending_rows_written += _update_jobs(changed, PENDING_FIELDS, JobState.PENDING)
+    started = set(result.started)
+    admitted = [
+        (job_id, predicted_s)
+        for job_id, predicted_s in plan.predicted_duration_s.items()
+        if job_id in started
+    ]
+    # What the backfill of later cycles counts on for the end of a running job.
+    result.pending_rows_written += _update_jobs(
+        admitted, ["predicted_duration_s"], JobState.ADMITTED
+    )
+
+
+def _update_jobs(rows: list[tuple], fields: list[str], state: str) -> int:
+    """Write (id, *values) rows onto Job columns, only where the job is still in `state`.
+
+    Every cycle moves the queue position of most waiting jobs, so this may be tens of thousands
+    of rows: on PostgreSQL one UPDATE ... FROM unnest(arrays) does it in a single statement,
+    where bulk_update's CASE WHEN per row grows quadratically.
+    """
+    if not rows:
+        return 0
+    if connection.vendor != "postgresql":
+        objs = [Job(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
+        return Job.objects.filter(state=state).bulk_update(objs, fields, batch_size=500)
+    meta = Job._meta
+    columns = [meta.get_field(name) for name in fields]
+    casts = [_PG_ARRAY_TYPES[type(col).__name__] for col in columns]
+    assignments = ", ".join(f"{qn(col.column)} = v.{qn(col.column)}" for col in columns)
+    unnest = ", ".join(f"%s::{cast}[]" for cast in ["bigint", *casts])
+    names = ", ".join(["id", *(qn(col.column) for col in columns)])
+    sql = (
+        f"UPDATE {qn(meta.db_table)} AS j SET {assignments} "
+        f"FROM unnest({unnest}) AS v({names}) "
+        f"WHERE j.{qn(meta.pk.column)} = v.id AND j.{qn(meta.get_field('state').column)} = %s"
+    )
+    written = 0
+    with connection.cursor() as cursor:
+        for chunk in _chunks(rows, 20000):
+            arrays = [list(values) for values in zip(*chunk, strict=True)]
+            cursor.execute(sql, [*arrays, state])
+            written += cursor.rowcount
+    return written
+
+
+_PG_ARRAY_TYPES = {
+    "CharField": "text",
+    "TextField": "text",
+    "PositiveIntegerField": "integer",
+    "DateTimeField": "timestamptz",
+    "FloatField": "double precision",
+}
+
+
+def qn(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def _write_power_caps(
+    caps_w: dict[str, float], loaded: LoadedSnapshot, result: ApplyResult
+) -> None:
+    """Set GPU.desired_power_cap_w where the plan moved it; one UPDATE per distinct cap."""
+    by_cap: dict[float, list[str]] = defaultdict(list)
+    for uuid, cap_w in caps_w.items():
+        if uuid not in loaded.desired_power_cap_w:
+            continue
+        if _same(loaded.desired_power_cap_w[uuid], cap_w, POWER_TOLERANCE_W):
+            continue
+        by_cap[float(cap_w)].append(uuid)
+    for cap_w, uuids in sorted(by_cap.items()):
+        for chunk in _chunks(sorted(uuids)):
+            result.power_caps_written += GPU.objects.filter(uuid__in=chunk).update(
+                desired_power_cap_w=cap_w
+            )
+        result.nodes_changed.update(loaded.gpu_node[u] for u in uuids)

@@ -1,0 +1,95 @@
+"""The scheduling loop of the embedded mode (`make run`): a thread instead of Celery and beat.
+
+It runs the very cycle the Celery worker runs, every SCHEDULER_CYCLE_INTERVAL_S, and sooner
+when a submit, cancel or job end sets trigger.embedded_wakeup_event(). It also runs the node
+liveness sweep that beat runs in production, so a stopped agent's node goes down here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import connections
+
+from controlplane.scheduling.cycle import run_scheduling_cycle
+from controlplane.scheduling.trigger import embedded_wakeup_event
+
+log = logging.getLogger(__name__)
+
+
+def _liveness_sweep() -> Callable[[], object] | None:
+    try:
+        from controlplane.cluster.tasks import sweep_node_liveness
+    except ImportError:
+        return None
+    return sweep_node_liveness
+
+
+class SchedulingLoop:
+    """A daemon thread that runs scheduling cycles until stop() is called."""
+
+    def __init__(
+        self,
+        *,
+        interval_s: float | None = None,
+        debounce_s: float | None = None,
+        liveness_interval_s: float | None = None,
+    ):
+        self.interval_s = settings.SCHEDULER_CYCLE_INTERVAL_S if interval_s is None else interval_s
+        self.debounce_s = settings.SCHEDULER_DEBOUNCE_S if debounce_s is None else debounce_s
+        self.liveness_interval_s = (
+            settings.AGENT_HEARTBEAT_INTERVAL_S
+            if liveness_interval_s is None
+            else liveness_interval_s
+        )
+        self.cycles = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._wakeup = embedded_wakeup_event()
+        self._sweep = _liveness_sweep()
+        self._thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
+
+    def start(self) -> SchedulingLoop:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wakeup.set()  # so a thread waiting for the next tick notices at once
+        self._thread.join(timeout=timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + self.liveness_interval_s
+        while not self._stop.is_set():
+            requested = self._wakeup.wait(timeout=self.interval_s)
+            if self._stop.is_set():
+                break
+            if requested:
+                # Let the rest of a burst of submits land, so it costs one cycle, not one each.
+                self._stop.wait(self.debounce_s)
+                # Cleared before the cycle: a request that arrives during it gets another one.
+                self._wakeup.clear()
+            trigger = "request" if requested else "tick"
+            self._step(lambda trigger=trigger: run_scheduling_cycle(trigger=trigger))
+            self.cycles += 1
+            if self._sweep is not None and time.monotonic() >= next_sweep:
+                self._step(self._sweep)
+                next_sweep = time.monotonic() + self.liveness_interval_s
+
+    def _step(self, work: Callable[[], object]) -> None:
+        try:
+            work()
+        except Exception:
+            self.failures += 1
+            log.exception("embedded scheduling loop: a step failed; the next tick retries")
+        finally:
+            # This thread's connections: SQLite must not keep a stale one between cycles.
+            connections.close_all()

@@ -1,0 +1,422 @@
+"""Database rows to a frozen scheduler.model.Snapshot, in a fixed number of queries.
+
+The query count does not grow with the number of nodes, GPUs, jobs or tenants (a test counts
+it): every table is read once with values_list and the rows are joined in Python. Times are
+Unix seconds, the clock scheduler.model asks for in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Sum
+
+from controlplane.cluster.models import GPU, Node, NodeState, Pool
+from controlplane.jobs.models import (
+    ACTIVE_ATTEMPT_STATES,
+    PRIORITY_VALUE,
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+    JobState,
+)
+from controlplane.tenancy.models import Quota, Tenant
+from scheduler import model as m
+
+log = logging.getLogger(__name__)
+
+# Duration prediction needs recent history, not all of it: teams change what they run, and the
+# query must stay bounded however long the cluster has been up.
+HISTORY_WINDOW_S = 30 * 86400.0
+HISTORY_MAX_RECORDS = 5000
+
+# Jobs whose earlier attempts count towards the GPU-service they have attained.
+_JOB_STATES_WITH_SERVICE = (JobState.PENDING, JobState.ADMITTED, JobState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    """A pending job's row as it was when the snapshot was read, for the applier to compare."""
+
+    attempt_count: int
+    reason_code: str
+    reason: str
+    queue_position: int | None
+    estimated_start_s: float | None
+    predicted_duration_s: float | None
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    """The snapshot for plan(), and what the applier needs to compare the plan with."""
+
+    snapshot: m.Snapshot
+    pending_rows: dict[int, PendingRow] = field(default_factory=dict)  # job id -> row
+    gpu_node: dict[str, str] = field(default_factory=dict)  # GPU uuid -> node name
+    desired_power_cap_w: dict[str, float | None] = field(default_factory=dict)  # GPU uuid -> W
+    running_gpus: dict[int, tuple[str, ...]] = field(default_factory=dict)  # attempt id -> uuids
+
+
+def to_unix_s(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def from_unix_s(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, tz=UTC)
+
+
+def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
+    """Read the cluster as the scheduler must see it. Ten queries, whatever the row counts."""
+    now_s = time.time() if now_s is None else now_s
+    pool_rows = list(Pool.objects.order_by("name").values_list("id", "name", "power_budget_w"))
+    pools = tuple(m.Pool(name=name, power_budget_w=budget) for _, name, budget in pool_rows)
+    pool_names = {pk: name for pk, name, _ in pool_rows}
+
+    gpu_node: dict[str, str] = {}
+    desired_caps: dict[str, float | None] = {}
+    earlier = _earlier_service_s()
+    running, running_gpus, held_uuids = _load_running(now_s, earlier)
+    nodes = _load_nodes(pool_names, gpu_node, desired_caps)
+    orphans = held_uuids - {u for uuids in running_gpus.values() for u in uuids}
+    if orphans:
+        # An active allocation of an attempt that is no longer active should not exist; while it
+        # does, the database refuses the GPU to anyone else, so the plan must not use it.
+        log.warning("GPUs held by allocations of inactive attempts: %s", sorted(orphans))
+        nodes = tuple(_without_gpus(node, orphans) for node in nodes)
+    pending, pending_rows = _load_pending(earlier)
+    snapshot = m.Snapshot(
+        now_s=now_s,
+        nodes=nodes,
+        running=running,
+        pending=pending,
+        tenants=_load_tenants(),
+        pools=pools,
+        history=_load_history(now_s),
+    )
+    return LoadedSnapshot(
+        snapshot=snapshot,
+        pending_rows=pending_rows,
+        gpu_node=gpu_node,
+        desired_power_cap_w=desired_caps,
+        running_gpus=running_gpus,
+    )
+
+
+def _load_nodes(
+    pool_names: dict[int, str], gpu_node: dict[str, str], desired_caps: dict[str, float | None]
+) -> tuple[m.Node, ...]:
+    node_rows = list(
+        Node.objects.order_by("name").values_list(
+            "id", "name", "pool_id", "ready", "state", "cpus", "memory_mib"
+        )
+    )
+    node_names = {row[0]: row[1] for row in node_rows}
+    gpus_by_node: dict[int, list[m.Gpu]] = defaultdict(list)
+    for (
+        node_id,
+        uuid,
+        index,
+        model,
+        power_min_w,
+        power_max_w,
+        power_default_w,
+        power_cap_w,
+        healthy,
+        desired_w,
+    ) in GPU.objects.order_by("node_id", "index").values_list(
+        "node_id",
+        "uuid",
+        "index",
+        "model",
+        "power_min_w",
+        "power_max_w",
+        "power_default_w",
+        "power_cap_w",
+        "healthy",
+        "desired_power_cap_w",
+    ):
+        gpus_by_node[node_id].append(
+            m.Gpu(
+                uuid=uuid,
+                index=index,
+                gpu_type=model,
+                power_min_w=power_min_w,
+                power_max_w=power_max_w,
+                power_default_w=power_default_w,
+                power_cap_w=power_cap_w,
+                healthy=healthy,
+            )
+        )
+        gpu_node[uuid] = node_names[node_id]
+        desired_caps[uuid] = desired_w
+    return tuple(
+        m.Node(
+            name=name,
+            pool=pool_names.get(pool_id, ""),
+            gpus=tuple(gpus_by_node.get(node_id, ())),
+            # Liveness and the admin's wish must both allow new work.
+            schedulable=bool(ready) and state == NodeState.READY,
+            draining=state == NodeState.DRAINING,
+            cpus=float(cpus),
+            memory_mib=int(memory_mib),
+        )
+        for node_id, name, pool_id, ready, state, cpus, memory_mib in node_rows
+    )
+
+
+def _without_gpus(node: m.Node, uuids: set[str]) -> m.Node:
+    if not any(g.uuid in uuids for g in node.gpus):
+        return node
+    gpus = tuple(
+        m.Gpu(
+            uuid=g.uuid,
+            index=g.index,
+            gpu_type=g.gpu_type,
+            power_min_w=g.power_min_w,
+            power_max_w=g.power_max_w,
+            power_default_w=g.power_default_w,
+            power_cap_w=g.power_cap_w,
+            healthy=g.healthy and g.uuid not in uuids,
+        )
+        for g in node.gpus
+    )
+    return m.Node(
+        name=node.name,
+        pool=node.pool,
+        gpus=gpus,
+        schedulable=node.schedulable,
+        draining=node.draining,
+        cpus=node.cpus,
+        memory_mib=node.memory_mib,
+    )
+
+
+def _earlier_service_s() -> dict[int, float]:
+    """GPU-seconds each live job received in attempts that have ended (preempted, lost)."""
+    return dict(
+        JobAttempt.objects.filter(job__state__in=_JOB_STATES_WITH_SERVICE)
+        .exclude(state__in=ACTIVE_ATTEMPT_STATES)
+        .values("job_id")
+        .annotate(service_s=Sum("gpu_seconds"))
+        .values_list("job_id", "service_s")
+    )
+
+
+def _load_running(
+    now_s: float, earlier: dict[int, float]
+) -> tuple[tuple[m.Running, ...], dict[int, tuple[str, ...]], set[str]]:
+    gpus_by_attempt: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    held: set[str] = set()
+    for attempt_id, uuid, model in Allocation.objects.filter(active=True).values_list(
+        "attempt_id", "gpu__uuid", "gpu__model"
+    ):
+        gpus_by_attempt[attempt_id].append((uuid, model))
+        held.add(uuid)
+    running = []
+    running_gpus: dict[int, tuple[str, ...]] = {}
+    for (
+        attempt_id,
+        job_id,
+        tenant,
+        user,
+        priority,
+        preemptible,
+        started_at,
+        created_at,
+        stop_requested_at,
+        submitted_at,
+        predicted_s,
+        estimated_s,
+        max_runtime_s,
+        cpus,
+        memory_mib,
+    ) in (
+        JobAttempt.objects.filter(state__in=ACTIVE_ATTEMPT_STATES)
+        .order_by("id")
+        .values_list(
+            "id",
+            "job_id",
+            "job__tenant__slug",
+            "job__submitted_by__username",
+            "job__priority",
+            "job__preemptible",
+            "started_at",
+            "created_at",
+            "stop_requested_at",
+            "job__submitted_at",
+            "job__predicted_duration_s",
+            "job__estimated_duration_s",
+            "job__max_runtime_s",
+            "job__cpus",
+            "job__memory_mib",
+        )
+    ):
+        held_gpus = gpus_by_attempt.get(attempt_id, [])
+        uuids = tuple(u for u, _ in held_gpus)
+        running_gpus[attempt_id] = uuids
+        # An admitted attempt whose container has not started yet holds its GPUs all the same.
+        started_s = to_unix_s(started_at or created_at)
+        # The end a backfill reservation can count on: the prediction the cycle stored when it
+        # admitted the job, else what the user said, else the runtime limit that kills it.
+        duration_s = predicted_s or estimated_s or max_runtime_s
+        running.append(
+            m.Running(
+                attempt_id=attempt_id,
+                job_id=job_id,
+                tenant=tenant,
+                user=user,
+                priority=PRIORITY_VALUE.get(priority, PRIORITY_VALUE["normal"]),
+                preemptible=preemptible,
+                started_at_s=started_s,
+                gpus=uuids,
+                gpu_type=held_gpus[0][1] if held_gpus else m.ANY_GPU_TYPE,
+                predicted_end_s=started_s + duration_s if duration_s else None,
+                stopping=stop_requested_at is not None,
+                submitted_at_s=to_unix_s(submitted_at),
+                attained_service_s=earlier.get(job_id, 0.0)
+                + max(0.0, now_s - started_s) * len(uuids),
+                cpus=float(cpus),
+                memory_mib=int(memory_mib),
+            )
+        )
+    return tuple(running), running_gpus, held
+
+
+def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dict[int, PendingRow]]:
+    pending = []
+    rows: dict[int, PendingRow] = {}
+    for (
+        job_id,
+        tenant,
+        user,
+        name,
+        gpus,
+        gpu_type,
+        priority,
+        preemptible,
+        submitted_at,
+        estimated_s,
+        max_runtime_s,
+        cpus,
+        memory_mib,
+        attempt_count,
+        reason_code,
+        reason,
+        queue_position,
+        estimated_start_at,
+        predicted_s,
+    ) in (
+        # A deactivated tenant's jobs stay queued but are not offered to the scheduler.
+        Job.objects.filter(state=JobState.PENDING, tenant__active=True)
+        .order_by("submitted_at", "id")
+        .values_list(
+            "id",
+            "tenant__slug",
+            "submitted_by__username",
+            "name",
+            "gpus",
+            "gpu_type",
+            "priority",
+            "preemptible",
+            "submitted_at",
+            "estimated_duration_s",
+            "max_runtime_s",
+            "cpus",
+            "memory_mib",
+            "attempt_count",
+            "pending_reason_code",
+            "pending_reason",
+            "queue_position",
+            "estimated_start_at",
+            "predicted_duration_s",
+        )
+    ):
+        pending.append(
+            m.Pending(
+                job_id=job_id,
+                tenant=tenant,
+                user=user,
+                name=name,
+                gpus=gpus,
+                gpu_type=gpu_type,
+                priority=PRIORITY_VALUE.get(priority, PRIORITY_VALUE["normal"]),
+                preemptible=preemptible,
+                submitted_at_s=to_unix_s(submitted_at),
+                estimated_duration_s=float(estimated_s) if estimated_s else None,
+                max_runtime_s=float(max_runtime_s) if max_runtime_s else None,
+                attained_service_s=earlier.get(job_id, 0.0),
+                cpus=float(cpus),
+                memory_mib=int(memory_mib),
+            )
+        )
+        rows[job_id] = PendingRow(
+            attempt_count=attempt_count,
+            reason_code=reason_code,
+            reason=reason,
+            queue_position=queue_position,
+            estimated_start_s=to_unix_s(estimated_start_at),
+            predicted_duration_s=predicted_s,
+        )
+    return tuple(pending), rows
+
+
+def _load_tenants() -> tuple[m.Tenant, ...]:
+    quotas: dict[int, list[tuple[str, int, int, int | None]]] = defaultdict(list)
+    for tenant_id, gpu_type, guaranteed, limit, max_jobs in Quota.objects.order_by(
+        "tenant_id", "gpu_type"
+    ).values_list("tenant_id", "gpu_type", "guaranteed_gpus", "limit_gpus", "max_running_jobs"):
+        quotas[tenant_id].append((gpu_type, guaranteed, limit, max_jobs))
+    tenants = []
+    # Inactive tenants are listed too: their running attempts still hold GPUs and count.
+    for tenant_id, slug, weight in Tenant.objects.order_by("slug").values_list(
+        "id", "slug", "weight"
+    ):
+        rows = quotas.get(tenant_id, [])
+        # The core has one running-jobs cap per tenant; the tightest of its quotas' caps holds.
+        caps = [max_jobs for *_, max_jobs in rows if max_jobs is not None]
+        tenants.append(
+            m.Tenant(
+                name=slug,
+                weight=weight,
+                quotas=tuple(
+                    m.Quota(gpu_type=gpu_type, guaranteed_gpus=guaranteed, limit_gpus=limit)
+                    for gpu_type, guaranteed, limit, _ in rows
+                ),
+                max_running_jobs=min(caps) if caps else None,
+            )
+        )
+    return tuple(tenants)
+
+
+def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
+    """The most recent successful attempts: how long a job of that kind really ran."""
+    cutoff = from_unix_s(now_s) - timedelta(seconds=HISTORY_WINDOW_S)
+    rows = (
+        JobAttempt.objects.filter(
+            state=AttemptState.SUCCEEDED, finished_at__gte=cutoff, started_at__isnull=False
+        )
+        .order_by("-finished_at", "-id")
+        .values_list(
+            "job__tenant__slug",
+            "job__submitted_by__username",
+            "job__name",
+            "job__gpus",
+            "started_at",
+            "finished_at",
+        )[:HISTORY_MAX_RECORDS]
+    )
+    return tuple(
+        m.HistoryRecord(
+            tenant=tenant,
+            user=user,
+            name=name,
+            gpus=gpus,
+            duration_s=max(0.0, (finished_at - started_at).total_seconds()),
+        )
+        for tenant, user, name, gpus, started_at, finished_at in rows
+    )

@@ -1,0 +1,95 @@
+"""Django admin for ops: tenants with their members, quotas and budgets; people's API tokens."""
+
+from django.contrib import admin, messages
+from django.utils import timezone
+
+from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Tenant, TenantEvent
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+class QuotaInline(admin.TabularInline):
+    model = Quota
+    extra = 0
+
+
+class BudgetInline(admin.TabularInline):
+    model = Budget
+    extra = 0
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "weight", "active", "created_at"]
+    list_filter = ["active"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline, QuotaInline, BudgetInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = ["user", "tenant"]
+    list_select_related = ["user", "tenant"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "gpu_type", "guaranteed_gpus", "limit_gpus", "max_running_jobs"]
+    list_filter = ["tenant", "gpu_type"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "kind", "period", "amount", "action", "warn_at_fraction"]
+    list_filter = ["kind", "period", "action"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued by their owners (API or web UI), who alone see the secret; ops revoke."""
+
+    list_display = [
+        "prefix",
+        "name",
+        "user",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = ["revoked_at"]
+    search_fields = ["user__username", "name", "prefix"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "prefix", "created_at", "last_used_at", "revoked_at"]
+    exclude = ["token_hash"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset):
+        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
+
+
+@admin.register(TenantEvent)
+class TenantEventAdmin(admin.ModelAdmin):
+    list_display = ["at", "tenant", "kind", "message"]
+    list_filter = ["kind", "tenant"]
+    list_select_related = ["tenant"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,318 @@
+"""Tenants, memberships, quotas (with what is in use now), budgets, API tokens."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from django.contrib.auth import get_user_model
+from django.db.models import Count
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
+from controlplane.tenancy.models import (
+    ApiToken,
+    Budget,
+    BudgetAction,
+    BudgetKind,
+    BudgetPeriod,
+    Membership,
+    Quota,
+    Role,
+    Tenant,
+)
+
+MAX_TENANT_WEIGHT = 1000.0
+MAX_QUOTA_GPUS = 100_000
+# Larger than any cluster spends in a month (100 GWh, 100 million GPU-hours): a typo, not a plan.
+MAX_BUDGET_AMOUNT = {BudgetKind.ENERGY_KWH: 1e8, BudgetKind.GPU_HOURS: 1e8}
+
+
+class TenantSlugField(serializers.SlugRelatedField):
+    """A tenant named by slug; fixed once the object exists (move an object by recreating it)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("slug_field", "slug")
+        kwargs.setdefault("queryset", Tenant.objects.all())
+        super().__init__(**kwargs)
+
+
+class FixedAfterCreateMixin:
+    """Fields named in Meta.fixed_after_create may be given on create and are read-only after."""
+
+    def get_fields(self):
+        fields = super().get_fields()
+        if self.instance is not None:
+            for name in getattr(self.Meta, "fixed_after_create", ()):
+                fields[name].read_only = True
+        return fields
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    my_role = serializers.SerializerMethodField(
+        help_text="Your role in this tenant (null for a cluster admin who is not a member)."
+    )
+
+    class Meta:
+        model = Tenant
+        fields = ["id", "slug", "name", "weight", "active", "created_at", "my_role"]
+        read_only_fields = ["created_at"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=Role.choices, allow_null=True))
+    def get_my_role(self, obj) -> str | None:
+        return getattr(obj, "my_role", None)
+
+    def validate_weight(self, value: float) -> float:
+        if not (math.isfinite(value) and 0 < value <= MAX_TENANT_WEIGHT):
+            raise serializers.ValidationError(
+                f"Must be more than 0 and at most {MAX_TENANT_WEIGHT:g}."
+            )
+        return value
+
+
+class MembershipSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
+    tenant = TenantSlugField()
+    user = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
+    )
+
+    class Meta:
+        model = Membership
+        fields = ["id", "tenant", "user", "role", "created_at"]
+        read_only_fields = ["created_at"]
+        fixed_after_create = ["tenant", "user"]
+        # The uniqueness error is raised below, naming the field a person would change.
+        validators = []
+
+    def validate(self, attrs):
+        if self.instance is None:
+            tenant, user = attrs["tenant"], attrs["user"]
+            if Membership.objects.filter(tenant=tenant, user=user).exists():
+                raise serializers.ValidationError(
+                    {"user": [f"{user.username} is already a member of {tenant.slug}."]}
+                )
+        return attrs
+
+
+class QuotaUsageSerializer(serializers.Serializer):
+    gpus_in_use = serializers.IntegerField(help_text="GPUs the tenant's jobs hold now")
+    gpus_guaranteed = serializers.IntegerField(help_text="of which within the guarantee")
+    gpus_borrowed = serializers.IntegerField(help_text="of which borrowed (preemptible)")
+    running_jobs = serializers.IntegerField(help_text="jobs admitted or running")
+
+
+def quota_usage(quotas) -> dict[int, dict]:
+    """What each quota's tenant holds now, for any number of quotas in two queries."""
+    tenant_ids = {q.tenant_id for q in quotas}
+    if not tenant_ids:
+        return {}
+    held = defaultdict(lambda: {"guaranteed": 0, "borrowed": 0, "jobs": 0})
+    rows = (
+        Allocation.objects.filter(active=True, attempt__job__tenant_id__in=tenant_ids)
+        .values("attempt__job__tenant_id", "gpu__model", "attempt__borrowed")
+        .annotate(gpus=Count("id"), jobs=Count("attempt__job_id", distinct=True))
+    )
+    for row in rows:
+        entry = held[(row["attempt__job__tenant_id"], row["gpu__model"])]
+        entry["borrowed" if row["attempt__borrowed"] else "guaranteed"] += row["gpus"]
+        # A job holds one attempt at a time, borrowed or not, so the two groups never share a job.
+        entry["jobs"] += row["jobs"]
+    running = dict(
+        JobAttempt.objects.filter(state__in=ACTIVE_ATTEMPT_STATES, job__tenant_id__in=tenant_ids)
+        .values("job__tenant_id")
+        .annotate(jobs=Count("job_id", distinct=True))
+        .values_list("job__tenant_id", "jobs")
+    )
+    usage = {}
+    for quota in quotas:
+        if quota.gpu_type:
+            entry = held[(quota.tenant_id, quota.gpu_type)]
+            guaranteed, borrowed, jobs = entry["guaranteed"], entry["borrowed"], entry["jobs"]
+        else:
+            entries = [v for (tenant_id, _), v in held.items() if tenant_id == quota.tenant_id]
+            guaranteed = sum(e["guaranteed"] for e in entries)
+            borrowed = sum(e["borrowed"] for e in entries)
+            jobs = running.get(quota.tenant_id, 0)
+        usage[quota.pk] = {
+            "gpus_in_use": guaranteed + borrowed,
+            "gpus_guaranteed": guaranteed,
+            "gpus_borrowed": borrowed,
+            "running_jobs": jobs,
+        }
+    return usage
+
+
+class QuotaListSerializer(serializers.ListSerializer):
+    def to_representation(self, data):
+        items = list(data.all() if hasattr(data, "all") else data)
+        self.context["quota_usage"] = quota_usage(items)
+        return super().to_representation(items)
+
+
+class QuotaSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
+    tenant = TenantSlugField()
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Quota
+        fields = [
+            "id",
+            "tenant",
+            "gpu_type",
+            "guaranteed_gpus",
+            "limit_gpus",
+            "max_running_jobs",
+            "usage",
+        ]
+        fixed_after_create = ["tenant", "gpu_type"]
+        list_serializer_class = QuotaListSerializer
+        validators = []
+        extra_kwargs = {
+            "gpu_type": {"help_text": "A GPU model, or empty for a cap over all types"},
+            "guaranteed_gpus": {"max_value": MAX_QUOTA_GPUS},
+            "limit_gpus": {"max_value": MAX_QUOTA_GPUS},
+            "max_running_jobs": {"max_value": MAX_QUOTA_GPUS},
+        }
+
+    @extend_schema_field(QuotaUsageSerializer)
+    def get_usage(self, obj) -> dict:
+        cached = self.context.get("quota_usage")
+        if cached is None or obj.pk not in cached:
+            cached = quota_usage([obj])
+        return cached[obj.pk]
+
+    def validate(self, attrs):
+        def current(name):
+            if name in attrs:
+                return attrs[name]
+            return getattr(self.instance, name) if self.instance is not None else 0
+
+        if current("limit_gpus") < current("guaranteed_gpus"):
+            raise serializers.ValidationError(
+                {
+                    "limit_gpus": [
+                        f"Must be at least guaranteed_gpus ({current('guaranteed_gpus')}): "
+                        "a tenant may borrow beyond its guarantee, never less."
+                    ]
+                }
+            )
+        if self.instance is None:
+            tenant, gpu_type = attrs["tenant"], attrs.get("gpu_type", "")
+            if Quota.objects.filter(tenant=tenant, gpu_type=gpu_type).exists():
+                raise serializers.ValidationError(
+                    {
+                        "gpu_type": [
+                            f"{tenant.slug} already has a quota for "
+                            f"{gpu_type or 'any type'}; change that one."
+                        ]
+                    }
+                )
+        return attrs
+
+
+class BudgetSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
+    tenant = TenantSlugField()
+
+    class Meta:
+        model = Budget
+        fields = ["id", "tenant", "kind", "period", "amount", "action", "warn_at_fraction"]
+        fixed_after_create = ["tenant", "kind"]
+        validators = []
+        extra_kwargs = {
+            **{
+                name: {
+                    "error_messages": {
+                        "invalid_choice": f'"{{input}}" is not a {name}; use one of '
+                        + ", ".join(choices.values)
+                        + "."
+                    }
+                }
+                for name, choices in (
+                    ("kind", BudgetKind),
+                    ("period", BudgetPeriod),
+                    ("action", BudgetAction),
+                )
+            },
+            "amount": {"help_text": "kWh or GPU-hours per period, by kind"},
+            "warn_at_fraction": {"help_text": "Warn when this share of the amount is spent"},
+        }
+
+    def validate_amount(self, value: float) -> float:
+        if not math.isfinite(value) or value <= 0:
+            raise serializers.ValidationError("Must be a number more than 0.")
+        return value
+
+    def validate_warn_at_fraction(self, value: float) -> float:
+        if not (math.isfinite(value) and 0 < value <= 1):
+            raise serializers.ValidationError("Must be more than 0 and at most 1 (e.g. 0.8).")
+        return value
+
+    def validate(self, attrs):
+        kind = attrs.get("kind") or self.instance.kind
+        amount = attrs.get("amount", self.instance.amount if self.instance else None)
+        limit = MAX_BUDGET_AMOUNT[BudgetKind(kind)]
+        if amount is not None and amount > limit:
+            unit = "kWh" if kind == BudgetKind.ENERGY_KWH else "GPU-hours"
+            raise serializers.ValidationError(
+                {
+                    "amount": [
+                        f"{amount:g} {unit} per period is beyond any cluster (at most {limit:g})."
+                    ]
+                }
+            )
+        if self.instance is None:
+            tenant = attrs["tenant"]
+            if Budget.objects.filter(tenant=tenant, kind=kind).exists():
+                raise serializers.ValidationError(
+                    {"kind": [f"{tenant.slug} already has a {kind} budget; change that one."]}
+                )
+        return attrs
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    usable = serializers.BooleanField(source="is_usable", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+            "usable",
+        ]
+        read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+        extra_kwargs = {"expires_at": {"help_text": "Leave out for a token that does not expire"}}
+
+    def validate_expires_at(self, value):
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("Must be in the future.")
+        return value
+
+    def create(self, validated_data):
+        token, raw = ApiToken.issue(
+            self.context["request"].user,
+            validated_data["name"],
+            expires_at=validated_data.get("expires_at"),
+        )
+        token.raw_token = raw
+        return token
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    token = serializers.SerializerMethodField(
+        help_text="The secret, shown this once: only its hash is stored"
+    )
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_token(self, obj) -> str:
+        return obj.raw_token

@@ -1,0 +1,378 @@
+"""The web UI's forms. They render fields; the rules they enforce are the API's own.
+
+- The job form parses its text inputs into the JSON types the API takes and then calls
+  `controlplane.jobs.validation.validate_submission`, so both refuse the same input with the same
+  words.
+- The admin forms (`SerializerForm`) hand the posted data to the REST API's serializer for the same
+  object and show its errors at the fields they name: one copy of "limit >= guaranteed".
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from django import forms
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, QueryDict
+
+from controlplane.cluster.api.serializers import PoolSerializer
+from controlplane.jobs import validation
+from controlplane.jobs.models import PriorityClass
+from controlplane.queries import known_gpu_types
+from controlplane.tenancy.api.serializers import (
+    ApiTokenSerializer,
+    BudgetSerializer,
+    MembershipSerializer,
+    QuotaSerializer,
+    TenantSerializer,
+)
+from controlplane.tenancy.models import BudgetAction, BudgetKind, BudgetPeriod, Role
+
+# --- job submission ---------------------------------------------------------------------------
+
+NUMBER = forms.NumberInput
+
+
+class JobSubmitForm(forms.Form):
+    tenant = forms.CharField(widget=forms.Select, help_text="The team whose quota the job uses.")
+    name = forms.CharField(
+        required=False,
+        max_length=validation.MAX_NAME_CHARS + 1,  # let the shared rule say "at most 200"
+        help_text="Leave empty to name the job after its image.",
+    )
+    image = forms.CharField(
+        required=False,
+        help_text="registry/name:tag, e.g. registry.local/team/train:1",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+    )
+    command = forms.CharField(
+        required=False,
+        help_text='As in a shell: python train.py --epochs 3 (or a JSON list: ["python", "train.py"]).',
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+    )
+    env = forms.CharField(
+        required=False,
+        label="Environment",
+        help_text="One KEY=value per line.",
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+    )
+    gpus = forms.CharField(
+        label="GPUs", initial="1", widget=NUMBER(attrs={"min": 0, "step": 1}), required=False
+    )
+    gpu_type = forms.CharField(
+        label="GPU type",
+        required=False,
+        widget=forms.Select,
+        help_text="Any type: the first that fits.",
+    )
+    cpus = forms.CharField(
+        label="CPUs", initial="1", widget=NUMBER(attrs={"min": 0, "step": "any"}), required=False
+    )
+    memory_mib = forms.CharField(
+        label="Memory (MiB)",
+        initial="4096",
+        widget=NUMBER(attrs={"min": 1, "step": 1}),
+        required=False,
+    )
+    priority = forms.CharField(
+        initial=PriorityClass.NORMAL,
+        widget=forms.Select(choices=PriorityClass.choices),
+        required=False,
+    )
+    preemptible = forms.BooleanField(
+        required=False,
+        initial=True,
+        help_text="May run on borrowed GPUs beyond the guarantee, and be preempted there.",
+    )
+    restartable = forms.BooleanField(
+        required=False,
+        initial=True,
+        help_text="Checkpoints: may be requeued after preemption or a lost node.",
+    )
+    max_runtime_s = forms.CharField(
+        label="Max runtime (s)",
+        initial="86400",
+        widget=NUMBER(attrs={"min": 1, "step": 1}),
+        required=False,
+        help_text="Stopped after this long. 86400 s = 1 day.",
+    )
+    estimated_duration_s = forms.CharField(
+        label="Estimated duration (s)",
+        widget=NUMBER(attrs={"min": 1, "step": 1}),
+        required=False,
+        help_text="Optional; helps short jobs start sooner (backfill).",
+    )
+
+    def __init__(self, *args, user, tenants, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.tenants = list(tenants)
+        self.fields["tenant"].widget.choices = [
+            (t.slug, f"{t.name} ({t.slug})") for t in self.tenants
+        ]
+        if len(self.tenants) == 1:
+            self.fields["tenant"].initial = self.tenants[0].slug
+        self.fields["gpu_type"].widget.choices = [("", "Any type")] + [
+            (t, t) for t in known_gpu_types()
+        ]
+        self.submission: validation.Submission | None = None
+
+    def selected_tenant(self):
+        slug = (self.data.get("tenant") if self.is_bound else None) or self.initial.get(
+            "tenant", self.fields["tenant"].initial
+        )
+        return next(
+            (t for t in self.tenants if t.slug == slug), self.tenants[0] if self.tenants else None
+        )
+
+    def api_payload(self) -> tuple[dict, dict[str, str]]:
+        """The JSON body this form stands for, and the inputs that could not be read at all."""
+        raw = self.data if self.is_bound else {}
+        problems: dict[str, str] = {}
+        body: dict = {}
+
+        def text(name: str) -> str:
+            if self.is_bound:
+                return (raw.get(name) or "").strip()
+            value = self.initial.get(name, self.fields[name].initial)
+            return "" if value is None else str(value)
+
+        body["tenant"] = text("tenant")
+        body["name"] = text("name")
+        body["image"] = text("image")
+        body["command"], problem = parse_command(text("command"))
+        if problem:
+            problems["command"] = problem
+        body["env"], problem = parse_env(raw.get("env", "") if self.is_bound else text("env"))
+        if problem:
+            problems["env"] = problem
+        for name in ("gpus", "memory_mib", "max_runtime_s"):
+            body[name] = parse_number(text(name))
+        body["cpus"] = parse_number(text("cpus"))
+        body["gpu_type"] = text("gpu_type")
+        body["priority"] = text("priority") or PriorityClass.NORMAL.value
+        for name in ("preemptible", "restartable"):
+            if self.is_bound:
+                body[name] = self.fields[name].widget.value_from_datadict(raw, self.files, name)
+            else:
+                body[name] = bool(self.initial.get(name, self.fields[name].initial))
+        estimate = text("estimated_duration_s")
+        body["estimated_duration_s"] = parse_number(estimate) if estimate else None
+        return body, problems
+
+    def clean(self):
+        body, problems = self.api_payload()
+        for name, message in problems.items():
+            self.add_error(name, message)
+        if problems:
+            return self.cleaned_data
+        try:
+            self.submission = validation.validate_submission(self.user, body)
+        except ValidationError as exc:
+            for name, messages in exc.message_dict.items():
+                self.add_error(name if name in self.fields else None, messages)
+        except (Http404, PermissionDenied):
+            # Another tenant's slug typed into the page: the same words as for a made-up one.
+            self.add_error("tenant", "Choose one of your tenants.")
+        return self.cleaned_data
+
+
+def parse_command(text: str) -> tuple[list, str]:
+    """A shell-like line (or a JSON list) into argv; the shared rules judge the result."""
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return [], f"Not a JSON list: {exc.msg} at character {exc.pos + 1}."
+        return value, ""
+    try:
+        return shlex.split(text), ""
+    except ValueError as exc:
+        return [], f"Cannot split into words: {exc} (close every quote)."
+
+
+def parse_env(text: str) -> tuple[dict, str]:
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if "=" not in stripped:
+            return env, f'Line {number} ("{stripped[:40]}") has no "=": write KEY=value.'
+        key, _, value = stripped.partition("=")
+        key = key.strip()
+        if key in env:
+            return env, f"{key} is set twice (lines before {number})."
+        env[key] = value
+    return env, ""
+
+
+def parse_number(text: str):
+    """ "3" -> 3, "1.5" -> 1.5; anything else is passed on for the shared rule to name."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+# --- admin forms backed by the API's serializers ----------------------------------------------
+
+
+class SerializerForm(forms.Form):
+    """Renders like a Django form; validates and saves with the REST API's serializer.
+
+    Django's per-field cleaning is skipped on purpose: a second set of messages for the same
+    input is what this class exists to avoid. The posted QueryDict is given to DRF as is, so an
+    empty number means "none" and an unticked box means false, as for an HTML form post to the API.
+    """
+
+    serializer_class: type
+
+    def __init__(self, data=None, *, instance=None, context=None, extra=None, **kwargs):
+        self.instance = instance
+        self.context = context or {}
+        self.extra = extra or {}
+        initial = kwargs.pop("initial", {}) or {}
+        if instance is not None:
+            initial = {n: getattr(instance, n, None) for n in self.base_fields} | initial
+        super().__init__(data, initial=initial, **kwargs)
+        self.serializer = None
+        if instance is not None:
+            for name in getattr(self.serializer_class.Meta, "fixed_after_create", ()):
+                if name in self.fields:
+                    self.fields[name].disabled = True
+                    self.fields[name].help_text = "Fixed once created."
+
+    def _clean_fields(self):
+        for name, bf in self._bound_items():
+            self.cleaned_data[name] = bf.data
+
+    def clean(self):
+        data = QueryDict(mutable=True)
+        for name, field in self.fields.items():
+            key = self.add_prefix(name)
+            if not field.disabled and key in self.data:
+                data.setlist(name, self.data.getlist(key))
+        for key, value in self.extra.items():
+            data[key] = value
+        self.serializer = self.serializer_class(self.instance, data=data, context=self.context)
+        if not self.serializer.is_valid():
+            for name, messages in self.serializer.errors.items():
+                target = name if name in self.fields and not self.fields[name].disabled else None
+                self.add_error(target, [str(m) for m in messages])
+        return self.cleaned_data
+
+    def save(self, **kwargs):
+        return self.serializer.save(**kwargs)
+
+
+class TenantForm(SerializerForm):
+    serializer_class = TenantSerializer
+    slug = forms.CharField(help_text="Short name used in URLs and the API, e.g. vision.")
+    name = forms.CharField()
+    weight = forms.CharField(
+        initial="1.0",
+        widget=NUMBER(attrs={"step": "any", "min": 0}),
+        help_text="Fair-share weight: 2 gets twice the borrowed capacity of 1.",
+    )
+    active = forms.BooleanField(
+        required=False, initial=True, help_text="An inactive tenant takes no new jobs."
+    )
+
+
+class QuotaForm(SerializerForm):
+    serializer_class = QuotaSerializer
+    gpu_type = forms.CharField(
+        label="GPU type",
+        required=False,
+        help_text="A GPU model (e.g. H100-SXM-80GB), or empty for a cap over all types.",
+    )
+    guaranteed_gpus = forms.CharField(
+        label="Guaranteed GPUs",
+        initial="0",
+        widget=NUMBER(attrs={"min": 0, "step": 1}),
+        help_text="Never preempted while the tenant stays within it.",
+    )
+    limit_gpus = forms.CharField(
+        label="Limit (GPUs)",
+        initial="0",
+        widget=NUMBER(attrs={"min": 0, "step": 1}),
+        help_text="How far it may borrow idle GPUs; at least the guarantee.",
+    )
+    max_running_jobs = forms.CharField(
+        label="Max running jobs",
+        required=False,
+        widget=NUMBER(attrs={"min": 0, "step": 1}),
+        help_text="Empty: no cap.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        types = known_gpu_types()
+        self.fields["gpu_type"].widget.attrs["list"] = "gpu-types"
+        self.gpu_type_options = types
+
+
+class BudgetForm(SerializerForm):
+    serializer_class = BudgetSerializer
+    kind = forms.CharField(widget=forms.Select(choices=BudgetKind.choices))
+    period = forms.CharField(
+        widget=forms.Select(choices=BudgetPeriod.choices), initial=BudgetPeriod.MONTH
+    )
+    amount = forms.CharField(
+        widget=NUMBER(attrs={"step": "any", "min": 0}),
+        help_text="kWh or GPU-hours per period, by kind.",
+    )
+    action = forms.CharField(
+        widget=forms.Select(choices=BudgetAction.choices),
+        initial=BudgetAction.THROTTLE,
+        help_text="What the scheduler does once it is spent.",
+    )
+    warn_at_fraction = forms.CharField(
+        label="Warn at (fraction)",
+        initial="0.8",
+        widget=NUMBER(attrs={"step": "0.05", "min": 0, "max": 1}),
+        help_text="0.8 warns at 80 % used.",
+    )
+
+
+class MembershipForm(SerializerForm):
+    serializer_class = MembershipSerializer
+    user = forms.CharField(label="Username", widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    role = forms.CharField(widget=forms.Select(choices=Role.choices), initial=Role.MEMBER)
+
+    def __init__(self, *args, instance=None, **kwargs):
+        super().__init__(*args, instance=instance, **kwargs)
+        if instance is not None:
+            self.initial["user"] = instance.user.username
+
+
+class ApiTokenForm(SerializerForm):
+    serializer_class = ApiTokenSerializer
+    name = forms.CharField(help_text="What it is for, e.g. laptop or CI.")
+    expires_at = forms.CharField(
+        label="Expires at (UTC, optional)",
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="Empty: never expires (revoke it when done).",
+    )
+
+
+class PoolForm(SerializerForm):
+    serializer_class = PoolSerializer
+    power_budget_w = forms.CharField(
+        label="Power budget (W)",
+        required=False,
+        widget=NUMBER(attrs={"step": "any", "min": 0}),
+        help_text="Most watts the pool's GPUs may draw together. Empty: no budget.",
+    )
+
+    def clean(self):
+        # A pool's name is its agents' join target; this form changes only the budget.
+        self.extra.setdefault("name", self.instance.name)
+        return super().clean()

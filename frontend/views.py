@@ -1,0 +1,862 @@
+"""Views of the web UI: short functions that check who may look, read through controlplane.queries,
+and write only through jobs.actions or the API's serializers (see forms.py).
+
+Permission rules are the API's (controlplane.permissions): another tenant's objects are 404,
+a role too low is 403, cluster-admin pages refuse everyone else with 403, and anonymous visitors
+are sent to sign in. Live parts are fragments that htmx polls; every page works without them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import shlex
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Count, ProtectedError, Q
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+from rest_framework.exceptions import APIException
+
+from controlplane import queries
+from controlplane.cluster.api.node_state import set_node_state
+from controlplane.cluster.api.serializers import NODE_ACTION_STATES
+from controlplane.cluster.models import GPU, Node, NodeState, Pool
+from controlplane.jobs import actions, validation
+from controlplane.jobs.api.views import read_log
+from controlplane.jobs.models import ACTIVE_JOB_STATES, Job, JobState
+from controlplane.permissions import is_cluster_admin, require_role, tenant_roles, visible_tenants
+from controlplane.tenancy.api.views import MembershipViewSet
+from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Role, Tenant
+from frontend import charts
+from frontend.forms import (
+    ApiTokenForm,
+    BudgetForm,
+    JobSubmitForm,
+    MembershipForm,
+    PoolForm,
+    QuotaForm,
+    TenantForm,
+)
+
+JOBS_PER_PAGE = 25
+LIVE_POLL_S = 3
+LOG_TAIL_LINES = 200
+
+
+def staff_required(view):
+    """Cluster-admin pages: anonymous visitors sign in first; everyone else gets 403."""
+
+    @functools.wraps(view)
+    @login_required
+    def wrapped(request, *args, **kwargs):
+        if not is_cluster_admin(request.user):
+            raise PermissionDenied("This page is for cluster admins.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def page(request, template: str, context: dict | None = None, *, nav: str = "", status=200):
+    """Render a full page with what the navigation needs."""
+    user = request.user
+    roles = tenant_roles(user)
+    context = {
+        "nav": nav,
+        "nav_tenants": Tenant.objects.filter(pk__in=roles).order_by("slug"),
+        "is_cluster_admin": is_cluster_admin(user),
+        "is_tenant_admin": any(r == Role.ADMIN for r in roles.values()),
+        "poll_s": LIVE_POLL_S,
+        **(context or {}),
+    }
+    return render(request, template, context, status=status)
+
+
+# --- home and dashboard -----------------------------------------------------------------------
+
+
+@login_required
+def home(request):
+    roles = tenant_roles(request.user)
+    mine = Tenant.objects.filter(pk__in=roles).order_by("slug").first()
+    if mine is not None:
+        return redirect("tenant-dashboard", slug=mine.slug)
+    if is_cluster_admin(request.user):
+        return redirect("cluster-overview")
+    return page(request, "frontend/no_tenant.html", nav="dashboard")
+
+
+@login_required
+def tenant_dashboard(request, slug: str):
+    tenant = get_object_or_404(visible_tenants(request.user), slug=slug)
+    now = timezone.now()
+    jobs = Job.objects.filter(tenant=tenant).select_related("submitted_by")
+    context = {
+        "tenant": tenant,
+        "role": queries.role_in(request.user, tenant),
+        "may_submit": queries.has_role(request.user, tenant, Role.MEMBER) and tenant.active,
+        "may_manage_members": queries.has_role(request.user, tenant, Role.ADMIN),
+        "usage": queries.tenant_gpu_usage(tenant),
+        "counts": queries.tenant_job_counts(tenant),
+        "running": jobs.filter(state__in=[JobState.ADMITTED, JobState.RUNNING]).order_by(
+            "-started_at", "-id"
+        )[:10],
+        "pending": jobs.filter(state=JobState.PENDING).order_by("queue_position", "submitted_at")[
+            :10
+        ],
+        "budgets": queries.tenant_budgets(tenant, now),
+        "events": queries.recent_tenant_events(tenant),
+        "now": now,
+    }
+    if request.htmx:
+        return render(request, "frontend/partials/dashboard_live.html", context)
+    return page(request, "frontend/dashboard.html", context, nav="dashboard")
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+def _job_filter(request) -> queries.JobFilter:
+    g = request.GET
+    state = g.get("state", "")
+    if state not in {"", "active", "finished", *JobState.values}:
+        state = ""
+    sort = g.get("sort", queries.DEFAULT_JOB_SORT)
+    if sort not in queries.JOB_SORTS:
+        sort = queries.DEFAULT_JOB_SORT
+    return queries.JobFilter(
+        state=state,
+        user=g.get("user", "").strip(),
+        name=g.get("name", "").strip(),
+        tenant=g.get("tenant", "").strip(),
+        sort=sort,
+    )
+
+
+def _states_marker(jobs) -> str:
+    """What the live list last showed: "id:STATE,..." so a poll can say what changed."""
+    return ",".join(f"{j.pk}:{j.state}" for j in jobs)
+
+
+def _changes(marker: str, jobs) -> list[str]:
+    before = dict(item.split(":", 1) for item in marker.split(",") if ":" in item)
+    said = []
+    for j in jobs:
+        old = before.get(str(j.pk))
+        if old is not None and old != j.state:
+            said.append(f"Job {j.name} (#{j.pk}) is now {j.state}.")
+    return said
+
+
+@login_required
+def job_list(request):
+    f = _job_filter(request)
+    jobs = queries.filter_jobs(queries.visible_jobs(request.user), f)
+    paginator = Paginator(jobs, JOBS_PER_PAGE)
+    page_obj = paginator.get_page(request.GET.get("page"))
+    rows = list(page_obj.object_list)
+    marker = _states_marker(rows)
+    previous = request.GET.get("v")
+    if request.htmx and previous is not None and previous == f"{paginator.count}|{marker}":
+        # Nothing changed: 204 makes htmx keep the table, so a screen reader hears nothing new.
+        return HttpResponse(status=204)
+    context = {
+        "filter": f,
+        "sort": f.sort,
+        "page_obj": page_obj,
+        "jobs": rows,
+        "marker": f"{paginator.count}|{marker}",
+        "announcements": _changes(previous.split("|", 1)[-1], rows) if previous else [],
+        "states": JobState.values,
+        "tenants": visible_tenants(request.user).order_by("slug"),
+        "any_filter": any([f.state, f.user, f.name, f.tenant]),
+        "may_submit": queries.tenants_with_role(request.user, Role.MEMBER).exists(),
+        "updated_at": timezone.now(),
+    }
+    if request.htmx:
+        return render(request, "frontend/jobs/list_results.html", context)
+    return page(request, "frontend/jobs/list.html", context, nav="jobs")
+
+
+def _submit_context(request, form: JobSubmitForm) -> dict:
+    tenant = form.selected_tenant()
+    body, _ = form.api_payload()
+    shape = validation.ClusterShape.load()
+    usage = queries.tenant_gpu_usage(tenant) if tenant else []
+    return {
+        "form": form,
+        "tenant": tenant,
+        "usage": usage,
+        "limits": _submit_limits(tenant, usage, shape),
+        "curl": _curl(request, body),
+        "body_json": json.dumps(body, indent=2),
+    }
+
+
+def _submit_limits(tenant, usage, shape: validation.ClusterShape) -> dict[str, str]:
+    """What the tenant and the cluster allow, in words, shown next to each field."""
+    limits = {}
+    if tenant is not None:
+        if usage:
+            quota = "; ".join(
+                f"{u.label}: limit {u.limit} (guaranteed {u.guaranteed}, {u.in_use} in use now)"
+                for u in usage
+            )
+            limits["gpus"] = f"Quota of {tenant.slug}: {quota}."
+        else:
+            limits["gpus"] = f"{tenant.slug} has no GPU quota: only 0-GPU jobs can run."
+    if shape.largest_gpus_per_node:
+        largest = ", ".join(f"{n} × {m}" for m, n in sorted(shape.largest_gpus_per_node.items()))
+        limits["gpu_type"] = f"Largest schedulable node per type: {largest}."
+    else:
+        limits["gpu_type"] = "No schedulable node has GPUs right now."
+    if shape.max_node_cpus:
+        limits["cpus"] = f"The largest node has {shape.max_node_cpus} CPUs."
+    if shape.max_node_memory_mib:
+        limits["memory_mib"] = f"The largest node has {shape.max_node_memory_mib} MiB."
+    limits["max_runtime_s"] = f"At most {validation.MAX_RUNTIME_S} s (30 days)."
+    return limits
+
+
+def _curl(request, body: dict) -> str:
+    url = request.build_absolute_uri("/api/v1/jobs/")
+    payload = json.dumps(body, separators=(", ", ": "))
+    return (
+        f"curl -sS -X POST {shlex.quote(url)} \\\n"
+        '  -H "Authorization: Bearer $GPUCP_TOKEN" \\\n'
+        '  -H "Content-Type: application/json" \\\n'
+        f"  -d {shlex.quote(payload)}"
+    )
+
+
+def _submit_tenants(request):
+    return list(queries.tenants_with_role(request.user, Role.MEMBER).order_by("slug"))
+
+
+@login_required
+def job_submit(request):
+    tenants = _submit_tenants(request)
+    if not tenants:
+        raise PermissionDenied(
+            "Your role lets you read jobs, not submit them: ask a tenant admin to make you a member."
+        )
+    if request.method == "POST":
+        form = JobSubmitForm(request.POST, user=request.user, tenants=tenants)
+        if request.POST.get("_action") != "preview" and form.is_valid():
+            s = form.submission
+            job = actions.submit_job(tenant=s.tenant, user=request.user, **s.fields)
+            messages.success(request, f"Job {job.name} (#{job.pk}) submitted; it is PENDING.")
+            return redirect("job-detail", pk=job.pk)
+        status = 400 if form.errors and request.POST.get("_action") != "preview" else 200
+    else:
+        form = JobSubmitForm(initial=_prefill(request), user=request.user, tenants=tenants)
+        status = 200
+    context = _submit_context(request, form)
+    if request.htmx and request.GET.get("fragment") == "limits":
+        return render(request, "frontend/jobs/submit_form.html", context)
+    return page(request, "frontend/jobs/submit.html", context, nav="submit", status=status)
+
+
+def _prefill(request) -> dict:
+    """Initial values: a copy of an existing job (?copy=<id>), then any fields in the query."""
+    initial: dict = {}
+    source = request.GET.get("copy")
+    if source and source.isdigit():
+        job = queries.visible_jobs(request.user).filter(pk=int(source)).first()
+        if job is not None:
+            initial = {
+                "tenant": job.tenant.slug,
+                "name": job.name,
+                "image": job.image,
+                "command": shlex.join(job.command),
+                "env": "\n".join(f"{k}={v}" for k, v in job.env.items()),
+                "gpus": job.gpus,
+                "gpu_type": job.gpu_type,
+                "cpus": f"{job.cpus:g}",
+                "memory_mib": job.memory_mib,
+                "priority": job.priority,
+                "preemptible": job.preemptible,
+                "restartable": job.restartable,
+                "max_runtime_s": job.max_runtime_s,
+                "estimated_duration_s": job.estimated_duration_s or "",
+            }
+    for name in JobSubmitForm.base_fields:
+        if name in request.GET:
+            initial[name] = request.GET[name]
+    if request.GET.get("fragment"):
+        # A round trip of the form itself (the tenant changed): an unticked box is not sent.
+        for name in ("preemptible", "restartable"):
+            initial[name] = name in request.GET
+    return initial
+
+
+@login_required
+@require_POST
+def job_submit_preview(request):
+    """The "copy as curl" block for what the form holds now (htmx refreshes it as you type)."""
+    tenants = _submit_tenants(request)
+    if not tenants:
+        raise PermissionDenied
+    form = JobSubmitForm(request.POST, user=request.user, tenants=tenants)
+    body, _ = form.api_payload()
+    return render(
+        request,
+        "frontend/jobs/curl.html",
+        {"curl": _curl(request, body), "body_json": json.dumps(body, indent=2)},
+    )
+
+
+def _job_or_404(request, pk: int) -> Job:
+    return get_object_or_404(queries.visible_jobs(request.user), pk=pk)
+
+
+def _job_live_context(request, job: Job) -> dict:
+    attempt = queries.current_attempt(job)
+    context = {
+        "job": job,
+        "attempt": attempt,
+        "usage": queries.job_usage(job),
+        "may_cancel": queries.may_cancel(request.user, job),
+        "jobs_ahead": queries.pending_jobs_ahead(job),
+        "live": not job.is_finished,
+        "now": timezone.now(),
+    }
+    if attempt is not None:
+        gpus = queries.attempt_gpus(attempt)
+        text, size_bytes, truncated = read_log(attempt, LOG_TAIL_LINES)
+        context |= {
+            "gpus": gpus,
+            "log_text": text,
+            "log_size_bytes": size_bytes,
+            "log_truncated": truncated or text.count("\n") >= LOG_TAIL_LINES,
+            **_job_charts(attempt),
+        }
+    return context
+
+
+def _job_charts(attempt) -> dict:
+    series = queries.attempt_telemetry(attempt)
+    util = charts.Chart(title="GPU utilization", unit="%", y_max=100)
+    power = charts.Chart(title="GPU power draw and cap", unit="W")
+    for i, s in enumerate(series):
+        css = f"series-{i % 8}"
+        util.series.append(charts.Series(s.label, s.utilization_pct, css_class=css))
+        power.series.append(charts.Series(f"{s.label} draw", s.power_draw_w, css_class=css))
+    caps = {tuple(v for _, v in s.power_cap_w) for s in series}
+    if len(caps) == 1 and series:
+        # The usual case: every GPU of the job runs at the same cap, so one line says it.
+        power.series.append(
+            charts.Series("power cap", series[0].power_cap_w, dashed=True, css_class="series-cap")
+        )
+    else:
+        for i, s in enumerate(series):
+            power.series.append(
+                charts.Series(
+                    f"{s.label} cap", s.power_cap_w, dashed=True, css_class=f"series-{i % 8}"
+                )
+            )
+    return {"util_chart": charts.render(util), "power_chart": charts.render(power)}
+
+
+@login_required
+def job_detail(request, pk: int):
+    job = _job_or_404(request, pk)
+    context = _job_live_context(request, job)
+    context["events"] = job.events.select_related("actor").order_by("at", "id")
+    context["attempts"] = job.attempts.select_related("node").order_by("number")
+    return page(request, "frontend/jobs/detail.html", context, nav="jobs")
+
+
+@login_required
+def job_live(request, pk: int):
+    """The parts of the job page that change while it runs, for htmx to swap in."""
+    job = _job_or_404(request, pk)
+    context = _job_live_context(request, job)
+    previous = request.GET.get("state")
+    context["announcements"] = (
+        [f"Job {job.name} is now {job.state}."] if previous and previous != job.state else []
+    )
+    context["events"] = job.events.select_related("actor").order_by("at", "id")
+    return render(request, "frontend/jobs/live.html", context)
+
+
+@login_required
+def job_log(request, pk: int):
+    """An attempt's whole output as plain text (the latest attempt unless ?attempt=N)."""
+    job = _job_or_404(request, pk)
+    attempts = job.attempts.order_by("number")
+    wanted = request.GET.get("attempt")
+    attempt = (
+        attempts.filter(number=int(wanted)).first()
+        if wanted and wanted.isdigit()
+        else attempts.last()
+    )
+    if attempt is None:
+        raise Http404("This job has not started, so it has no output yet.")
+    text, _, truncated = read_log(attempt, None)
+    if truncated:
+        text = "[earlier output left out: only the last 4 MiB are shown]\n" + text
+    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = (
+        f'inline; filename="job-{job.pk}-attempt-{attempt.number}.log"'
+    )
+    return response
+
+
+@login_required
+def job_cancel(request, pk: int):
+    """GET asks "are you sure?"; POST cancels. A viewer or someone else's job (as a member) is 403."""
+    job = _job_or_404(request, pk)
+    if job.is_finished:
+        messages.info(request, f"Job {job.name} already finished ({job.state}); nothing to cancel.")
+        return redirect("job-detail", pk=job.pk)
+    if not queries.may_cancel(request.user, job):
+        raise PermissionDenied("Only the job's owner or a tenant admin may cancel it.")
+    if request.method == "POST":
+        try:
+            actions.cancel_job(job, actor=request.user)
+        except (actions.IllegalTransition, actions.ConcurrentUpdate):
+            job.refresh_from_db(fields=["state"])
+            messages.error(
+                request,
+                f"Job {job.name} changed meanwhile and is now {job.state}; nothing cancelled.",
+            )
+        else:
+            messages.success(request, f"Job {job.name} (#{job.pk}) cancelled.")
+        return redirect("job-detail", pk=job.pk)
+    attempt = queries.current_attempt(job)
+    return page(
+        request,
+        "frontend/jobs/cancel.html",
+        {"job": job, "attempt": attempt if attempt and attempt.is_active else None},
+        nav="jobs",
+    )
+
+
+# --- API tokens -------------------------------------------------------------------------------
+
+
+@login_required
+def tokens(request):
+    created = None
+    raw = None
+    if request.method == "POST":
+        form = ApiTokenForm(request.POST, context={"request": request})
+        if form.is_valid():
+            created = form.save()
+            raw = created.raw_token
+            form = ApiTokenForm(context={"request": request})
+    else:
+        form = ApiTokenForm(context={"request": request})
+    response = page(
+        request,
+        "frontend/tokens.html",
+        {
+            "form": form,
+            "created": created,
+            "raw_token": raw,
+            "tokens": ApiToken.objects.filter(user=request.user).order_by("-created_at"),
+            "api_url": request.build_absolute_uri("/api/v1/"),
+            "now": timezone.now(),
+        },
+        nav="tokens",
+        status=400 if form.errors else 200,
+    )
+    # The secret is in this answer only; no cache should keep a copy of it.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def token_revoke(request, pk: int):
+    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+    changed = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    if changed:
+        messages.success(
+            request, f"Token {token.name} ({token.prefix}…) revoked; it no longer works."
+        )
+    else:
+        messages.info(request, f"Token {token.name} was already revoked.")
+    return redirect("tokens")
+
+
+# --- cluster (cluster admins) -----------------------------------------------------------------
+
+
+def _pool_chart(pp: queries.PoolPower) -> charts.Chart:
+    chart = charts.Chart(title=f"Pool {pp.pool.name}: power draw", unit="W")
+    chart.series.append(charts.Series("draw (sum of GPUs)", pp.draw_w, css_class="series-0"))
+    chart.series.append(charts.Series("sum of caps", pp.cap_w, dashed=True, css_class="series-cap"))
+    if pp.pool.power_budget_w:
+        chart.thresholds.append(charts.Threshold("pool budget", pp.pool.power_budget_w))
+    return chart
+
+
+@staff_required
+def cluster_overview(request):
+    pools = queries.pool_power()
+    allocation = queries.allocation_by_tenant()
+    gpu_totals = GPU.objects.aggregate(
+        total=Count("id"),
+        healthy=Count("id", filter=Q(healthy=True)),
+        allocated=Count("id", filter=Q(allocations__active=True)),
+    )
+    context = {
+        "pools": [(pp, charts.render(_pool_chart(pp))) for pp in pools],
+        "allocation": allocation,
+        "allocation_max": max([a.in_use + a.pending_gpus for a in allocation] + [1]),
+        "cycles": queries.recent_cycles(),
+        "gpu_totals": gpu_totals,
+        "node_counts": {
+            "total": Node.objects.count(),
+            "down": Node.objects.filter(ready=False).count(),
+            "cordoned": Node.objects.filter(ready=True).exclude(state=NodeState.READY).count(),
+        },
+        "pending_total": Job.objects.filter(state=JobState.PENDING).count(),
+        "running_total": Job.objects.filter(
+            state__in=[JobState.ADMITTED, JobState.RUNNING]
+        ).count(),
+        "now": timezone.now(),
+    }
+    if request.htmx:
+        return render(request, "frontend/cluster/overview_live.html", context)
+    return page(request, "frontend/cluster/overview.html", context, nav="cluster")
+
+
+@staff_required
+def node_list(request):
+    context = {"nodes": queries.nodes_with_gpus(), "now": timezone.now()}
+    if request.htmx:
+        return render(request, "frontend/cluster/nodes_table.html", context)
+    return page(request, "frontend/cluster/nodes.html", context, nav="nodes")
+
+
+@staff_required
+def node_detail(request, name: str):
+    node = get_object_or_404(Node.objects.select_related("pool"), name=name)
+    [(node, gpus)] = queries.nodes_with_gpus(Node.objects.filter(pk=node.pk))
+    context = {
+        "node": node,
+        "gpus": gpus,
+        "attempts": queries.node_active_attempts(node),
+        "now": timezone.now(),
+    }
+    return page(request, "frontend/cluster/node.html", context, nav="nodes")
+
+
+NODE_ACTION_WORDS = {
+    NodeState.CORDONED: "cordoned: it gets no new work",
+    NodeState.DRAINING: "draining: no new work, and its borrowed jobs are preempted",
+    NodeState.READY: "ready again: it takes new work",
+}
+
+
+@staff_required
+@require_POST
+def node_action(request, name: str, verb: str):
+    node = get_object_or_404(Node, name=name)
+    if verb not in NODE_ACTION_STATES:
+        raise Http404
+    state = NODE_ACTION_STATES[verb]
+    if set_node_state(node, state, actor=request.user):
+        messages.success(request, f"Node {node.name} is {NODE_ACTION_WORDS[state]}.")
+    else:
+        messages.info(request, f"Node {node.name} was {node.get_state_display().lower()} already.")
+    back = request.POST.get("next", "")
+    if not back.startswith("/") or back.startswith("//"):
+        back = reverse("node-detail", args=[node.name])
+    return redirect(back)
+
+
+# --- tenants, quotas, budgets, members, pools --------------------------------------------------
+
+
+@staff_required
+def manage_tenants(request):
+    tenants = Tenant.objects.annotate(
+        members=Count("memberships", distinct=True),
+        active_jobs=Count("jobs", filter=Q(jobs__state__in=ACTIVE_JOB_STATES), distinct=True),
+    ).order_by("slug")
+    quotas = {}
+    for q in Quota.objects.order_by("gpu_type"):
+        quotas.setdefault(q.tenant_id, []).append(q)
+    budgets = {}
+    for b in Budget.objects.order_by("kind"):
+        budgets.setdefault(b.tenant_id, []).append(b)
+    rows = [(t, quotas.get(t.pk, []), budgets.get(t.pk, [])) for t in tenants]
+    return page(request, "frontend/manage/tenants.html", {"rows": rows}, nav="tenants")
+
+
+def _serializer_context(request) -> dict:
+    return {"request": request}
+
+
+@staff_required
+def tenant_create(request):
+    form = TenantForm(request.POST or None, context=_serializer_context(request))
+    if request.method == "POST" and form.is_valid():
+        tenant = form.save()
+        messages.success(request, f"Tenant {tenant.slug} created. Give it a quota next.")
+        return redirect("manage-tenant", slug=tenant.slug)
+    return page(
+        request,
+        "frontend/manage/form.html",
+        {"form": form, "title": "New tenant", "back": reverse("manage-tenants")},
+        nav="tenants",
+        status=400 if form.errors else 200,
+    )
+
+
+@staff_required
+def tenant_edit(request, slug: str):
+    tenant = get_object_or_404(Tenant, slug=slug)
+    form = TenantForm(request.POST or None, instance=tenant, context=_serializer_context(request))
+    if request.method == "POST" and form.is_valid():
+        tenant = form.save()
+        messages.success(request, f"Tenant {tenant.slug} saved.")
+        return redirect("manage-tenant", slug=tenant.slug)
+    context = {
+        "tenant": tenant,
+        "form": form,
+        "quotas": queries.tenant_gpu_usage(tenant),
+        "quota_rows": Quota.objects.filter(tenant=tenant).order_by("gpu_type"),
+        "budgets": queries.tenant_budgets(tenant),
+        "budget_rows": {b.pk: b for b in Budget.objects.filter(tenant=tenant)},
+        "members": Membership.objects.filter(tenant=tenant).select_related("user").count(),
+    }
+    return page(
+        request,
+        "frontend/manage/tenant.html",
+        context,
+        nav="tenants",
+        status=400 if form.errors else 200,
+    )
+
+
+def _object_form(request, form_class, *, instance, tenant, title, noun):
+    form = form_class(
+        request.POST or None,
+        instance=instance,
+        context=_serializer_context(request),
+        extra={"tenant": tenant.slug},
+    )
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, f"{noun} of {tenant.slug} saved.")
+        return redirect("manage-tenant", slug=tenant.slug)
+    return page(
+        request,
+        "frontend/manage/form.html",
+        {
+            "form": form,
+            "title": title,
+            "tenant": tenant,
+            "back": reverse("manage-tenant", args=[tenant.slug]),
+            "delete_url": request.path + "delete/" if instance is not None else None,
+        },
+        nav="tenants",
+        status=400 if form.errors else 200,
+    )
+
+
+@staff_required
+def quota_create(request, slug: str):
+    tenant = get_object_or_404(Tenant, slug=slug)
+    return _object_form(
+        request,
+        QuotaForm,
+        instance=None,
+        tenant=tenant,
+        title=f"New quota for {tenant.slug}",
+        noun="Quota",
+    )
+
+
+@staff_required
+def quota_edit(request, pk: int):
+    quota = get_object_or_404(Quota.objects.select_related("tenant"), pk=pk)
+    title = f"Quota of {quota.tenant.slug}: {quota.gpu_type or 'any type'}"
+    return _object_form(
+        request, QuotaForm, instance=quota, tenant=quota.tenant, title=title, noun="Quota"
+    )
+
+
+@staff_required
+def budget_create(request, slug: str):
+    tenant = get_object_or_404(Tenant, slug=slug)
+    return _object_form(
+        request,
+        BudgetForm,
+        instance=None,
+        tenant=tenant,
+        title=f"New budget for {tenant.slug}",
+        noun="Budget",
+    )
+
+
+@staff_required
+def budget_edit(request, pk: int):
+    budget = get_object_or_404(Budget.objects.select_related("tenant"), pk=pk)
+    title = f"{budget.get_kind_display()} budget of {budget.tenant.slug}"
+    return _object_form(
+        request, BudgetForm, instance=budget, tenant=budget.tenant, title=title, noun="Budget"
+    )
+
+
+def _confirm_delete(request, obj, *, what: str, back: str, done: str):
+    if request.method == "POST":
+        try:
+            obj.delete()
+        except ProtectedError:
+            messages.error(request, f"{what} is still in use; it was not deleted.")
+            return redirect(back)
+        messages.success(request, f"{what} deleted.")
+        return redirect(done)
+    return page(
+        request,
+        "frontend/manage/confirm_delete.html",
+        {"what": what, "back": back},
+        nav="tenants",
+    )
+
+
+@staff_required
+def quota_delete(request, pk: int):
+    quota = get_object_or_404(Quota.objects.select_related("tenant"), pk=pk)
+    back = reverse("manage-tenant", args=[quota.tenant.slug])
+    what = f"The {quota.gpu_type or 'any-type'} quota of {quota.tenant.slug}"
+    return _confirm_delete(request, quota, what=what, back=back, done=back)
+
+
+@staff_required
+def budget_delete(request, pk: int):
+    budget = get_object_or_404(Budget.objects.select_related("tenant"), pk=pk)
+    back = reverse("manage-tenant", args=[budget.tenant.slug])
+    what = f"The {budget.get_kind_display()} budget of {budget.tenant.slug}"
+    return _confirm_delete(request, budget, what=what, back=back, done=back)
+
+
+def _members_tenant(request, slug: str) -> Tenant:
+    """A tenant's membership page: its tenant admins and cluster admins; members get 403."""
+    tenant = get_object_or_404(visible_tenants(request.user), slug=slug)
+    require_role(request.user, tenant, Role.ADMIN)
+    return tenant
+
+
+def _refuse_leaving_no_admin(request, membership: Membership) -> None:
+    # The API's rule (a tenant admin may not remove the tenant's last admin), applied as the API
+    # applies it, so the two can never disagree.
+    view = MembershipViewSet()
+    view.request = request
+    view._refuse_leaving_no_admin(membership)
+
+
+@login_required
+def tenant_members(request, slug: str):
+    tenant = _members_tenant(request, slug)
+    form = MembershipForm(
+        request.POST or None, context=_serializer_context(request), extra={"tenant": tenant.slug}
+    )
+    if request.method == "POST" and form.is_valid():
+        m = form.save()
+        messages.success(
+            request, f"{m.user.username} is now {m.get_role_display().lower()} of {tenant.slug}."
+        )
+        return redirect("tenant-members", slug=tenant.slug)
+    members = (
+        Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
+    )
+    return page(
+        request,
+        "frontend/manage/members.html",
+        {"tenant": tenant, "form": form, "members": members, "roles": Role.choices},
+        nav="members",
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_POST
+def membership_change(request, pk: int):
+    membership = get_object_or_404(
+        Membership.objects.select_related("tenant", "user"),
+        pk=pk,
+        tenant__in=visible_tenants(request.user),
+    )
+    tenant = _members_tenant(request, membership.tenant.slug)
+    back = reverse("tenant-members", args=[tenant.slug])
+    try:
+        with transaction.atomic():
+            if request.POST.get("remove"):
+                _refuse_leaving_no_admin(request, membership)
+                membership.delete()
+                messages.success(request, f"{membership.user.username} removed from {tenant.slug}.")
+                return redirect(back)
+            form = MembershipForm(
+                request.POST,
+                instance=membership,
+                context=_serializer_context(request),
+                extra={"tenant": tenant.slug},
+            )
+            if not form.is_valid():
+                for error in form.errors.values():
+                    messages.error(request, " ".join(error))
+                return redirect(back)
+            if form.serializer.validated_data.get("role") != Role.ADMIN:
+                _refuse_leaving_no_admin(request, membership)
+            m = form.save()
+    except APIException as exc:
+        messages.error(request, str(exc.detail))
+        return redirect(back)
+    messages.success(
+        request, f"{m.user.username} is now {m.get_role_display().lower()} of {tenant.slug}."
+    )
+    return redirect(back)
+
+
+@staff_required
+def manage_pools(request):
+    pools = Pool.objects.annotate(
+        nodes_count=Count("nodes", distinct=True), gpus_count=Count("nodes__gpus", distinct=True)
+    ).order_by("name")
+    draw = {pp.pool.pk: pp for pp in queries.pool_power(window=dt.timedelta(minutes=0))}
+    edit = None
+    if request.method == "POST":
+        pool = get_object_or_404(Pool, pk=request.POST.get("pool"))
+        edit = PoolForm(
+            request.POST,
+            instance=pool,
+            context=_serializer_context(request),
+            prefix=f"pool{pool.pk}",
+        )
+        if edit.is_valid():
+            edit.save()
+            messages.success(request, f"Power budget of pool {pool.name} saved.")
+            return redirect("manage-pools")
+    rows = []
+    for pool in pools:
+        if edit is not None and edit.instance.pk == pool.pk:
+            form = edit
+        else:
+            form = PoolForm(
+                instance=pool, context=_serializer_context(request), prefix=f"pool{pool.pk}"
+            )
+        rows.append((pool, draw.get(pool.pk), form))
+    return page(
+        request,
+        "frontend/manage/pools.html",
+        {"rows": rows},
+        nav="pools",
+        status=400 if edit is not None and edit.errors else 200,
+    )

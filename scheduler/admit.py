@@ -1,0 +1,480 @@
+"""Admission: walk the queue once and decide, for each job, start, wait, or preempt for it.
+
+For every job, in the order scheduler.priority gives:
+
+1. a tenant on budget hold, or at its maximum of running jobs, starts nothing;
+2. the GPU type must exist in a size that can ever hold the job;
+3. the tenant's quota must allow it (scheduler.quota): within its limit, or only its guarantee
+   when it may not borrow; a job blocked by its own tenant may preempt that tenant's lower-
+   priority work;
+4. it starts if placement finds GPUs for it (scheduler.placement) that no reservation of an
+   earlier job needs (scheduler.backfill);
+5. otherwise, where a preemption rule lets it (scheduler.preemption), it takes GPUs that are
+   already being freed, or has attempts preempted for it: either way those GPUs and the free
+   ones it needs beside them are set aside for it, and it starts once the victims have stopped;
+6. otherwise the first such job of its GPU type gets the reservation, and the job waits with a
+   reason (scheduler.reasons).
+
+Once a type has fewer free GPUs than a job asks for, steps 4 and 6 cost nothing for it, and a
+failed preemption search is remembered per type, so a long queue behind a full cluster is
+marked in bulk instead of searched job by job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler import backfill, fairness, placement, quota
+from scheduler.backfill import Release, Reservation
+from scheduler.model import Config, Ordering, Pending, Preemption, ReasonCode, Snapshot, Start
+from scheduler.placement import ClusterIndex, TypeIndex
+from scheduler.preemption import Search, Victims, find_victims, reason_for
+from scheduler.priority import las_queue
+from scheduler.quota import Book
+from scheduler.reasons import Waiting
+
+RC = ReasonCode
+
+
+class Admission:
+    """The mutable state of one cycle's admission, and the decisions it made."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        config: Config,
+        index: ClusterIndex,
+        books: dict[str, Book],
+        predicted_s: dict[int, float],
+        borrowed: set[int],
+    ):
+        self.snapshot = snapshot
+        self.config = config
+        self.now_s = snapshot.now_s
+        self.index = index
+        self.books = books
+        self.predicted_s = predicted_s
+        self.borrowed = borrowed
+        self.capacity = {t: ti.total_cap for t, ti in index.types.items()}
+        self.types = list(index.types)  # sorted by name
+        self.reservations: dict[str, Reservation] = {}
+        self.unreservable: set[str] = set()
+        # GPUs this cycle started or set aside, by type, with when they free up again.
+        self.occupied: dict[str, list[Release]] = {}
+        self.starts: list[Start] = []
+        self.preemptions: list[Preemption] = []
+        self.waiting: list[Waiting] = []
+        self.preempted: set[int] = set()  # attempt ids
+        self.search_failed_at: dict[str, int] = {}  # type -> fewest GPUs a search failed for
+        self._victims: Victims | None = None
+        self._max_resources: dict[str, tuple[float, int]] = {}
+
+    @property
+    def victims(self) -> Victims:
+        if self._victims is None:
+            self._victims = Victims(
+                tuple(r for r in self.snapshot.running if r.attempt_id not in self.preempted),
+                self.index,
+                self.borrowed,
+                self.config,
+                self.now_s,
+            )
+        return self._victims
+
+    # ----- the steps ---------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Preempt borrowed attempts on draining nodes: they are lent, and the node must empty."""
+        topo = self.index.topo
+        if not any(topo.draining):
+            return
+        gpu_node = topo.gpu_node
+        for r in sorted(self.snapshot.running, key=lambda r: r.attempt_id):
+            if r.stopping or not r.preemptible or r.attempt_id not in self.borrowed:
+                continue
+            if self.now_s - r.started_at_s < self.config.min_runtime_s:
+                continue
+            if any(topo.draining[gpu_node[u]] for u in r.gpus if u in gpu_node):
+                self._evict(r, len(r.gpus), reason_for("drain", 0), None)
+
+    def run(self, queue: Iterable[Pending]) -> None:
+        """Decide every job of the queue, in order."""
+        for job in queue:
+            self._decide(job)
+
+    # ----- one job -----------------------------------------------------------------------------
+
+    def _decide(self, job: Pending) -> None:
+        book = self.books[job.tenant]
+        if book.hold:
+            self._wait(job, RC.BUDGET_HOLD)
+            return
+        if book.max_running_jobs is not None and book.running_jobs >= book.max_running_jobs:
+            self._wait(job, RC.MAX_RUNNING_JOBS).count = book.running_jobs
+            return
+        n = job.gpus
+        if n <= 0:
+            self._start_without_gpus(job, book)
+            return
+        types = self.index.types
+        if job.gpu_type:
+            ti = types.get(job.gpu_type)
+            if ti is None:
+                self._wait(job, RC.NO_MATCHING_GPUS, job.gpu_type, "no_type")
+                return
+            if ti.total_cap < n:
+                self._wait(job, RC.NO_MATCHING_GPUS, job.gpu_type, "too_big").count = ti.total_cap
+                return
+            if not self._resources_possible(job, ti):
+                self._wait(job, RC.NO_MATCHING_GPUS, job.gpu_type, "resources")
+                return
+            verdict = quota.check(book, ti.gpu_type, n, job.preemptible, self.config)
+            if verdict.ok and self._place(job, ti, book, verdict.borrowed):
+                return
+            self._blocked(job, ti, book, verdict)
+            return
+        big_enough = [ti for ti in (types[t] for t in self.types) if ti.total_cap >= n]
+        if not big_enough:
+            biggest = max((ti.total_cap for ti in types.values()), default=0)
+            detail = "too_big" if biggest else "no_type"
+            self._wait(job, RC.NO_MATCHING_GPUS, "", detail).count = biggest
+            return
+        options = [
+            (ti, quota.check(book, ti.gpu_type, n, job.preemptible, self.config))
+            for ti in big_enough
+            if self._resources_possible(job, ti)
+        ]
+        if not options:
+            self._wait(job, RC.NO_MATCHING_GPUS, "", "resources")
+            return
+        # Within the guarantee beats borrowing; then the type's name, so the choice is stable.
+        options.sort(key=lambda o: (not o[1].ok, o[1].borrowed))
+        for ti, verdict in options:
+            if verdict.ok and self._place(job, ti, book, verdict.borrowed):
+                return
+        ti, verdict = min(options, key=lambda o: (not o[1].ok, not o[1].wait))
+        self._blocked(job, ti, book, verdict)
+
+    def _blocked(self, job: Pending, ti: TypeIndex, book: Book, verdict: quota.Verdict) -> None:
+        n = job.gpus
+        t = ti.gpu_type
+        if verdict.wait:
+            self._wait(job, RC.WAITING_FOR_PREEMPTION, t, "own_stopping")
+            return
+        if not verdict.ok:
+            baseline = self.config.preemption and self.config.ordering in (
+                Ordering.SRTF,
+                Ordering.LAS,
+            )
+            if verdict.detail != "no_quota" and (baseline or self._may_preempt_own(job, t)):
+                search = self._search(job, ti)
+                search.own = self._may_preempt_own(job, t)
+                search.baseline = self.config.ordering if baseline else None
+                search.need_quota = quota.quota_need(book, t, n, self.config, job.preemptible)
+                res = self.reservations.get(t)
+                restricted, slack = res.limits(job.job_id, self._end(job)) if res else (False, None)
+                if n <= ti.max_node_cap and not (restricted and not res.allows(n)):
+                    where = placement.find(ti, n, self.index.fits_for(job), slack)
+                    search.free_node = where[0][0] if where else None
+                if self._preempt(job, ti, book, search):
+                    return
+            self._wait(job, verdict.code, t, verdict.detail)
+            return
+        search = self._capacity_search(job, ti, book)
+        if search is not None:
+            if self._claim_stopping(job, ti, book):
+                return
+            if self._preempt(job, ti, book, search):
+                return
+        if self.config.backfill and t not in self.reservations and t not in self.unreservable:
+            res = self._reserve(job, ti)
+            if res is not None:
+                self.reservations[t] = res
+                w = self._wait(job, self._capacity_code(job, ti), t)
+                w.head = job.job_id
+                w.start_s = res.start_s
+                return
+            self.unreservable.add(t)
+        res = self.reservations.get(t)
+        if (
+            res is not None
+            and res.job_id != job.job_id
+            and n <= ti.total_free
+            and placement.find(ti, n, self.index.fits_for(job)) is not None
+        ):
+            self._reserved_for(self._wait(job, RC.RESERVED, t), ti, res)
+            return
+        w = self._wait(job, self._capacity_code(job, ti), t)
+        if res is not None and res.job_id != job.job_id:
+            self._reserved_for(w, ti, res)
+
+    def _reserved_for(self, w: Waiting, ti: TypeIndex, res: Reservation) -> None:
+        """Note which of the free GPUs a reservation holds, for the reason."""
+        held = ti.free_on(res.node) if res.node is not None else ti.total_free
+        held -= min(held, max(res.slack, 0))
+        if held:
+            w.head = res.job_id
+            w.count = held
+
+    def _capacity_code(self, job: Pending, ti: TypeIndex) -> ReasonCode:
+        if job.gpus <= ti.max_node_cap and ti.total_free >= job.gpus:
+            return RC.GANG_FRAGMENTED
+        return RC.NO_CAPACITY
+
+    # ----- starting ----------------------------------------------------------------------------
+
+    def _end(self, job: Pending) -> float:
+        return self.now_s + self.predicted_s[job.job_id]
+
+    def _place(self, job: Pending, ti: TypeIndex, book: Book, borrowed: bool) -> bool:
+        n = job.gpus
+        if n > ti.total_free:
+            return False
+        end_s = self._end(job)
+        res = self.reservations.get(ti.gpu_type)
+        restricted, slack = res.limits(job.job_id, end_s) if res else (False, None)
+        if restricted and not res.allows(n):
+            return False
+        where = placement.find(ti, n, self.index.fits_for(job), slack)
+        if where is None:
+            return False
+        if restricted:
+            res.consume(where)
+        placements = placement.commit(self.index, ti, job, where)
+        self.starts.append(Start(job_id=job.job_id, placements=placements, borrowed=borrowed))
+        self._book(job, ti, book, where, end_s)
+        return True
+
+    def _book(self, job, ti: TypeIndex, book: Book, where, end_s: float) -> None:
+        book.add(ti.gpu_type, job.gpus)
+        book.running_jobs += 1
+        fairness.refresh(book, self.capacity)
+        self.occupied.setdefault(ti.gpu_type, []).extend(
+            (end_s, node, count) for node, count in where
+        )
+
+    def _start_without_gpus(self, job: Pending, book: Book) -> None:
+        fits = self.index.fits_for(job)
+        for node in self.index.topo.schedulable:
+            if fits is None or fits(node, 1):
+                self.index.charge(job, [(node, 1)])
+                name = self.index.topo.names[node]
+                self.starts.append(Start(job.job_id, ((name, ()),), borrowed=False))
+                book.running_jobs += 1
+                return
+        self._wait(job, RC.NO_MATCHING_GPUS, "", "resources")
+
+    def _resources_possible(self, job: Pending, ti: TypeIndex) -> bool:
+        """Whether some node of this type is big enough in CPUs and memory, when tracked."""
+        if job.gpus > ti.max_node_cap:
+            return True
+        if not (job.cpus and self.index.track_cpus) and not (
+            job.memory_mib and self.index.track_mem
+        ):
+            return True
+        most = self._max_resources.get(ti.gpu_type)
+        if most is None:
+            most = self._max_resources[ti.gpu_type] = self.index.max_node_resources(ti.gpu_type)
+        cpus, mem = most
+        return not (self.index.track_cpus and job.cpus > cpus) and not (
+            self.index.track_mem and job.memory_mib > mem
+        )
+
+    # ----- preemption --------------------------------------------------------------------------
+
+    def _search(self, job: Pending, ti: TypeIndex) -> Search:
+        return Search(
+            job.tenant,
+            ti.gpu_type,
+            job.gpus,
+            job.priority,
+            self.predicted_s[job.job_id],
+            las_queue(job.attained_service_s),
+        )
+
+    def _may_preempt_own(self, job: Pending, gpu_type: str) -> bool:
+        if not self.config.preemption or self.config.ordering is not Ordering.FAIR:
+            return False
+        own = self.victims.own.get((job.tenant, gpu_type))
+        return bool(own) and own[0].run.priority < job.priority
+
+    def _capacity_search(self, job: Pending, ti: TypeIndex, book: Book) -> Search | None:
+        """The preemption rules open to a job that fits its quota but not the free GPUs."""
+        if not self.config.preemption:
+            return None
+        search = self._search(job, ti)
+        search.cross = book.within_guarantee(ti.gpu_type, job.gpus)
+        search.own = self._may_preempt_own(job, ti.gpu_type)
+        if self.config.ordering in (Ordering.SRTF, Ordering.LAS):
+            search.baseline = self.config.ordering
+        if not (search.cross or search.own or search.baseline):
+            return None
+        return search
+
+    def _protected(self, job: Pending, ti: TypeIndex) -> set[int] | None:
+        """Nodes a job may not set GPUs aside on, or None if it may set none aside at all."""
+        res = self.reservations.get(ti.gpu_type)
+        if res is None or res.job_id == job.job_id:
+            return set()
+        if res.node is not None:
+            return {res.node}
+        return set() if res.allows(job.gpus) else None
+
+    def _claim_stopping(self, job: Pending, ti: TypeIndex, book: Book) -> bool:
+        """Set aside GPUs that attempts told to stop are about to free, if they are enough."""
+        if not ti.soon_total:
+            return False
+        n = job.gpus
+        protected = self._protected(job, ti)
+        if protected is None:
+            return False
+        if n <= ti.max_node_cap:
+            fits = self.index.fits_for(job)
+            best = None
+            for node in sorted(ti.soon):
+                if node in protected or ti.node_cap.get(node, 0) < n:
+                    continue
+                have = ti.free_on(node) + ti.soon[node]
+                if have >= n and (fits is None or fits(node, n)):
+                    if best is None or (have, node) < best:
+                        best = (have, node)
+            if best is None:
+                return False
+            self._set_aside(job, ti, book, best[1])
+        else:
+            if ti.total_free + ti.soon_total < n:
+                return False
+            self._set_aside(job, ti, book, None)
+        w = self._wait(job, RC.WAITING_FOR_PREEMPTION, ti.gpu_type, "stopping")
+        w.start_s = self.now_s
+        return True
+
+    def _preempt(self, job: Pending, ti: TypeIndex, book: Book, search: Search) -> bool:
+        t = ti.gpu_type
+        n = job.gpus
+        only_cross = search.cross and not search.own and search.baseline is None
+        if only_cross:
+            if not self.victims.cross.get(t) or n >= self.search_failed_at.get(t, n + 1):
+                return False
+        protected = self._protected(job, ti)
+        if protected is None:
+            return False
+        found = find_victims(
+            search,
+            self.victims,
+            ti,
+            self.books,
+            self.preempted,
+            self.index.fits_for(job),
+            protected,
+        )
+        if found is None or not found[0]:
+            if only_cross:
+                self.search_failed_at[t] = min(self.search_failed_at.get(t, n), n)
+            return False
+        pairs, target = found
+        for c, rule in pairs:
+            self._evict(c.run, c.size, reason_for(rule, job.job_id), job.job_id)
+            self.victims.evicted(c)
+        if target is None and n <= ti.max_node_cap:
+            target = search.free_node
+        self._set_aside(job, ti, book, target)
+        w = self._wait(job, RC.WAITING_FOR_PREEMPTION, t, "victims")
+        w.count = len(pairs)
+        w.start_s = self.now_s
+        return True
+
+    def _evict(self, r, size: int, reason: str, for_job_id: int | None) -> None:
+        self.preempted.add(r.attempt_id)
+        self.preemptions.append(
+            Preemption(
+                attempt_id=r.attempt_id, job_id=r.job_id, reason=reason, for_job_id=for_job_id
+            )
+        )
+        self.index.add_soon(r)
+        victim = self.books[r.tenant]
+        victim.add(r.gpu_type, -size, total=False)
+        fairness.refresh(victim, self.capacity)
+
+    def _set_aside(self, job: Pending, ti: TypeIndex, book: Book, node: int | None) -> None:
+        """Hold GPUs for a job that starts once attempts have stopped: soon-free ones first."""
+        n = job.gpus
+        where: list[tuple[int, int]] = []
+        if node is not None:
+            soon = min(ti.soon.get(node, 0), n)
+            if soon:
+                ti.claim_soon(node, soon)
+            if n - soon:
+                ti.take(node, n - soon)
+            where.append((node, n))
+        else:
+            need = n
+            for node in sorted(ti.soon):
+                take = min(ti.soon[node], need)
+                ti.claim_soon(node, take)
+                where.append((node, take))
+                need -= take
+                if not need:
+                    break
+            if need:
+                rest = placement.find(ti, need, None) or placement.multi_node(ti, need, None)
+                for node, count in rest or ():
+                    ti.take(node, count)
+                    where.append((node, count))
+        res = self.reservations.get(ti.gpu_type)
+        if res is not None and res.node is None and res.job_id != job.job_id:
+            res.consume(where)
+        self._book(job, ti, book, where, self._end(job))
+
+    # ----- reservations ------------------------------------------------------------------------
+
+    def _reserve(self, job: Pending, ti: TypeIndex) -> Reservation | None:
+        node_ok = None
+        if self._needs_resources(job):
+            cpus, mem = self.index.topo.node_cpus, self.index.topo.node_mem
+
+            def node_ok(node: int) -> bool:
+                return (not cpus[node] or cpus[node] >= job.cpus) and (
+                    not mem[node] or mem[node] >= job.memory_mib
+                )
+
+        return backfill.reserve(job.job_id, job.gpus, ti, self.now_s, self._releases(ti), node_ok)
+
+    def _needs_resources(self, job: Pending) -> bool:
+        return bool(
+            (job.cpus and self.index.track_cpus) or (job.memory_mib and self.index.track_mem)
+        )
+
+    def _releases(self, ti: TypeIndex) -> list[Release]:
+        """When the GPUs of a type that are not free now will be: stopping ones first."""
+        t = ti.gpu_type
+        now_s = self.now_s
+        out: list[Release] = [(now_s, node, count) for node, count in ti.soon.items()]
+        default_s = self.config.default_duration_s
+        for r in self.snapshot.running:
+            if r.gpu_type != t or r.stopping or r.attempt_id in self.preempted:
+                continue
+            end_s = r.predicted_end_s
+            if end_s is None:
+                end_s = r.started_at_s + default_s
+            if end_s < now_s:
+                end_s = now_s
+            for node, count in self.index.nodes_of(r).items():
+                out.append((end_s, node, count))
+        out.extend(self.occupied.get(t, ()))
+        return out
+
+    # ----- waiting -----------------------------------------------------------------------------
+
+    def _wait(
+        self, job: Pending, code: ReasonCode, gpu_type: str = "", detail: str = ""
+    ) -> Waiting:
+        w = Waiting(job, code, gpu_type, detail)
+        w.quota_type, w.used, w.guaranteed, w.limit = self.books[job.tenant].figures(
+            gpu_type or job.gpu_type, job.gpus
+        )
+        ti = self.index.types.get(gpu_type)
+        if ti is not None:
+            w.free = ti.total_free
+        self.waiting.append(w)
+        return w

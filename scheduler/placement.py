@@ -1,0 +1,345 @@
+"""Placement: which GPUs a job gets, all of them or none.
+
+The free GPUs of every type are indexed by how many a node has free (one sorted list of node
+ordinals per count), so best fit is a walk from the smallest sufficient count upwards and costs
+the same on 20 nodes as on 2,000. A job stays on one node whenever some schedulable node has
+enough healthy GPUs of its type to hold it (NVLink beats the network); it spans nodes only when
+it is larger than every node, and then it takes whole nodes first and best-fits the remainder.
+
+The static part of the index (which GPU is where) is cached on the identity of the snapshot's
+nodes tuple: the simulator passes the same tuple to thousands of cycles, and frozen nodes cannot
+change under a cached copy.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable
+
+from scheduler.model import Node, Pending, Running
+
+# fits(node ordinal, GPUs on that node) -> whether the node has room for that share of the job
+Fits = Callable[[int, int], bool]
+
+
+class Topology:
+    """Where every GPU is, and which ones could ever be handed out (healthy, schedulable)."""
+
+    __slots__ = (
+        "nodes",
+        "names",
+        "gpu_node",
+        "usable",
+        "by_type",
+        "node_cpus",
+        "node_mem",
+        "schedulable",
+        "draining",
+    )
+
+    def __init__(self, nodes: tuple[Node, ...]):
+        ordered = sorted(nodes, key=lambda n: n.name)
+        self.nodes = nodes
+        self.names: list[str] = [n.name for n in ordered]
+        self.gpu_node: dict[str, int] = {}
+        # uuid -> (type, node ordinal) for GPUs a job may be given
+        self.usable: dict[str, tuple[str, int]] = {}
+        # type -> node ordinal -> usable uuids in GPU index order
+        self.by_type: dict[str, dict[int, tuple[str, ...]]] = {}
+        self.node_cpus: list[float] = [n.cpus for n in ordered]
+        self.node_mem: list[int] = [n.memory_mib for n in ordered]
+        self.schedulable: list[int] = [i for i, n in enumerate(ordered) if n.schedulable]
+        self.draining: list[bool] = [n.draining for n in ordered]
+        for i, node in enumerate(ordered):
+            gpus = sorted(node.gpus, key=lambda g: (g.index, g.uuid))
+            self.gpu_node.update(dict.fromkeys((g.uuid for g in gpus), i))
+            if not node.schedulable:
+                continue
+            for g in gpus:
+                if g.healthy:
+                    self.usable[g.uuid] = (g.gpu_type, i)
+                    per_node = self.by_type.setdefault(g.gpu_type, {})
+                    per_node[i] = per_node.get(i, ()) + (g.uuid,)
+
+
+_topology_cache: list = [None, None]
+
+
+def topology(nodes: tuple[Node, ...]) -> Topology:
+    """The topology of these nodes, reused while the caller keeps passing the same tuple."""
+    if _topology_cache[0] is not nodes:
+        _topology_cache[1] = Topology(nodes)
+        _topology_cache[0] = nodes
+    return _topology_cache[1]
+
+
+class TypeIndex:
+    """Free GPUs of one type on schedulable nodes, and GPUs of that type that free up soon."""
+
+    __slots__ = (
+        "gpu_type",
+        "free",
+        "buckets",
+        "total_free",
+        "node_cap",
+        "max_node_cap",
+        "total_cap",
+        "soon",
+        "soon_total",
+    )
+
+    def __init__(self, gpu_type: str, node_cap: dict[int, int]):
+        self.gpu_type = gpu_type
+        self.node_cap = node_cap  # healthy GPUs of this type per schedulable node, busy or not
+        self.max_node_cap = max(node_cap.values(), default=0)
+        self.total_cap = sum(node_cap.values())
+        self.free: dict[int, list[str]] = {}
+        self.buckets: list[list[int]] = [[] for _ in range(self.max_node_cap + 1)]
+        self.total_free = 0
+        # GPUs held by attempts that were told to stop (or are preempted now), not yet claimed.
+        self.soon: dict[int, int] = {}
+        self.soon_total = 0
+
+    def free_on(self, node: int) -> int:
+        free = self.free.get(node)
+        return len(free) if free else 0
+
+    def take(self, node: int, count: int) -> tuple[str, ...]:
+        """Hand out `count` free GPUs of a node, lowest GPU index first."""
+        free = self.free[node]
+        k = len(free)
+        taken = tuple(free[:count])
+        del free[:count]
+        bucket = self.buckets[k]
+        del bucket[bisect_left(bucket, node)]
+        if k > count:
+            insort(self.buckets[k - count], node)
+        self.total_free -= count
+        return taken
+
+    def add_soon(self, node: int, count: int) -> None:
+        self.soon[node] = self.soon.get(node, 0) + count
+        self.soon_total += count
+
+    def claim_soon(self, node: int, count: int) -> None:
+        left = self.soon[node] - count
+        if left:
+            self.soon[node] = left
+        else:
+            del self.soon[node]
+        self.soon_total -= count
+
+
+class ClusterIndex:
+    """The free capacity of one cycle: mutated as the cycle starts jobs and claims GPUs."""
+
+    __slots__ = ("topo", "types", "cpus_free", "mem_free", "track_cpus", "track_mem")
+
+    def __init__(self, nodes: tuple[Node, ...], running: tuple[Running, ...]):
+        topo = self.topo = topology(nodes)
+        held: set[str] = set()
+        touched: set[tuple[str, int]] = set()
+        usable = topo.usable
+        self.track_cpus = any(topo.node_cpus)
+        self.track_mem = any(topo.node_mem)
+        self.cpus_free = list(topo.node_cpus) if self.track_cpus else None
+        self.mem_free = list(topo.node_mem) if self.track_mem else None
+        gpu_node = topo.gpu_node
+        for r in running:
+            held.update(r.gpus)
+            for u in r.gpus:
+                where = usable.get(u)
+                if where is not None:
+                    touched.add(where)
+            if (r.cpus and self.cpus_free is not None) or (r.memory_mib and self.mem_free):
+                self._charge_running(r, gpu_node)
+        self.types: dict[str, TypeIndex] = {}
+        for gpu_type in sorted(topo.by_type):
+            per_node = topo.by_type[gpu_type]
+            ti = TypeIndex(gpu_type, {i: len(uuids) for i, uuids in per_node.items()})
+            buckets = ti.buckets
+            total = 0
+            for i in sorted(per_node):
+                uuids = per_node[i]
+                if (gpu_type, i) in touched:
+                    free = [u for u in uuids if u not in held]
+                else:
+                    free = list(uuids)
+                if free:
+                    ti.free[i] = free
+                    buckets[len(free)].append(i)
+                    total += len(free)
+            ti.total_free = total
+            self.types[gpu_type] = ti
+        for r in running:
+            if r.stopping:
+                self.add_soon(r)
+
+    def _charge_running(self, r: Running, gpu_node: dict[str, int]) -> None:
+        share: dict[int, int] = {}
+        for u in r.gpus:
+            i = gpu_node.get(u)
+            if i is not None:
+                share[i] = share.get(i, 0) + 1
+        total = sum(share.values())
+        for i, count in share.items():
+            if self.cpus_free is not None and self.topo.node_cpus[i]:
+                self.cpus_free[i] -= r.cpus * count / total
+            if self.mem_free is not None and self.topo.node_mem[i]:
+                self.mem_free[i] -= r.memory_mib * count / total
+
+    def add_soon(self, r: Running) -> None:
+        """Count an attempt's GPUs as soon free: it was told to stop, or is preempted now."""
+        ti = self.types.get(r.gpu_type)
+        if ti is None:
+            return
+        usable = self.topo.usable
+        for u in r.gpus:
+            where = usable.get(u)
+            if where is not None and where[0] == r.gpu_type:
+                ti.add_soon(where[1], 1)
+
+    def nodes_of(self, r: Running) -> dict[int, int]:
+        """How many usable GPUs of its type an attempt holds on each node."""
+        usable = self.topo.usable
+        out: dict[int, int] = {}
+        for u in r.gpus:
+            where = usable.get(u)
+            if where is not None and where[0] == r.gpu_type:
+                out[where[1]] = out.get(where[1], 0) + 1
+        return out
+
+    def fits_for(self, job: Pending) -> Fits | None:
+        """A check of a node's CPUs and memory for a share of the job, or None when untracked."""
+        need_cpus = job.cpus if self.cpus_free is not None else 0.0
+        need_mem = job.memory_mib if self.mem_free is not None else 0
+        if not need_cpus and not need_mem:
+            return None
+        n = max(job.gpus, 1)
+        cpus_free, mem_free = self.cpus_free, self.mem_free
+        node_cpus, node_mem = self.topo.node_cpus, self.topo.node_mem
+
+        def fits(node: int, count: int) -> bool:
+            part = count / n
+            if need_cpus and node_cpus[node] and cpus_free[node] + 1e-9 < need_cpus * part:
+                return False
+            if need_mem and node_mem[node] and mem_free[node] + 1e-9 < need_mem * part:
+                return False
+            return True
+
+        return fits
+
+    def charge(self, job: Pending, placements: list[tuple[int, int]]) -> None:
+        """Book a started job's CPUs and memory on the nodes it landed on."""
+        n = max(job.gpus, 1)
+        for node, count in placements:
+            part = count / n if job.gpus else 1.0
+            if self.cpus_free is not None and self.topo.node_cpus[node]:
+                self.cpus_free[node] -= job.cpus * part
+            if self.mem_free is not None and self.topo.node_mem[node]:
+                self.mem_free[node] -= job.memory_mib * part
+
+    def max_node_resources(self, gpu_type: str) -> tuple[float, int]:
+        """The most CPUs and memory any node holding this type has in total (0: untracked)."""
+        ti = self.types[gpu_type]
+        cpus = max((self.topo.node_cpus[i] for i in ti.node_cap), default=0.0)
+        mem = max((self.topo.node_mem[i] for i in ti.node_cap), default=0)
+        return cpus, mem
+
+
+def single_node(
+    ti: TypeIndex, n: int, fits: Fits | None, slack: dict[int, int] | None = None
+) -> int | None:
+    """Best fit: the node with the fewest free GPUs that still holds all n (then by name).
+
+    `slack` caps what a job may take on nodes a reservation protects (see scheduler.backfill).
+    """
+    buckets = ti.buckets
+    best: tuple[int, int] | None = None
+    for k in range(n, ti.max_node_cap + 1):
+        for node in buckets[k]:
+            if slack is not None and node in slack:
+                continue
+            if fits is None or fits(node, n):
+                best = (k, node)
+                break
+        if best is not None:
+            break
+    if slack:
+        for node, room in slack.items():
+            k = ti.free_on(node)
+            if min(k, room) >= n and (fits is None or fits(node, n)):
+                if best is None or (k, node) < best:
+                    best = (k, node)
+    return None if best is None else best[1]
+
+
+def multi_node(
+    ti: TypeIndex, n: int, fits: Fits | None, slack: dict[int, int] | None = None
+) -> list[tuple[int, int]] | None:
+    """A gang larger than any node: whole nodes first, the remainder best-fit; None if short."""
+
+    def room(node: int, k: int) -> int:
+        if slack is not None and node in slack:
+            k = min(k, slack[node])
+        if k and fits is not None and not fits(node, k):
+            return 0
+        return k
+
+    chosen: list[tuple[int, int]] = []
+    got = 0
+    buckets = ti.buckets
+    for k in range(ti.max_node_cap, 0, -1):
+        for node in buckets[k]:
+            r = room(node, k)
+            if r:
+                chosen.append((node, r))
+                got += r
+                if got >= n:
+                    break
+        if got >= n:
+            break
+    if got < n:
+        return None
+    # The last node only gives the remainder: give it to the node that fits it most tightly.
+    last_node, last_room = chosen.pop()
+    rest = n - (got - last_room)
+    used = {node for node, _ in chosen}
+    best = (last_room, last_node)
+    for k in range(rest, ti.max_node_cap + 1):
+        for node in buckets[k]:
+            if node in used:
+                continue
+            r = room(node, k)
+            if r >= rest and (r, node) < best:
+                best = (r, node)
+                break
+        if best[0] <= k:
+            break
+    chosen.append((best[1], rest))
+    return chosen
+
+
+def find(
+    ti: TypeIndex,
+    n: int,
+    fits: Fits | None,
+    slack: dict[int, int] | None = None,
+) -> list[tuple[int, int]] | None:
+    """Where n GPUs of this type go now, as (node ordinal, count) pairs, or None."""
+    if n > ti.total_free:
+        return None
+    if n <= ti.max_node_cap:
+        node = single_node(ti, n, fits, slack)
+        return None if node is None else [(node, n)]
+    return multi_node(ti, n, fits, slack)
+
+
+def commit(
+    index: ClusterIndex, ti: TypeIndex, job: Pending, where: list[tuple[int, int]]
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Hand the GPUs out; returns Start.placements in node-name order."""
+    names = index.topo.names
+    out = [(names[node], ti.take(node, count)) for node, count in sorted(where)]
+    index.charge(job, where)
+    return tuple(out)

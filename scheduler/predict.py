@@ -1,0 +1,102 @@
+"""Duration prediction, Helios QSSF style: a job runs about as long as its kind ran before.
+
+"Its kind" is the same name, once digits and run suffixes are normalised away
+(`resnet50-lr0.1-seed3-v2` and `resnet18-lr0.01-seed1` are both `resnet#-lr#`), with the same
+GPU count. The same user's history is asked first, then the tenant's, because people repeat
+their own experiments far more reliably than their colleagues'. Without history the user's
+estimate is taken, then the job's runtime limit (it is killed there anyway), then the
+configured default. A prediction never exceeds the runtime limit.
+
+The median of the matching runs is used, not the mean: one run that crashed after a minute or
+hung for a day must not move the prediction much.
+"""
+
+from __future__ import annotations
+
+import re
+
+from scheduler.model import Config, HistoryRecord, Pending
+
+_DIGITS = re.compile(r"\d+")
+# Trailing tokens that number or tag reruns of the same experiment.
+_SUFFIX = re.compile(
+    r"(?:[-_.\s]+(?:#|v#|r#|run#|try#|trial#|seed#|rep#|copy|retry|rerun|final|new|old|tmp|bak))+$"
+)
+_SEPARATORS = re.compile(r"[-_.\s]+$")
+
+_normalised: dict[str, str] = {}
+_NORMALISED_MAX = 100_000
+
+
+def normalise_name(name: str) -> str:
+    """The kind of job a name stands for: lower case, digits as '#', rerun suffixes dropped."""
+    found = _normalised.get(name)
+    if found is not None:
+        return found
+    s = _DIGITS.sub("#", name.strip().lower())
+    s = _SEPARATORS.sub("", _SUFFIX.sub("", s))
+    if len(_normalised) >= _NORMALISED_MAX:
+        _normalised.clear()
+    _normalised[name] = s
+    return s
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[mid]
+    return (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def predict_durations(
+    pending: tuple[Pending, ...], history: tuple[HistoryRecord, ...], config: Config
+) -> dict[int, float]:
+    """Job id -> predicted duration in seconds, for every pending job."""
+    out: dict[int, float] = {}
+    wanted: list[tuple[Pending, tuple, tuple]] = []
+    names: set[str] = set()
+    for p in pending:
+        if p.predicted_duration_s is not None:
+            out[p.job_id] = _bounded(p.predicted_duration_s, p)
+            continue
+        kind = normalise_name(p.name)
+        names.add(kind)
+        wanted.append((p, (p.user, kind, p.gpus), (p.tenant, kind, p.gpus)))
+    if not wanted:
+        return out
+    by_user: dict[tuple, list[float]] = {}
+    by_tenant: dict[tuple, list[float]] = {}
+    if history:
+        user_keys = {w[1] for w in wanted}
+        tenant_keys = {w[2] for w in wanted}
+        for rec in history:
+            kind = _normalised.get(rec.name)
+            if kind is None:
+                kind = normalise_name(rec.name)
+            if kind not in names:
+                continue
+            key = (rec.user, kind, rec.gpus)
+            if key in user_keys:
+                by_user.setdefault(key, []).append(rec.duration_s)
+            key = (rec.tenant, kind, rec.gpus)
+            if key in tenant_keys:
+                by_tenant.setdefault(key, []).append(rec.duration_s)
+    for p, user_key, tenant_key in wanted:
+        runs = by_user.get(user_key) or by_tenant.get(tenant_key)
+        if runs:
+            guess = _median(runs)
+        elif p.estimated_duration_s is not None:
+            guess = p.estimated_duration_s
+        elif p.max_runtime_s is not None:
+            guess = p.max_runtime_s
+        else:
+            guess = config.default_duration_s
+        out[p.job_id] = _bounded(guess, p)
+    return out
+
+
+def _bounded(duration_s: float, p: Pending) -> float:
+    if p.max_runtime_s is not None and duration_s > p.max_runtime_s:
+        duration_s = p.max_runtime_s
+    return max(duration_s, 0.0)

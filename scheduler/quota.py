@@ -1,0 +1,206 @@
+"""Quota accounting: what each tenant uses of its guarantee and of its limit, per GPU type.
+
+A quota of type ANY_GPU_TYPE caps the tenant's GPUs summed over all types; a quota of a named
+type caps that type. A tenant with neither for a type may not use that type at all: a missing
+quota row means "not granted", as in the control plane's Quota model.
+
+Two usages are kept. `total` counts every attempt that holds GPUs, including those told to stop:
+their GPUs are still occupied, so the limit (what a tenant may occupy) is checked against it.
+`active` leaves stopping attempts out: they are going away, so whether a tenant is within its
+guarantee (and so whether its work may be preempted, and whether a start is borrowed) is judged
+on what stays. GPUs claimed this cycle for a job that waits for a preemption count in both.
+"""
+
+from __future__ import annotations
+
+from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode, Running, Snapshot, Tenant
+
+ANY = ANY_GPU_TYPE
+
+
+class Book:
+    """One tenant's quotas and usage during a cycle."""
+
+    __slots__ = (
+        "name",
+        "weight",
+        "guaranteed",
+        "limit",
+        "active",
+        "total",
+        "running_jobs",
+        "max_running_jobs",
+        "hold",
+        "no_borrowing",
+        "share",
+        "version",
+    )
+
+    def __init__(self, tenant: Tenant):
+        self.name = tenant.name
+        self.weight = tenant.weight if tenant.weight > 0 else 1.0
+        self.guaranteed: dict[str, int] = {}
+        self.limit: dict[str, int] = {}
+        for q in tenant.quotas:
+            self.guaranteed[q.gpu_type] = q.guaranteed_gpus
+            self.limit[q.gpu_type] = max(q.limit_gpus, q.guaranteed_gpus)
+        self.active: dict[str, int] = {}
+        self.total: dict[str, int] = {}
+        self.running_jobs = 0
+        self.max_running_jobs = tenant.max_running_jobs
+        self.hold = tenant.budget_action == "hold"
+        self.no_borrowing = tenant.budget_action == "no_borrowing"
+        self.share = 0.0  # weighted dominant share, kept by scheduler.fairness
+        self.version = 0  # bumped whenever share changes, so stale queue entries are noticed
+
+    def has_quota(self, gpu_type: str) -> bool:
+        return gpu_type in self.limit or ANY in self.limit
+
+    def add(self, gpu_type: str, n: int, *, active: bool = True, total: bool = True) -> None:
+        """Count n GPUs of a type (and of the ANY sum) as used."""
+        if active:
+            a = self.active
+            a[gpu_type] = a.get(gpu_type, 0) + n
+            if gpu_type != ANY:
+                a[ANY] = a.get(ANY, 0) + n
+        if total:
+            t = self.total
+            t[gpu_type] = t.get(gpu_type, 0) + n
+            if gpu_type != ANY:
+                t[ANY] = t.get(ANY, 0) + n
+
+    def within_guarantee(self, gpu_type: str, n: int) -> bool:
+        """Whether n more GPUs of this type stay inside every guarantee that covers the type."""
+        g = self.guaranteed
+        has = False
+        if gpu_type in g:
+            has = True
+            if self.active.get(gpu_type, 0) + n > g[gpu_type]:
+                return False
+        if ANY in g:
+            has = True
+            if self.active.get(ANY, 0) + n > g[ANY]:
+                return False
+        return has
+
+    def over_guarantee(self, gpu_type: str, less: int = 0) -> bool:
+        """Whether the tenant, less `less` GPUs of this type, still uses more than a guarantee."""
+        g = self.guaranteed
+        if gpu_type in g and self.active.get(gpu_type, 0) - less > g[gpu_type]:
+            return True
+        if ANY in g and self.active.get(ANY, 0) - less > g[ANY]:
+            return True
+        return not (gpu_type in g or ANY in g) and self.active.get(gpu_type, 0) - less > 0
+
+    def figures(self, gpu_type: str, n: int = 0) -> tuple[str, int, int, int]:
+        """(quota type, used, guaranteed, limit) of the quota that binds n more GPUs of a type.
+
+        Of a type's own quota and the ANY one, the one with less room left binds.
+        """
+        keys = [k for k in (gpu_type, ANY) if k in self.limit] if gpu_type else [ANY]
+        if not keys:
+            return gpu_type, self.total.get(gpu_type, 0), 0, 0
+        key = min(keys, key=lambda k: self.limit[k] - self.total.get(k, 0) - n)
+        return key, self.total.get(key, 0), self.guaranteed.get(key, 0), self.limit.get(key, 0)
+
+
+class Verdict:
+    """The outcome of a quota check."""
+
+    __slots__ = ("ok", "wait", "code", "borrowed", "detail")
+
+    def __init__(self, ok: bool, wait: bool, code: ReasonCode | None, borrowed: bool, detail=""):
+        self.ok = ok
+        self.wait = wait  # blocked only by the tenant's own stopping attempts: they free it soon
+        self.code = code
+        self.borrowed = borrowed
+        self.detail = detail
+
+
+def build_books(snapshot: Snapshot) -> dict[str, Book]:
+    """A book per tenant named anywhere in the snapshot, with what its attempts use now."""
+    books = {t.name: Book(t) for t in snapshot.tenants}
+    for r in snapshot.running:
+        book = books.get(r.tenant)
+        if book is None:
+            book = books[r.tenant] = Book(Tenant(name=r.tenant))
+        n = len(r.gpus)
+        book.add(r.gpu_type, n, active=not r.stopping)
+        if not r.stopping:
+            book.running_jobs += 1
+    for p in snapshot.pending:
+        if p.tenant not in books:
+            books[p.tenant] = Book(Tenant(name=p.tenant))
+    return books
+
+
+def check(book: Book, gpu_type: str, n: int, preemptible: bool, config: Config) -> Verdict:
+    """May the tenant start n GPUs of this type now, and would they be borrowed?"""
+    if not book.has_quota(gpu_type):
+        return Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "no_quota")
+    within = book.within_guarantee(gpu_type, n)
+    # What caps the tenant here: its limit, or only its guarantee when it may not borrow.
+    if not config.borrowing:
+        capped, code, detail = True, ReasonCode.STATIC_PARTITION, ""
+    elif book.no_borrowing:
+        capped, code, detail = True, ReasonCode.BUDGET_NO_BORROWING, ""
+    elif not preemptible:
+        # Borrowed GPUs must be returnable; a job that cannot be stopped may not borrow them.
+        capped, code, detail = True, ReasonCode.QUOTA_LIMIT, "not_preemptible"
+    else:
+        capped, code, detail = False, ReasonCode.QUOTA_LIMIT, ""
+    cap = book.guaranteed if capped else book.limit
+    fits_total = fits_active = True
+    for key in (gpu_type, ANY) if gpu_type != ANY else (ANY,):
+        if key in cap:
+            if book.total.get(key, 0) + n > cap[key]:
+                fits_total = False
+            if book.active.get(key, 0) + n > cap[key]:
+                fits_active = False
+    if fits_total:
+        return Verdict(True, False, None, not within)
+    if fits_active:
+        return Verdict(False, True, ReasonCode.WAITING_FOR_PREEMPTION, False, "own_stopping")
+    return Verdict(False, False, code, False, detail)
+
+
+def quota_need(book: Book, gpu_type: str, n: int, config: Config, preemptible: bool) -> int:
+    """GPUs of its own the tenant would have to give back before n more fit its cap."""
+    capped = not config.borrowing or book.no_borrowing or not preemptible
+    cap = book.guaranteed if capped else book.limit
+    need = 0
+    for key in (gpu_type, ANY) if gpu_type != ANY else (ANY,):
+        if key in cap:
+            need = max(need, book.total.get(key, 0) + n - cap[key])
+    return need
+
+
+def label_borrowed(running: tuple[Running, ...], books: dict[str, Book]) -> set[int]:
+    """Attempt ids that run beyond their tenant's guarantee.
+
+    Attempts fill the guarantee in the order they started (ones that cannot be preempted
+    first): those that pushed the tenant past a guarantee are the borrowed ones, exactly as the
+    start that created them was marked borrowed.
+    """
+    by_tenant: dict[str, list[Running]] = {}
+    for r in running:
+        if not r.stopping:
+            by_tenant.setdefault(r.tenant, []).append(r)
+    borrowed: set[int] = set()
+    for tenant, attempts in by_tenant.items():
+        g = books[tenant].guaranteed
+        attempts.sort(key=lambda r: (r.preemptible, r.started_at_s, r.attempt_id))
+        used: dict[str, int] = {}
+        for r in attempts:
+            n = len(r.gpus)
+            t = r.gpu_type
+            used[t] = used.get(t, 0) + n
+            used[ANY] = used.get(ANY, 0) + n if t != ANY else used[t]
+            over = not (t in g or ANY in g)
+            if t in g and used[t] > g[t]:
+                over = True
+            if ANY in g and used[ANY] > g[ANY]:
+                over = True
+            if over:
+                borrowed.add(r.attempt_id)
+    return borrowed

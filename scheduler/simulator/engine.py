@@ -1,0 +1,843 @@
+"""A discrete-event simulation that drives the production ``plan`` with snapshots of a trace.
+
+Events: job arrivals, attempt completions, and scheduling cycles. A cycle builds a
+:class:`~scheduler.model.Snapshot` of the simulated cluster, calls ``plan`` exactly as the
+Celery loop does, checks the plan against the contract (a start on a busy GPU, a job that is
+not pending, a tenant past its limit: :class:`PlanError`, never a silent fix) and applies it.
+
+When cycles run: like the control plane, an arrival or a completion requests a cycle (after
+``debounce_s``), and a periodic tick every ``cycle_s`` serves what only time changes (a victim
+passing its minimum run time, LAS ranks that move as running jobs attain service). ``plan`` is
+not called when it has nothing to decide: no job pending (and no power budget to hold), or
+nothing changed since its last call and nothing in the config depends on the passing of time.
+So quiet periods cost nothing.
+
+Preemption frees the GPUs at once; the job keeps its progress (checkpointed) and pays a restart
+cost when it starts again (Helios: 7 s on 1 GPU, 30 s up to 8, 60 s beyond), during which it
+holds its GPUs without progressing. Power caps from the plan stretch run time through
+``scheduler.power.relative_throughput`` (a gang runs at the pace of its slowest GPU), and the
+pool's draw is integrated with ``scheduler.power.power_draw_w`` into energy.
+
+Snapshots are built incrementally: Node, Pending and Running objects are cached and rebuilt only
+when what they say changes (a cap, a requeue, a start); only the orderings whose ranks move with
+time (SRTF's remaining time, LAS's attained service) rebuild their Running objects every call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from scheduler import power
+from scheduler.model import (
+    ANY_GPU_TYPE,
+    Config,
+    HistoryRecord,
+    Node,
+    Ordering,
+    Pending,
+    Plan,
+    Pool,
+    PowerProfile,
+    ReasonCode,
+    Running,
+    Snapshot,
+    Tenant,
+)
+from scheduler.simulator.policies import Oracle
+from scheduler.simulator.trace import PARTITION_SEPARATOR, TraceJob
+
+PlanFunction = Callable[[Snapshot, Config], Plan]
+_DEFAULT_PROFILE = PowerProfile()
+_INF = math.inf
+# Reasons that say the plan is waiting on time, not on an event.
+_TIME_BOUND_REASONS = frozenset({ReasonCode.RESERVED, ReasonCode.WAITING_FOR_PREEMPTION})
+
+
+class PlanError(RuntimeError):
+    """A plan that breaks the contract for the snapshot it was given."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartCost:
+    """Seconds a preempted job spends restarting (holding its GPUs, not progressing)."""
+
+    one_gpu_s: float = 7.0
+    up_to_8_gpus_s: float = 30.0
+    beyond_8_gpus_s: float = 60.0
+
+    def for_gpus(self, gpus: int) -> float:
+        """The restart cost of a job of ``gpus`` GPUs."""
+        if gpus <= 1:
+            return self.one_gpu_s
+        return self.up_to_8_gpus_s if gpus <= 8 else self.beyond_8_gpus_s
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    sim_time_s: float
+    jobs_done: int
+    jobs_total: int
+    events: int
+    plan_calls: int
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How the simulation runs, beyond the policy's Config."""
+
+    cycle_s: float = 60.0  # periodic scheduling tick
+    event_cycles: bool = True  # arrivals and completions request a cycle, as in the control plane
+    debounce_s: float = 0.0  # delay between such a request and its cycle
+    restart_cost: RestartCost = field(default_factory=RestartCost)
+    oracle: Oracle = Oracle.NONE
+    power_budget_w: float | None = None  # of every pool that has none of its own
+    # Finished jobs kept per tenant for duration prediction (what a history loader would keep).
+    # A snapshot carries the history of the tenants (and users) that have jobs pending, which is
+    # all the predictor reads: it matches a job against its own user's and tenant's runs.
+    history_per_tenant: int = 200
+    progress: Callable[[Progress], None] | None = None
+    progress_every_events: int = 5000
+    # Called with every snapshot and the plan made for it (tests, debugging).
+    on_cycle: Callable[[Snapshot, Plan], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    job_id: int
+    tenant: str
+    gpus: int
+    submit_s: float
+    first_start_s: float
+    finish_s: float
+    duration_s: float  # the trace's run time
+    held_s: float  # seconds it held GPUs, over all attempts (restarts and capping included)
+    preemptions: int
+    restart_overhead_s: float
+
+    @property
+    def jct_s(self) -> float:
+        return self.finish_s - self.submit_s
+
+    @property
+    def queue_s(self) -> float:
+        """Total time pending: before the first start and after every preemption."""
+        return max(self.jct_s - self.held_s, 0.0)
+
+
+@dataclass
+class Result:
+    """Everything a replay measured; ``metrics.summarize`` turns it into figures."""
+
+    outcomes: list[JobOutcome]
+    unfinished_job_ids: list[int]
+    tenants: tuple[str, ...]
+    total_gpus: int
+    # Piecewise-constant series, one point per change: time, busy GPUs, pool draw (W, all pools).
+    timeline_t_s: list[float]
+    timeline_busy_gpus: list[int]
+    timeline_power_w: list[float]
+    energy_j: float
+    peak_power_w: float
+    power_budget_w: float | None
+    over_budget_s: float
+    preemptions: int
+    preempted_gpu_s_lost: float  # restart overhead x GPUs
+    plan_calls: int
+    cycles_skipped: int
+    events: int
+    wall_s: float
+    plan_wall_s: float
+    power_wall_s: float
+    first_submit_s: float
+
+
+class _Job:
+    __slots__ = (
+        "trace",
+        "work_left_s",
+        "attained_gpu_s",
+        "preemptions",
+        "overhead_s",
+        "held_s",
+        "first_start_s",
+        "pending",
+        "attempt",
+    )
+
+    def __init__(self, trace: TraceJob):
+        self.trace = trace
+        self.work_left_s = trace.duration_s
+        self.attained_gpu_s = 0.0
+        self.preemptions = 0
+        self.overhead_s = 0.0
+        self.held_s = 0.0
+        self.first_start_s: float | None = None
+        self.pending: Pending | None = None
+        self.attempt: _Attempt | None = None
+
+
+class _Attempt:
+    __slots__ = (
+        "attempt_id",
+        "job",
+        "gpus",
+        "gpu_type",
+        "start_s",
+        "progress_from_s",
+        "speed",
+        "end_s",
+        "version",
+        "predicted_end_s",
+        "running",
+        "pool_index",
+    )
+
+
+class _Engine:
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        nodes: Sequence[Node],
+        tenants: Sequence[Tenant],
+        config: Config,
+        options: SimOptions,
+        policy: PlanFunction,
+        pools: Sequence[Pool] | None,
+    ):
+        self.config = config
+        self.options = options
+        self.policy = policy
+        self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+        ids = [j.job_id for j in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("job ids of a replay must be unique")
+        self.tenants = tuple(tenants)
+        known_tenants = {t.name for t in self.tenants}
+        for j in self.jobs:
+            if j.tenant not in known_tenants:
+                raise ValueError(f"job {j.job_id} belongs to unknown tenant {j.tenant!r}")
+
+        # Nodes, their GPUs, and the caps in force.
+        self.node_list = list(nodes)
+        self.node_index = {n.name: i for i, n in enumerate(self.node_list)}
+        self.nodes_tuple = tuple(self.node_list)
+        pool_names = sorted({n.pool for n in self.node_list})
+        given = {p.name: p for p in (pools or ())}
+        self.pools = tuple(
+            given.get(name) or Pool(name, power_budget_w=options.power_budget_w)
+            for name in pool_names
+        )
+        pool_pos = {p.name: i for i, p in enumerate(self.pools)}
+        self.gpu_node: dict[str, int] = {}
+        self.gpu_type: dict[str, str] = {}
+        self.gpu_cap_w: dict[str, float] = {}
+        self.gpu_max_w: dict[str, float] = {}
+        self.gpu_idle_w: dict[str, float] = {}
+        self.gpu_pool: dict[str, int] = {}
+        for i, n in enumerate(self.node_list):
+            for g in n.gpus:
+                if g.uuid in self.gpu_node:
+                    raise ValueError(f"GPU {g.uuid} appears twice")
+                self.gpu_node[g.uuid] = i
+                self.gpu_type[g.uuid] = g.gpu_type
+                self.gpu_max_w[g.uuid] = g.power_max_w
+                self.gpu_cap_w[g.uuid] = (
+                    g.power_cap_w if g.power_cap_w is not None else g.power_default_w
+                )
+                board = replace(g, gpu_type=g.gpu_type.split(PARTITION_SEPARATOR, 1)[0])
+                self.gpu_idle_w[g.uuid] = power.idle_power_w(board)
+                self.gpu_pool[g.uuid] = pool_pos[n.pool]
+        self.total_gpus = len(self.gpu_node)
+        self.gpu_owner: dict[str, _Attempt] = {}
+        self.busy_gpus = 0
+
+        # Quota limits the plan must respect: (tenant, type) -> limit.
+        self.limits: dict[tuple[str, str], int] = {}
+        for t in self.tenants:
+            for q in t.quotas:
+                self.limits[(t.name, q.gpu_type)] = q.limit_gpus
+        self.usage: dict[tuple[str, str], int] = {}
+
+        # Queue state.
+        self.state: dict[int, _Job] = {}
+        self.pending: dict[int, _Job] = {}
+        self.running: dict[int, _Attempt] = {}
+        self.pending_tuple: tuple[Pending, ...] | None = ()
+        self.running_tuple: tuple[Running, ...] | None = ()
+        self.next_attempt_id = 1
+        self.completions: list[tuple[float, int, int, int]] = []  # (end, seq, attempt, version)
+        self.seq = 0
+        self.outcomes: list[JobOutcome] = []
+
+        # History for prediction, per tenant.
+        self.history: dict[str, deque[HistoryRecord]] = {}
+        self.history_of: dict[str, tuple[HistoryRecord, ...]] = {}  # tenant -> cached tuple
+        self.user_tenants: dict[str, set[str]] = {}
+        self.uses_history = options.oracle is Oracle.NONE
+
+        # Cycle control.
+        self.cycle_at = _INF
+        self.dirty = False
+        self.last_start_s = -_INF
+        self.last_plan: Plan | None = None
+        self.time_dependent_order = config.ordering in (Ordering.LAS, Ordering.SRTF)
+        self.power_active = any(p.power_budget_w is not None for p in self.pools)
+
+        # Power: per-GPU draw, per-pool sums, integrated energy.
+        self._draw_memo: dict[tuple[float, float, float, bool], float] = {}
+        self._speed_memo: dict[tuple[float, float], float] = {}
+        self.gpu_draw_w: dict[str, float] = {}
+        self.pool_draw_w = [0.0] * len(self.pools)
+        for uuid in self.gpu_node:
+            draw = self._idle_draw(uuid)
+            self.gpu_draw_w[uuid] = draw
+            self.pool_draw_w[self.gpu_pool[uuid]] += draw
+        self.power_t = self.jobs[0].submit_s if self.jobs else 0.0
+        self.energy_j = 0.0
+        self.over_budget_s = 0.0
+        self.peak_power_w = sum(self.pool_draw_w)
+        self.timeline_t: list[float] = []
+        self.timeline_busy: list[int] = []
+        self.timeline_power: list[float] = []
+
+        self.preemptions = 0
+        self.lost_gpu_s = 0.0
+        self.plan_calls = 0
+        self.cycles_skipped = 0
+        self.events = 0
+        self.plan_wall_s = 0.0
+        self.power_wall_s = 0.0
+
+    # ----- power -------------------------------------------------------------------------------
+
+    def _draw(self, uuid: str, busy: bool) -> float:
+        cap = self.gpu_cap_w[uuid]
+        key = (cap, self.gpu_max_w[uuid], self.gpu_idle_w[uuid], busy)
+        draw = self._draw_memo.get(key)
+        if draw is None:
+            draw = power.power_draw_w(
+                _DEFAULT_PROFILE, cap, key[1], key[2], utilization=1.0 if busy else 0.0
+            )
+            self._draw_memo[key] = draw
+        return draw
+
+    def _idle_draw(self, uuid: str) -> float:
+        return self._draw(uuid, busy=False)
+
+    def _speed(self, gpus: tuple[str, ...]) -> float:
+        slowest = 1.0
+        for uuid in gpus:
+            key = (self.gpu_cap_w[uuid], self.gpu_max_w[uuid])
+            speed = self._speed_memo.get(key)
+            if speed is None:
+                speed = power.relative_throughput(_DEFAULT_PROFILE, key[0], key[1])
+                self._speed_memo[key] = speed
+            slowest = min(slowest, speed)
+        return max(slowest, 1e-6)
+
+    def _advance_power(self, now_s: float) -> None:
+        dt = now_s - self.power_t
+        if dt > 0:
+            self.energy_j += sum(self.pool_draw_w) * dt
+            for i, pool in enumerate(self.pools):
+                budget = pool.power_budget_w
+                if budget is not None and self.pool_draw_w[i] > budget + 1e-6:
+                    self.over_budget_s += dt
+                    break
+            self.power_t = now_s
+
+    def _set_draw(self, uuid: str, draw: float) -> None:
+        old = self.gpu_draw_w[uuid]
+        if old != draw:
+            self.gpu_draw_w[uuid] = draw
+            self.pool_draw_w[self.gpu_pool[uuid]] += draw - old
+
+    def _record(self, now_s: float) -> None:
+        total_w = sum(self.pool_draw_w)
+        if total_w > self.peak_power_w:
+            self.peak_power_w = total_w
+        if self.timeline_t and self.timeline_t[-1] == now_s:
+            self.timeline_busy[-1] = self.busy_gpus
+            self.timeline_power[-1] = total_w
+        else:
+            self.timeline_t.append(now_s)
+            self.timeline_busy.append(self.busy_gpus)
+            self.timeline_power.append(total_w)
+
+    # ----- queue -------------------------------------------------------------------------------
+
+    def _make_pending(self, job: _Job) -> Pending:
+        t = job.trace
+        oracle = self.options.oracle
+        if oracle is Oracle.DURATION:
+            predicted = t.duration_s
+        elif oracle is Oracle.REMAINING:
+            predicted = job.work_left_s
+        else:
+            predicted = None
+        return Pending(
+            job_id=t.job_id,
+            tenant=t.tenant,
+            user=t.user,
+            name=t.name,
+            gpus=t.gpus,
+            gpu_type=t.gpu_type,
+            priority=t.priority,
+            preemptible=t.preemptible,
+            submitted_at_s=t.submit_s,
+            predicted_duration_s=predicted,
+            attained_service_s=job.attained_gpu_s,
+            cpus=t.cpus,
+            memory_mib=t.memory_mib,
+        )
+
+    def _enqueue(self, job: _Job) -> None:
+        job.pending = self._make_pending(job)
+        self.pending[job.trace.job_id] = job
+        self.pending_tuple = None
+
+    def _make_running(self, a: _Attempt, now_s: float) -> Running:
+        job = a.job
+        t = job.trace
+        attained = job.attained_gpu_s
+        remaining = None
+        if self.time_dependent_order:
+            attained += t.gpus * max(now_s - a.start_s, 0.0)
+            if self.options.oracle is Oracle.REMAINING:
+                remaining = max(a.end_s - now_s, 0.0)
+        return Running(
+            attempt_id=a.attempt_id,
+            job_id=t.job_id,
+            tenant=t.tenant,
+            user=t.user,
+            priority=t.priority,
+            preemptible=t.preemptible,
+            started_at_s=a.start_s,
+            gpus=a.gpus,
+            gpu_type=a.gpu_type,
+            predicted_end_s=a.predicted_end_s,
+            submitted_at_s=t.submit_s,
+            attained_service_s=attained,
+            remaining_s=remaining,
+            power_profile=_DEFAULT_PROFILE,
+            cpus=t.cpus,
+            memory_mib=t.memory_mib,
+        )
+
+    def _snapshot(self, now_s: float) -> Snapshot:
+        if self.pending_tuple is None:
+            self.pending_tuple = tuple(j.pending for j in self.pending.values())
+        if self.time_dependent_order:
+            running = tuple(self._make_running(a, now_s) for a in self.running.values())
+        else:
+            if self.running_tuple is None:
+                self.running_tuple = tuple(a.running for a in self.running.values())
+            running = self.running_tuple
+        history: tuple[HistoryRecord, ...] = ()
+        if self.uses_history and self.history:
+            history = self._history_for_pending()
+        return Snapshot(
+            now_s=now_s,
+            nodes=self.nodes_tuple,
+            running=running,
+            pending=self.pending_tuple,
+            tenants=self.tenants,
+            pools=self.pools,
+            history=history,
+        )
+
+    def _history_for_pending(self) -> tuple[HistoryRecord, ...]:
+        tenants = set()
+        for job in self.pending.values():
+            tenants.add(job.trace.tenant)
+            tenants.update(self.user_tenants.get(job.trace.user, ()))
+        parts = []
+        for tenant in sorted(tenants):
+            if tenant not in self.history:
+                continue
+            cached = self.history_of.get(tenant)
+            if cached is None:
+                cached = self.history_of[tenant] = tuple(self.history[tenant])
+            parts.append(cached)
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(r for part in parts for r in part)
+
+    # ----- events ------------------------------------------------------------------------------
+
+    def _request_cycle(self, at_s: float) -> None:
+        if at_s < self.cycle_at:
+            self.cycle_at = at_s
+
+    def _next_tick(self, now_s: float, strictly_after: bool) -> float:
+        c = self.options.cycle_s
+        k = math.floor(now_s / c) + 1 if strictly_after else math.ceil(now_s / c - 1e-12)
+        return max(k * c, now_s)
+
+    def _changed(self, now_s: float) -> None:
+        self.dirty = True
+        if self.pending or self.power_active:
+            if self.options.event_cycles:
+                self._request_cycle(now_s + self.options.debounce_s)
+            else:
+                self._request_cycle(self._next_tick(now_s, strictly_after=False))
+
+    def _arrive(self, trace: TraceJob) -> None:
+        job = _Job(trace)
+        self.state[trace.job_id] = job
+        self._enqueue(job)
+        self._changed(trace.submit_s)
+
+    def _quota_keys(self, tenant: str, gpus: tuple[str, ...]) -> dict[tuple[str, str], int]:
+        """GPUs counted against each (tenant, type) quota: all of them, and per type."""
+        keys = {(tenant, ANY_GPU_TYPE): len(gpus)}
+        for uuid in gpus:
+            key = (tenant, self.gpu_type[uuid])
+            keys[key] = keys.get(key, 0) + 1
+        return keys
+
+    def _release(self, a: _Attempt, now_s: float) -> None:
+        """Free an attempt's GPUs and book what it received."""
+        job = a.job
+        del self.running[a.attempt_id]
+        self.running_tuple = None
+        for uuid in a.gpus:
+            del self.gpu_owner[uuid]
+            self._set_draw(uuid, self._idle_draw(uuid))
+        self.busy_gpus -= len(a.gpus)
+        for key, count in self._quota_keys(job.trace.tenant, a.gpus).items():
+            self.usage[key] -= count
+        held = now_s - a.start_s
+        job.held_s += held
+        job.attained_gpu_s += held * len(a.gpus)
+        job.attempt = None
+
+    def _complete(self, now_s: float, attempt_id: int, version: int) -> None:
+        a = self.running.get(attempt_id)
+        if a is None or a.version != version:
+            return  # preempted or rescheduled since this event was queued
+        self._advance_power(now_s)
+        job = a.job
+        job.work_left_s = 0.0
+        self._release(a, now_s)
+        self._record(now_s)
+        t = job.trace
+        self.outcomes.append(
+            JobOutcome(
+                job_id=t.job_id,
+                tenant=t.tenant,
+                gpus=t.gpus,
+                submit_s=t.submit_s,
+                first_start_s=job.first_start_s,
+                finish_s=now_s,
+                duration_s=t.duration_s,
+                held_s=job.held_s,
+                preemptions=job.preemptions,
+                restart_overhead_s=job.overhead_s,
+            )
+        )
+        if self.uses_history:
+            history = self.history.get(t.tenant)
+            if history is None:
+                history = self.history[t.tenant] = deque(maxlen=self.options.history_per_tenant)
+            history.append(HistoryRecord(t.tenant, t.user, t.name, t.gpus, t.duration_s))
+            self.history_of.pop(t.tenant, None)
+            self.user_tenants.setdefault(t.user, set()).add(t.tenant)
+        del self.state[t.job_id]
+        self._changed(now_s)
+
+    def _schedule_completion(self, a: _Attempt) -> None:
+        self.seq += 1
+        heapq.heappush(self.completions, (a.end_s, self.seq, a.attempt_id, a.version))
+
+    def _progress_to(self, a: _Attempt, now_s: float) -> None:
+        """Book the work an attempt did up to ``now_s`` at its current speed."""
+        if now_s > a.progress_from_s:
+            a.job.work_left_s = max(a.job.work_left_s - (now_s - a.progress_from_s) * a.speed, 0.0)
+            a.progress_from_s = now_s
+
+    # ----- applying a plan ---------------------------------------------------------------------
+
+    def _preempt(self, attempt_id: int, now_s: float) -> None:
+        a = self.running.get(attempt_id)
+        if a is None:
+            raise PlanError(
+                f"t={now_s:.0f}: preemption of attempt {attempt_id}, which is not running"
+            )
+        self._progress_to(a, now_s)
+        job = a.job
+        self._release(a, now_s)
+        job.preemptions += 1
+        self.preemptions += 1
+        self._enqueue(job)
+
+    def _start(self, start, predicted: dict[int, float], now_s: float) -> None:
+        job = self.pending.get(start.job_id)
+        if job is None:
+            raise PlanError(f"t={now_s:.0f}: start of job {start.job_id}, which is not pending")
+        t = job.trace
+        gpus = start.gpu_uuids
+        if len(gpus) != t.gpus or len(set(gpus)) != len(gpus):
+            raise PlanError(
+                f"t={now_s:.0f}: job {t.job_id} asks for {t.gpus} GPUs, the plan gives {gpus}"
+            )
+        gpu_type = None
+        for node_name, uuids in start.placements:
+            node_i = self.node_index.get(node_name)
+            for uuid in uuids:
+                if self.gpu_node.get(uuid) != node_i or node_i is None:
+                    raise PlanError(f"t={now_s:.0f}: job {t.job_id}: no GPU {uuid} on {node_name}")
+                if uuid in self.gpu_owner:
+                    other = self.gpu_owner[uuid].job.trace.job_id
+                    raise PlanError(
+                        f"t={now_s:.0f}: job {t.job_id} started on GPU {uuid}, held by job {other}"
+                    )
+                gpu_type = self.gpu_type[uuid] if gpu_type is None else gpu_type
+                if t.gpu_type not in (ANY_GPU_TYPE, self.gpu_type[uuid]):
+                    raise PlanError(
+                        f"t={now_s:.0f}: job {t.job_id} asks for {t.gpu_type}, "
+                        f"got {self.gpu_type[uuid]} GPU {uuid}"
+                    )
+        # Quota: the plan must keep every tenant within its limits, in all and per type.
+        n = len(gpus)
+        wanted = self._quota_keys(t.tenant, gpus)
+        for key, count in wanted.items():
+            used = self.usage.get(key, 0) + count
+            limit = self.limits.get(key)
+            if limit is not None and used > limit:
+                raise PlanError(
+                    f"t={now_s:.0f}: job {t.job_id} takes tenant {t.tenant} to {used} GPUs "
+                    f"of {key[1] or 'any type'}, past its limit of {limit}"
+                )
+        for key, count in wanted.items():
+            self.usage[key] = self.usage.get(key, 0) + count
+
+        del self.pending[t.job_id]
+        self.pending_tuple = None
+        a = _Attempt()
+        a.attempt_id = self.next_attempt_id
+        self.next_attempt_id += 1
+        a.job = job
+        a.gpus = gpus
+        a.gpu_type = gpu_type
+        a.start_s = now_s
+        overhead = self.options.restart_cost.for_gpus(n) if job.preemptions else 0.0
+        job.overhead_s += overhead
+        self.lost_gpu_s += overhead * n
+        a.progress_from_s = now_s + overhead
+        a.speed = self._speed(gpus)
+        a.end_s = a.progress_from_s + job.work_left_s / a.speed
+        a.version = 0
+        a.pool_index = self.gpu_pool[gpus[0]]
+        if self.options.oracle is Oracle.NONE:
+            guess = predicted.get(t.job_id)
+            a.predicted_end_s = now_s + guess if guess is not None else None
+        else:
+            a.predicted_end_s = a.end_s
+        job.attempt = a
+        if job.first_start_s is None:
+            job.first_start_s = now_s
+        for uuid in gpus:
+            self.gpu_owner[uuid] = a
+            self._set_draw(uuid, self._draw(uuid, busy=True))
+        self.busy_gpus += n
+        a.running = self._make_running(a, now_s)
+        self.running[a.attempt_id] = a
+        self.running_tuple = None
+        self.last_start_s = now_s
+        self._schedule_completion(a)
+
+    def _apply_caps(self, caps: dict[str, float], now_s: float) -> None:
+        changed_nodes: set[int] = set()
+        touched: dict[int, _Attempt] = {}
+        for uuid, cap_w in caps.items():
+            if uuid not in self.gpu_node:
+                raise PlanError(f"t={now_s:.0f}: a power cap for unknown GPU {uuid}")
+            if self.gpu_cap_w[uuid] == cap_w:
+                continue
+            owner = self.gpu_owner.get(uuid)
+            if owner is not None:
+                self._progress_to(owner, now_s)
+                touched[owner.attempt_id] = owner
+            self.gpu_cap_w[uuid] = cap_w
+            self._set_draw(uuid, self._draw(uuid, busy=owner is not None))
+            changed_nodes.add(self.gpu_node[uuid])
+        for a in touched.values():
+            speed = self._speed(a.gpus)
+            if speed != a.speed:
+                a.speed = speed
+                a.end_s = max(a.progress_from_s, now_s) + a.job.work_left_s / speed
+                a.version += 1
+                if self.options.oracle is not Oracle.NONE:
+                    a.predicted_end_s = a.end_s
+                    a.running = self._make_running(a, now_s)
+                    self.running_tuple = None
+                self._schedule_completion(a)
+        for i in changed_nodes:
+            node = self.node_list[i]
+            gpus = tuple(replace(g, power_cap_w=self.gpu_cap_w[g.uuid]) for g in node.gpus)
+            self.node_list[i] = replace(node, gpus=gpus)
+        if changed_nodes:
+            self.nodes_tuple = tuple(self.node_list)
+
+    def _time_dependent(self, now_s: float) -> bool:
+        """Whether plan could decide differently later with no event in between."""
+        if not self.pending or not self.running:
+            return False
+        if self.config.ordering is Ordering.LAS and self.config.preemption:
+            return True
+        if self.config.preemption and now_s - self.last_start_s < self.config.min_runtime_s:
+            return True
+        plan = self.last_plan
+        return plan is not None and any(d.reason_code in _TIME_BOUND_REASONS for d in plan.pending)
+
+    def _cycle(self, now_s: float) -> None:
+        self.cycle_at = _INF
+        plan_power = self.power_active and self.config.power_planning
+        if not self.pending and not plan_power:
+            self.dirty = False
+            self.cycles_skipped += 1
+            return
+        if not self.dirty and not self._time_dependent(now_s):
+            self.cycles_skipped += 1
+            return
+        snapshot = self._snapshot(now_s)
+        self.dirty = False
+        self._advance_power(now_s)
+        preempted = False
+        if self.pending:
+            t0 = time.perf_counter()
+            plan = self.policy(snapshot, self.config)
+            self.plan_wall_s += time.perf_counter() - t0
+            self.plan_calls += 1
+            self.last_plan = plan
+            if self.options.on_cycle is not None:
+                self.options.on_cycle(snapshot, plan)
+            for p in plan.preemptions:
+                self._preempt(p.attempt_id, now_s)
+            if plan.power_caps_w:
+                self._apply_caps(plan.power_caps_w, now_s)
+            for s in plan.starts:
+                self._start(s, plan.predicted_duration_s, now_s)
+            preempted = bool(plan.preemptions)
+        if plan_power:
+            # As in the control plane: the cap planner runs on the plan's outcome.
+            t0 = time.perf_counter()
+            busy = {u: a.running for a in self.running.values() for u in a.gpus}
+            caps = power.plan_power_caps(snapshot, self.config, busy)
+            self.power_wall_s += time.perf_counter() - t0
+            self._apply_caps(caps, now_s)
+        self._record(now_s)
+        if preempted:
+            # The reclaimed GPUs are free now: the jobs waiting for them start in the next cycle.
+            self._changed(now_s)
+        if self._time_dependent(now_s):
+            self._request_cycle(self._next_tick(now_s, strictly_after=True))
+
+    def run(self) -> Result:
+        wall0 = time.perf_counter()
+        jobs = self.jobs
+        n_jobs = len(jobs)
+        i = 0
+        completions = self.completions
+        progress = self.options.progress
+        every = max(self.options.progress_every_events, 1)
+        now_s = jobs[0].submit_s if jobs else 0.0
+        while True:
+            t_arrival = jobs[i].submit_s if i < n_jobs else _INF
+            t_done = completions[0][0] if completions else _INF
+            t_cycle = self.cycle_at
+            if t_done <= t_arrival and t_done <= t_cycle:
+                if t_done == _INF:
+                    break
+                end_s, _, attempt_id, version = heapq.heappop(completions)
+                now_s = end_s
+                self._complete(end_s, attempt_id, version)
+            elif t_arrival <= t_cycle:
+                now_s = t_arrival
+                self._arrive(jobs[i])
+                i += 1
+            else:
+                now_s = t_cycle
+                self._cycle(t_cycle)
+            self.events += 1
+            if progress is not None and self.events % every == 0:
+                progress(
+                    Progress(
+                        now_s,
+                        len(self.outcomes),
+                        n_jobs,
+                        self.events,
+                        self.plan_calls,
+                        time.perf_counter() - wall0,
+                    )
+                )
+        self._advance_power(now_s)
+        if progress is not None:
+            progress(
+                Progress(
+                    now_s,
+                    len(self.outcomes),
+                    n_jobs,
+                    self.events,
+                    self.plan_calls,
+                    time.perf_counter() - wall0,
+                )
+            )
+        unfinished = sorted(self.state)
+        return Result(
+            outcomes=self.outcomes,
+            unfinished_job_ids=unfinished,
+            tenants=tuple(t.name for t in self.tenants),
+            total_gpus=self.total_gpus,
+            timeline_t_s=self.timeline_t,
+            timeline_busy_gpus=self.timeline_busy,
+            timeline_power_w=self.timeline_power,
+            energy_j=self.energy_j,
+            peak_power_w=self.peak_power_w,
+            power_budget_w=self._total_budget(),
+            over_budget_s=self.over_budget_s,
+            preemptions=self.preemptions,
+            preempted_gpu_s_lost=self.lost_gpu_s,
+            plan_calls=self.plan_calls,
+            cycles_skipped=self.cycles_skipped,
+            events=self.events,
+            wall_s=time.perf_counter() - wall0,
+            plan_wall_s=self.plan_wall_s,
+            power_wall_s=self.power_wall_s,
+            first_submit_s=jobs[0].submit_s if jobs else 0.0,
+        )
+
+    def _total_budget(self) -> float | None:
+        budgets = [p.power_budget_w for p in self.pools if p.power_budget_w is not None]
+        return sum(budgets) if budgets else None
+
+
+def replay(
+    jobs: Sequence[TraceJob],
+    nodes: Sequence[Node],
+    tenants: Sequence[Tenant],
+    config: Config,
+    options: SimOptions | None = None,
+    *,
+    policy: PlanFunction | None = None,
+    pools: Sequence[Pool] | None = None,
+) -> Result:
+    """Replay ``jobs`` on ``nodes`` for ``tenants`` under ``config``, through ``plan``.
+
+    Plain data in (trace jobs, and the core's own Node / Tenant / Pool types), a
+    :class:`Result` out; the what-if command builds these from the control plane's history.
+    ``policy`` defaults to ``scheduler.policy.plan``; a plan that breaks the contract raises
+    :class:`PlanError`. Jobs that can never start (larger than anything they may use) are left
+    in ``Result.unfinished_job_ids``.
+    """
+    if policy is None:
+        from scheduler.policy import plan as policy
+    engine = _Engine(jobs, nodes, tenants, config, options or SimOptions(), policy, pools)
+    return engine.run()

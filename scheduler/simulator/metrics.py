@@ -1,0 +1,220 @@
+"""Figures of a replay: JCT, queueing, utilization, preemption, fairness, power.
+
+Definitions (what the tables mean):
+
+- JCT = finish - submit. Queue = total time pending (before the first start and after every
+  preemption) = JCT - time holding GPUs. A job "waited" when its queue is above zero.
+- Percentiles interpolate linearly between order statistics (numpy's default).
+- Utilization = GPU-seconds held / (GPUs x makespan), makespan = last finish - first submit.
+- GPU-hours lost to preemption = restart cost x GPUs, summed over restarts (progress is
+  checkpointed, so the restart is what a preemption costs).
+- Finish-time fairness rho of a tenant = its mean JCT under the policy / its mean JCT under
+  FIFO on its own static partition (the reference run), over the jobs finished in both;
+  rho <= 1: the tenant is no worse off than alone on its partition. ``rho_job_mean`` is the
+  mean over its jobs of the per-job ratio, which weighs short jobs as much as long ones.
+- Jain's index over tenants, of rho: 1 when every tenant fares the same relative to its own
+  partition, 1/n when one tenant gets everything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scheduler.simulator.engine import Result
+
+_WAIT_EPSILON_S = 1e-6
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2); NaN for no values."""
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return math.nan
+    squares = sum(v * v for v in vals)
+    return (sum(vals) ** 2) / (len(vals) * squares) if squares else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantMetrics:
+    tenant: str
+    jobs: int
+    mean_jct_s: float
+    mean_queue_s: float
+    waited_share: float
+    rho: float  # NaN without a reference run
+    rho_job_mean: float
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    policy: str
+    jobs: int
+    unfinished: int
+    mean_jct_s: float
+    median_jct_s: float
+    p99_jct_s: float
+    mean_queue_s: float
+    p99_queue_s: float
+    makespan_s: float
+    waited_share: float
+    utilization: float
+    preemptions: int
+    preempted_gpu_hours_lost: float
+    max_rho: float
+    jain_rho: float
+    energy_j: float
+    peak_power_w: float
+    power_budget_w: float | None
+    over_budget_s: float
+    wall_s: float
+    events: int
+    plan_calls: int
+    plan_wall_s: float
+    tenants: tuple[TenantMetrics, ...]
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.wall_s if self.wall_s > 0 else math.nan
+
+
+def summarize(policy: str, result: Result, reference: Result | None = None) -> Summary:
+    """The figures of one replay; ``reference`` (FIFO on static partitions) gives rho."""
+    outcomes = result.outcomes
+    jct = [o.jct_s for o in outcomes]
+    queue = [o.queue_s for o in outcomes]
+    waited = sum(1 for q in queue if q > _WAIT_EPSILON_S)
+    last_finish = max((o.finish_s for o in outcomes), default=result.first_submit_s)
+    makespan = last_finish - result.first_submit_s
+    held_gpu_s = sum(o.held_s * o.gpus for o in outcomes)
+    # Unfinished jobs may still hold GPUs at the end; utilization counts what finished jobs held.
+    utilization = held_gpu_s / (result.total_gpus * makespan) if makespan > 0 else math.nan
+
+    ref_jct = {o.job_id: o.jct_s for o in reference.outcomes} if reference else {}
+    tenant_rows = []
+    by_tenant: dict[str, list] = {t: [] for t in result.tenants}
+    for o in outcomes:
+        by_tenant.setdefault(o.tenant, []).append(o)
+    for tenant, rows in by_tenant.items():
+        if not rows:
+            continue
+        t_queue = [o.queue_s for o in rows]
+        both = [o for o in rows if o.job_id in ref_jct]
+        if both:
+            rho = _mean([o.jct_s for o in both]) / _mean([ref_jct[o.job_id] for o in both])
+            rho_job = _mean([o.jct_s / ref_jct[o.job_id] for o in both if ref_jct[o.job_id] > 0])
+        else:
+            rho = rho_job = math.nan
+        tenant_rows.append(
+            TenantMetrics(
+                tenant=tenant,
+                jobs=len(rows),
+                mean_jct_s=_mean([o.jct_s for o in rows]),
+                mean_queue_s=_mean(t_queue),
+                waited_share=sum(1 for q in t_queue if q > _WAIT_EPSILON_S) / len(rows),
+                rho=rho,
+                rho_job_mean=rho_job,
+            )
+        )
+    rhos = [t.rho for t in tenant_rows if not math.isnan(t.rho)]
+    return Summary(
+        policy=policy,
+        jobs=len(outcomes),
+        unfinished=len(result.unfinished_job_ids),
+        mean_jct_s=_mean(jct),
+        median_jct_s=percentile(jct, 50),
+        p99_jct_s=percentile(jct, 99),
+        mean_queue_s=_mean(queue),
+        p99_queue_s=percentile(queue, 99),
+        makespan_s=makespan,
+        waited_share=waited / len(outcomes) if outcomes else math.nan,
+        utilization=utilization,
+        preemptions=result.preemptions,
+        preempted_gpu_hours_lost=result.preempted_gpu_s_lost / 3600.0,
+        max_rho=max(rhos) if rhos else math.nan,
+        jain_rho=jain_index(rhos),
+        energy_j=result.energy_j,
+        peak_power_w=result.peak_power_w,
+        power_budget_w=result.power_budget_w,
+        over_budget_s=result.over_budget_s,
+        wall_s=result.wall_s,
+        events=result.events,
+        plan_calls=result.plan_calls,
+        plan_wall_s=result.plan_wall_s,
+        tenants=tuple(tenant_rows),
+    )
+
+
+def step_average(
+    times_s: Sequence[float], values: Sequence[float], start_s: float, end_s: float, bucket_s: float
+) -> tuple[list[float], list[float]]:
+    """Bucket averages of a piecewise-constant series (value i holds from times i to i+1)."""
+    if bucket_s <= 0 or end_s <= start_s:
+        return [], []
+    buckets = max(1, math.ceil((end_s - start_s) / bucket_s))
+    sums = [0.0] * buckets
+    for k, t in enumerate(times_s):
+        seg_end = times_s[k + 1] if k + 1 < len(times_s) else end_s
+        a, b = max(t, start_s), min(seg_end, end_s)
+        v = values[k]
+        while a < b:
+            i = min(int((a - start_s) // bucket_s), buckets - 1)
+            edge = min(start_s + (i + 1) * bucket_s, b)
+            if i == buckets - 1:
+                edge = b
+            sums[i] += v * (edge - a)
+            a = edge
+    mids = [start_s + (i + 0.5) * bucket_s for i in range(buckets)]
+    widths = [min(bucket_s, end_s - (start_s + i * bucket_s)) for i in range(buckets)]
+    return mids, [s / w if w > 0 else 0.0 for s, w in zip(sums, widths, strict=True)]
+
+
+def step_peak(
+    times_s: Sequence[float], values: Sequence[float], start_s: float, end_s: float, bucket_s: float
+) -> tuple[list[float], list[float]]:
+    """Bucket maxima of a piecewise-constant series."""
+    if bucket_s <= 0 or end_s <= start_s or not times_s:
+        return [], []
+    buckets = max(1, math.ceil((end_s - start_s) / bucket_s))
+    peaks = [-math.inf] * buckets
+    current = values[0]
+    k = 0
+    # The value in force at the start of every bucket counts, as do all changes inside it.
+    for i in range(buckets):
+        lo = start_s + i * bucket_s
+        hi = lo + bucket_s
+        while k < len(times_s) and times_s[k] <= lo:
+            current = values[k]
+            k += 1
+        peak = current
+        j = k
+        while j < len(times_s) and times_s[j] < hi:
+            peak = max(peak, values[j])
+            current = values[j]
+            j += 1
+        k = j
+        peaks[i] = peak
+    return [start_s + (i + 0.5) * bucket_s for i in range(buckets)], peaks
+
+
+def format_seconds(value: float) -> str:
+    """1,234.5 style; '-' for NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.1f}"

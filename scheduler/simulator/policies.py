@@ -1,0 +1,142 @@
+"""The policies the simulator compares: presets of one ``Config`` over the same ``plan``.
+
+A preset is a config plus two things the config cannot say: what the simulator tells the
+policy about durations (nothing, the oracle duration, or the oracle remaining time), and how
+tenants share the cluster (static partitions, or guarantees with borrowing).
+
+The baselines of ANCHORS.md ran every VC on its own nodes, so the static presets keep a tenant
+on its own nodes where the trace says which those are: each partition's GPUs are labelled with
+a type of their own (``P100-PCIE-16GB@6214e9``) and the tenant's jobs ask for it, which the
+plan's type matching honours without any special case in the core. Where the trace has no node
+owners (Alibaba), a static partition is a quota with ``guaranteed == limit``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from scheduler.model import ANY_GPU_TYPE, Config, Node, Ordering, Quota, Tenant
+from scheduler.simulator.trace import PARTITION_SEPARATOR, Trace, TraceJob, make_node
+
+
+class Oracle(enum.StrEnum):
+    """What the simulator reveals of the future to the policy."""
+
+    NONE = "none"  # nothing: the policy predicts from the simulated history
+    DURATION = "duration"  # Pending.predicted_duration_s = the job's true duration
+    REMAINING = "remaining"  # and Running.remaining_s = its true remaining time
+
+
+class Sharing(enum.StrEnum):
+    STATIC = "static"  # each tenant on its own partition, no borrowing
+    SHARED = "shared"  # guarantees, and idle GPUs lent up to the whole pool
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    name: str
+    description: str
+    config: Config
+    oracle: Oracle = Oracle.NONE
+    sharing: Sharing = Sharing.SHARED
+
+
+_STATIC = dict(borrowing=False, preemption=False, backfill=False)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "fifo-static",
+            "FIFO, each tenant on its own partition (Philly's regime)",
+            Config(ordering=Ordering.FIFO, **_STATIC),
+            sharing=Sharing.STATIC,
+        ),
+        Preset(
+            "fifo-shared",
+            "FIFO, guarantees with idle GPUs lent out",
+            Config(ordering=Ordering.FIFO, borrowing=True, preemption=False, backfill=False),
+        ),
+        Preset(
+            "sjf",
+            "shortest job first, oracle durations, static partitions",
+            Config(ordering=Ordering.SJF, **_STATIC),
+            oracle=Oracle.DURATION,
+            sharing=Sharing.STATIC,
+        ),
+        # Helios' SRTF preempts as soon as a shorter job arrives: no minimum run time.
+        Preset(
+            "srtf",
+            "shortest remaining time first, oracle, preemptive, static partitions",
+            Config(
+                ordering=Ordering.SRTF,
+                borrowing=False,
+                preemption=True,
+                backfill=False,
+                min_runtime_s=0.0,
+            ),
+            oracle=Oracle.REMAINING,
+            sharing=Sharing.STATIC,
+        ),
+        Preset(
+            "tiresias",
+            "Tiresias 2D-LAS, no duration knowledge, preemptive, static partitions",
+            Config(
+                ordering=Ordering.LAS,
+                borrowing=False,
+                preemption=True,
+                backfill=False,
+                min_runtime_s=0.0,
+            ),
+            sharing=Sharing.STATIC,
+        ),
+        Preset(
+            "qssf",
+            "Helios QSSF: shortest predicted GPU time first (history), static partitions",
+            Config(ordering=Ordering.QSSF, **_STATIC),
+            sharing=Sharing.STATIC,
+        ),
+        Preset("ours", "our default policy (Config defaults), predictions from history", Config()),
+    )
+}
+# The reference of finish-time fairness: every tenant alone on its own partition.
+REFERENCE_PRESET = "fifo-static"
+
+
+def preset(name: str) -> Preset:
+    """The preset called ``name``; a clear error listing the known names otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def cluster_for(
+    trace: Trace, sharing: Sharing
+) -> tuple[tuple[TraceJob, ...], tuple[Node, ...], tuple[Tenant, ...]]:
+    """The jobs, nodes and tenants a trace gives under one way of sharing the cluster."""
+    total = trace.total_gpus
+    pinned = sharing is Sharing.STATIC and all(n.owner for n in trace.nodes)
+    nodes = []
+    for n in trace.nodes:
+        gpu_type = f"{n.gpu_type}{PARTITION_SEPARATOR}{n.owner}" if pinned else n.gpu_type
+        nodes.append(
+            make_node(n.name, n.gpus, gpu_type, pool=n.pool, cpus=n.cpus, memory_mib=n.memory_mib)
+        )
+    jobs = trace.jobs
+    if pinned:
+        # A partition has one board type in every trace we load, so the label is unambiguous.
+        board = {n.owner: n.gpu_type for n in trace.nodes}
+        jobs = tuple(
+            replace(j, gpu_type=f"{board[j.tenant]}{PARTITION_SEPARATOR}{j.tenant}")
+            if j.tenant in board
+            else j
+            for j in jobs
+        )
+    tenants = []
+    for t in trace.tenants:
+        limit = t.guaranteed_gpus if sharing is Sharing.STATIC else total
+        quota = Quota(ANY_GPU_TYPE, guaranteed_gpus=t.guaranteed_gpus, limit_gpus=limit)
+        tenants.append(Tenant(t.name, weight=t.weight, quotas=(quota,)))
+    return jobs, tuple(nodes), tuple(tenants)

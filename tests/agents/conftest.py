@@ -1,0 +1,230 @@
+"""Fixtures for the agent's tests: a real Podman engine, and a tiny control plane over HTTP.
+
+The tiny control plane speaks docs/agent-protocol.md just far enough to drive the agent through
+edge cases (a control plane that goes away, a log chunk it loses); the real control plane and
+the end-to-end runs are tested in tests/controlplane.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# This suite's share of the ports the helpers of this project may use.
+PORTS = range(18300, 18400)
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 20.0, what: str = "") -> object:
+    """Poll ``predicate`` until it returns something truthy; fail after a generous timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what or predicate}")
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    for port in PORTS:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 18300..18399")
+
+
+class TinyControlPlane:
+    """The agent API of docs/agent-protocol.md with state in memory, on 127.0.0.1."""
+
+    JOIN_TOKEN = "gcpj_test-join-token"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.lock = threading.Condition()
+        self.node_tokens: dict[str, str] = {}  # token -> node name
+        self.registrations: list[dict] = []
+        self.heartbeats: list[dict] = []
+        self.heartbeat_tokens: list[str] = []
+        self.desired_attempts: list[dict] = []
+        self.power_caps_w: dict[str, float] = {}
+        self.heartbeat_interval_s = 60.0
+        self.logs: dict[int, bytes] = {}
+        self.log_posts: list[tuple[int, int, int]] = []  # (attempt, offset, bytes)
+        self.fail_next_log_posts = 0
+        self.version = 0
+        self.watches = 0
+        self._server: ThreadingHTTPServer | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- what a test changes -------------------------------------------------------------------
+
+    def set_desired(self, attempts: list[dict] | None = None, caps_w: dict | None = None) -> None:
+        with self.lock:
+            if attempts is not None:
+                self.desired_attempts = attempts
+            if caps_w is not None:
+                self.power_caps_w = caps_w
+            self.version += 1
+            self.lock.notify_all()
+
+    def reported(self, attempt_id: int) -> list[dict]:
+        """Every report of this attempt, oldest first."""
+        with self.lock:
+            return [
+                a for hb in self.heartbeats for a in hb["attempts"] if a["attempt_id"] == attempt_id
+            ]
+
+    def last_heartbeat(self) -> dict | None:
+        with self.lock:
+            return self.heartbeats[-1] if self.heartbeats else None
+
+    # -- the server ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        cp = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _answer(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                path = self.path.removeprefix("/api/agent/v1")
+                if path == "/register":
+                    if token != cp.JOIN_TOKEN:
+                        return self._answer(401, {"detail": "bad join token"})
+                    status, answer = cp._register(body)
+                    return self._answer(status, answer)
+                if token not in cp.node_tokens:
+                    return self._answer(401, {"detail": "bad node token"})
+                if path == "/heartbeat":
+                    return self._answer(200, cp._heartbeat(body, token))
+                if path == "/watch":
+                    return self._answer(200, cp._watch(body))
+                if path == "/logs":
+                    return self._answer(*cp._logs(body))
+                return self._answer(404, {"detail": "no such endpoint"})
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        """Go away: connections are refused until start() again (same port)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with self.lock:
+            self.lock.notify_all()
+
+    def _register(self, body: dict) -> tuple[int, dict]:
+        with self.lock:
+            self.registrations.append(body)
+            token = f"gcpn_{body['name']}_{len(self.registrations)}"
+            # Registering again rotates the token: the old one stops working.
+            self.node_tokens = {t: n for t, n in self.node_tokens.items() if n != body["name"]}
+            self.node_tokens[token] = body["name"]
+            return 201, {
+                "node": body["name"],
+                "node_token": token,
+                "heartbeat_interval_s": self.heartbeat_interval_s,
+            }
+
+    def _heartbeat(self, body: dict, token: str) -> dict:
+        with self.lock:
+            self.heartbeats.append(body)
+            self.heartbeat_tokens.append(token)
+            self.lock.notify_all()
+            return {
+                "attempts": list(self.desired_attempts),
+                "power_caps_w": dict(self.power_caps_w),
+                "heartbeat_interval_s": self.heartbeat_interval_s,
+            }
+
+    def _watch(self, body: dict) -> dict:
+        with self.lock:
+            self.watches += 1
+            seen = self.version
+            self.lock.wait_for(lambda: self.version != seen, timeout=float(body["timeout_s"]))
+            return {"changed": self.version != seen}
+
+    def _logs(self, body: dict) -> tuple[int, dict]:
+        with self.lock:
+            if self.fail_next_log_posts > 0:
+                self.fail_next_log_posts -= 1
+                return 503, {"detail": "try again"}
+            attempt_id, offset = body["attempt_id"], body["offset"]
+            data = body["data"].encode()
+            stored = self.logs.get(attempt_id, b"")
+            self.log_posts.append((attempt_id, offset, len(data)))
+            if offset <= len(stored) < offset + len(data):
+                stored += data[len(stored) - offset :]
+                self.logs[attempt_id] = stored
+            return 200, {"next_offset": len(stored)}
+
+
+@pytest.fixture
+def control_plane():
+    cp = TinyControlPlane()
+    yield cp
+    cp.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_url() -> str:
+    """DOCKER_HOST of a real engine: Podman's Docker API, set up by scripts/podman-setup.sh."""
+    script = REPO / "scripts" / "podman-setup.sh"
+    try:
+        result = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, timeout=180, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"no container engine: {script} could not run ({exc})")
+    if result.returncode != 0:
+        pytest.skip(
+            f"no container engine: {script.name} failed: {result.stderr.strip()[-500:]}"
+        )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("DOCKER_HOST=")]
+    if not lines:
+        pytest.skip(f"no container engine: {script.name} printed no DOCKER_HOST")
+    return lines[-1].removeprefix("DOCKER_HOST=")
+
+
+@pytest.fixture
+def state_dir(tmp_path) -> Path:
+    path = tmp_path / "state"
+    path.mkdir()
+    os.chmod(path, 0o700)
+    return path

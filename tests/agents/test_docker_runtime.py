@@ -1,0 +1,143 @@
+"""The docker runtime against a real engine (Podman's Docker API, from scripts/podman-setup.sh)."""
+
+import uuid
+
+import docker
+import pytest
+
+from agents.runtime.base import ATTEMPT_LABEL, NODE_LABEL, AttemptSpec, AttemptState, StartError
+from agents.runtime.docker import DockerRuntime, parse_engine_time
+from tests.agents.conftest import wait_until
+
+pytestmark = pytest.mark.container
+
+IMAGE = "localhost/busybox:latest"
+
+
+@pytest.fixture
+def node_name():
+    # Each test is its own node, so tests sharing one engine never see each other's containers.
+    return f"h3-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def engine(engine_url, node_name):
+    client = docker.DockerClient(base_url=engine_url)
+    yield client
+    for container in client.containers.list(
+        all=True, filters={"label": [f"{NODE_LABEL}={node_name}"]}
+    ):
+        container.remove(force=True)
+    client.close()
+
+
+@pytest.fixture
+def runtime(engine, engine_url, node_name, state_dir):
+    rt = DockerRuntime(state_dir, node_name=node_name, base_url=engine_url)
+    yield rt
+    rt.close()
+
+
+def spec(attempt_id, *command, **kwargs):
+    return AttemptSpec(attempt_id=attempt_id, image=IMAGE, command=tuple(command), **kwargs)
+
+
+def ended(runtime, attempt_id):
+    def check():
+        for status in runtime.statuses():
+            if status.attempt_id == attempt_id and status.state is not AttemptState.RUNNING:
+                return status
+        return None
+
+    return wait_until(check, timeout_s=60, what=f"attempt {attempt_id} to end")
+
+
+def test_a_container_runs_with_its_env_gpus_labels_and_limits_and_its_output_is_kept(
+    runtime, engine, node_name
+):
+    runtime.start(
+        spec(
+            21,
+            "sh",
+            "-c",
+            'echo "gpus=$CUDA_VISIBLE_DEVICES nv=$NVIDIA_VISIBLE_DEVICES '
+            'attempt=$GPUCP_ATTEMPT_ID epochs=$EPOCHS"; echo oops >&2; exit 3',
+            job_id=4,
+            env={"EPOCHS": "3"},
+            gpu_uuids=("GPU-1", "GPU-2"),
+            cpus=0.5,
+            memory_mib=64,
+        )
+    )
+    status = ended(runtime, 21)
+    assert status.state is AttemptState.EXITED and status.exit_code == 3
+    assert status.started_at is not None and status.finished_at >= status.started_at
+    assert status.logs_complete
+    output = runtime.read_logs(21, 0, 10_000).decode()
+    assert "gpus=GPU-1,GPU-2 nv=GPU-1,GPU-2 attempt=21 epochs=3" in output
+    assert "oops" in output
+
+    (container,) = engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=21"]})
+    assert container.labels[NODE_LABEL] == node_name
+    assert container.labels["gpucp.job-id"] == "4"
+    host = container.attrs["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == 64 * 1024 * 1024
+
+
+def test_stop_sends_sigterm_then_sigkill_after_the_grace_period(runtime):
+    # busybox sleep as PID 1 ignores SIGTERM (no handler): only the SIGKILL ends it.
+    runtime.start(spec(22, "sleep", "300"))
+    runtime.stop(22, grace_s=1.0)
+    status = ended(runtime, 22)
+    assert status.exit_code == 137
+
+
+def test_a_container_that_handles_sigterm_ends_with_its_own_code(runtime):
+    runtime.start(spec(23, "sh", "-c", "trap 'echo bye; exit 0' TERM; while :; do sleep 0.1; done"))
+    wait_until(lambda: runtime.statuses()[0].started_at, what="the container to start")
+    runtime.stop(23, grace_s=30)
+    status = ended(runtime, 23)
+    assert status.exit_code == 0
+    assert b"bye" in runtime.read_logs(23, 0, 1000)
+
+
+def test_a_restarted_runtime_adopts_its_own_containers_by_label_and_no_others(
+    runtime, engine, engine_url, node_name, state_dir, tmp_path
+):
+    runtime.start(spec(24, "sh", "-c", "echo one; sleep 300", gpu_uuids=("GPU-z",), job_id=8))
+    wait_until(lambda: runtime.read_logs(24, 0, 100), what="the first output")
+    neighbour = DockerRuntime(tmp_path / "other", node_name=node_name + "-b", base_url=engine_url)
+    neighbour.start(spec(25, "sleep", "300"))
+    try:
+        restarted = DockerRuntime(state_dir, node_name=node_name, base_url=engine_url)
+        adopted = restarted.adopt()
+        assert [(s.attempt_id, s.state) for s in adopted] == [(24, AttemptState.RUNNING)]
+        assert adopted[0].job_id == 8 and adopted[0].gpu_uuids == ("GPU-z",)
+        # The output is the engine's, replayed: the same bytes at the same offsets.
+        wait_until(lambda: restarted.read_logs(24, 0, 100) == b"one\n", what="replayed output")
+        restarted.stop(24, grace_s=0.5)
+        assert ended(restarted, 24).exit_code == 137
+        restarted.remove(24)
+        assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=24"]}) == []
+    finally:
+        neighbour.remove(25)
+
+
+def test_an_image_that_is_not_here_fails_to_start_in_the_engines_words(runtime):
+    with pytest.raises(StartError, match="no-such-image"):
+        runtime.start(AttemptSpec(attempt_id=26, image="localhost/no-such-image:1"))
+
+
+def test_a_command_not_in_the_image_fails_to_start_and_leaves_no_container(runtime, engine):
+    with pytest.raises(StartError, match="not found"):
+        runtime.start(spec(27, "no-such-command"))
+    assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=27"]}) == []
+
+
+def test_engine_timestamps_with_nanoseconds_become_unix_seconds():
+    assert parse_engine_time("1970-01-01T00:00:10.5Z") == 10.5
+    assert parse_engine_time("1970-01-01T00:00:10.123456789+00:00") == pytest.approx(10.123456789)
+    assert parse_engine_time("1970-01-01T01:00:00+01:00") == 0.0
+    assert parse_engine_time("0001-01-01T00:00:00Z") is None
+    assert parse_engine_time("") is None

@@ -1,0 +1,120 @@
+"""Watch: the long poll that lets new work start within a second, not at the next heartbeat."""
+
+import threading
+import time
+
+import pytest
+from django.db import transaction
+
+from controlplane.jobs import actions
+from controlplane.scheduling.notify import node_channel, node_version, notify_nodes
+
+from .conftest import readings
+
+
+def watch(agent, token, timeout_s):
+    started = time.monotonic()
+    response = agent.post("watch", {"timeout_s": timeout_s}, token)
+    assert response.status_code == 200, response.content
+    return response.json()["changed"], time.monotonic() - started
+
+
+def next_message(pubsub, timeout_s):
+    # get_message answers None for the subscription's own confirmation too; read past it.
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.5)
+        if message is not None:
+            return message
+    return None
+
+
+def later(seconds, fn):
+    timer = threading.Timer(seconds, fn)
+    timer.start()
+    return timer
+
+
+def test_watch_answers_changed_when_the_node_is_signalled(agent, node01):
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    timer = later(0.3, lambda: notify_nodes([node.name]))
+
+    changed, waited_s = watch(agent, token, 10)
+
+    timer.join()
+    assert changed is True
+    assert waited_s < 10
+
+
+def test_a_signal_for_another_node_does_not_wake_this_one(agent, node01):
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    timer = later(0.2, lambda: notify_nodes(["node-99"]))
+
+    changed, _ = watch(agent, token, 1)
+
+    timer.join()
+    assert changed is False
+
+
+def test_watch_times_out_unchanged(agent, node01):
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    assert watch(agent, token, 0.5)[0] is False
+
+
+def test_watch_answers_at_once_when_work_arrived_after_the_last_heartbeat(
+    agent, node01, make_job, vision, alice, admit
+):
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    # Admitted between the heartbeat and the watch: the signal came before anyone listened.
+    admit(make_job(vision, alice), node)
+
+    changed, waited_s = watch(agent, token, 10)
+
+    assert changed is True
+    assert waited_s < 5
+
+
+@pytest.mark.parametrize("redis", [True, False], ids=["redis", "in-process"])
+def test_both_signal_channels_wake_a_watch(agent, node01, settings, redis):
+    if not redis:
+        settings.REDIS_URL = ""
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    timer = later(0.3, lambda: notify_nodes([node.name]))
+
+    changed, _ = watch(agent, token, 10)
+
+    timer.join()
+    assert changed is True
+
+
+def test_cancelling_a_job_signals_the_node_that_runs_it(
+    agent, node01, make_job, vision, alice, admit, settings, django_capture_on_commit_callbacks
+):
+    node, token = node01
+    job = make_job(vision, alice)
+    admit(job, node)
+    seen = node_version(node.name)
+    pubsub = None
+    if settings.REDIS_URL:
+        from controlplane.redis_client import get_redis
+
+        pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(node_channel(node.name))
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            with transaction.atomic():
+                actions.cancel_job(job, actor=alice)
+        message = next_message(pubsub, timeout_s=5) if pubsub else None
+    finally:
+        if pubsub:
+            pubsub.close()
+
+    assert node_version(node.name) == seen + 1
+    if pubsub:
+        assert message is not None
+        assert message["channel"].decode() == node_channel(node.name)

@@ -1,0 +1,460 @@
+"""Every endpoint and method, for every role: the status it answers, what a list shows, and that a
+refused write changes nothing.
+
+The objects are vision's; `other_tenant` (bob, of nlp) must get 404 for them, never 403, so ids
+leak nothing. A member lacking the role gets 403; anonymous 401.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from controlplane.cluster.models import JoinToken, Node, Pool
+from controlplane.jobs.models import Job
+from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Tenant
+from tests.controlplane.api.helpers import ROLES, job_body, results
+
+VISION_ROLES = frozenset({"viewer", "member", "tenant_admin", "cluster_admin"})
+SIGNED_IN_ROLES = frozenset(ROLES) - {"anonymous"}
+
+
+def answers(anonymous, other_tenant, viewer, member, tenant_admin, cluster_admin) -> dict:
+    return dict(
+        anonymous=anonymous,
+        other_tenant=other_tenant,
+        viewer=viewer,
+        member=member,
+        tenant_admin=tenant_admin,
+        cluster_admin=cluster_admin,
+    )
+
+
+LIST = answers(401, 200, 200, 200, 200, 200)
+READ_VISION = answers(401, 404, 200, 200, 200, 200)
+READ_SHARED = answers(401, 200, 200, 200, 200, 200)
+
+
+def staff_writes_vision(ok):
+    return answers(401, 404, 403, 403, 403, ok)
+
+
+def tenant_admin_writes_vision(ok):
+    return answers(401, 404, 403, 403, ok, ok)
+
+
+def staff_only(ok):
+    return answers(401, 403, 403, 403, 403, ok)
+
+
+def anyone_signed_in(ok):
+    return answers(401, ok, ok, ok, ok, ok)
+
+
+def own_only(ok):
+    return answers(401, 404, 404, ok, 404, 404)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    method: str
+    url: Callable
+    expect: dict
+    body: Callable | None = None
+    # For lists: (field, value) of a vision-side row, and who must see it.
+    listed: Callable | None = None
+    listed_for: frozenset = VISION_ROLES
+    # For writes: the rows a refused request must leave exactly as they were.
+    touches: Callable | None = None
+    # Objects made before the request, so a list has rows of both tenants.
+    setup: Callable = field(default=lambda w: None)
+
+
+def rows(queryset):
+    return sorted(queryset.values(), key=lambda r: r["id"])
+
+
+def as_seen_by_staff(w, url) -> dict:
+    return w.client("cluster_admin").get(url).json()
+
+
+def updates(prefix: str, url: Callable, expect: dict, body: Callable, touches: Callable):
+    """PATCH with the change, and PUT with the whole object as a cluster admin reads it plus it."""
+    return [
+        Case(f"{prefix}-update", "patch", url, expect, body=body, touches=touches),
+        Case(
+            f"{prefix}-replace",
+            "put",
+            url,
+            expect,
+            body=lambda w: {**as_seen_by_staff(w, url(w)), **body(w)},
+            touches=touches,
+        ),
+    ]
+
+
+CASES = [
+    # tenants
+    Case(
+        "tenants-list",
+        "get",
+        lambda w: "/api/v1/tenants/",
+        LIST,
+        listed=lambda w: ("slug", w.vision.slug),
+        setup=lambda w: w.nlp,
+    ),
+    Case("tenants-retrieve", "get", lambda w: f"/api/v1/tenants/{w.vision.slug}/", READ_VISION),
+    Case(
+        "tenants-create",
+        "post",
+        lambda w: "/api/v1/tenants/",
+        staff_only(201),
+        body=lambda w: {"slug": "robotics", "name": "Robotics lab"},
+        touches=lambda w: Tenant.objects.all(),
+    ),
+    *updates(
+        "tenants",
+        lambda w: f"/api/v1/tenants/{w.vision.slug}/",
+        staff_writes_vision(200),
+        lambda w: {"name": "Vision"},
+        lambda w: Tenant.objects.filter(pk=w.vision.pk),
+    ),
+    Case(
+        "tenants-delete",
+        "delete",
+        lambda w: f"/api/v1/tenants/{w.vision.slug}/",
+        staff_writes_vision(204),
+        touches=lambda w: Tenant.objects.all(),
+    ),
+    # memberships
+    Case(
+        "memberships-list",
+        "get",
+        lambda w: "/api/v1/memberships/",
+        LIST,
+        listed=lambda w: ("id", w.carol_membership.pk),
+    ),
+    Case(
+        "memberships-retrieve",
+        "get",
+        lambda w: f"/api/v1/memberships/{w.carol_membership.pk}/",
+        READ_VISION,
+    ),
+    Case(
+        "memberships-create",
+        "post",
+        lambda w: "/api/v1/memberships/",
+        tenant_admin_writes_vision(201),
+        body=lambda w: {"tenant": "vision", "user": w.carol_membership.user.username + "-2"},
+        setup=lambda w: w.fixture("make_user")(w.carol_membership.user.username + "-2"),
+        touches=lambda w: Membership.objects.all(),
+    ),
+    *updates(
+        "memberships",
+        lambda w: f"/api/v1/memberships/{w.carol_membership.pk}/",
+        tenant_admin_writes_vision(200),
+        lambda w: {"role": "viewer"},
+        lambda w: Membership.objects.filter(pk=w.carol_membership.pk),
+    ),
+    Case(
+        "memberships-delete",
+        "delete",
+        lambda w: f"/api/v1/memberships/{w.carol_membership.pk}/",
+        tenant_admin_writes_vision(204),
+        touches=lambda w: Membership.objects.all(),
+    ),
+    # quotas
+    Case(
+        "quotas-list",
+        "get",
+        lambda w: "/api/v1/quotas/",
+        LIST,
+        listed=lambda w: ("id", w.vision_quota.pk),
+        setup=lambda w: w.nlp,
+    ),
+    Case("quotas-retrieve", "get", lambda w: f"/api/v1/quotas/{w.vision_quota.pk}/", READ_VISION),
+    Case(
+        "quotas-create",
+        "post",
+        lambda w: "/api/v1/quotas/",
+        staff_writes_vision(201),
+        body=lambda w: {
+            "tenant": "vision",
+            "gpu_type": "A100-SXM4-80GB",
+            "guaranteed_gpus": 1,
+            "limit_gpus": 2,
+        },
+        setup=lambda w: w.vision,
+        touches=lambda w: Quota.objects.all(),
+    ),
+    *updates(
+        "quotas",
+        lambda w: f"/api/v1/quotas/{w.vision_quota.pk}/",
+        staff_writes_vision(200),
+        lambda w: {"limit_gpus": 12},
+        lambda w: Quota.objects.filter(pk=w.vision_quota.pk),
+    ),
+    Case(
+        "quotas-delete",
+        "delete",
+        lambda w: f"/api/v1/quotas/{w.vision_quota.pk}/",
+        staff_writes_vision(204),
+        touches=lambda w: Quota.objects.all(),
+    ),
+    # budgets
+    Case(
+        "budgets-list",
+        "get",
+        lambda w: "/api/v1/budgets/",
+        LIST,
+        listed=lambda w: ("id", w.vision_budget.pk),
+    ),
+    Case(
+        "budgets-retrieve", "get", lambda w: f"/api/v1/budgets/{w.vision_budget.pk}/", READ_VISION
+    ),
+    Case(
+        "budgets-create",
+        "post",
+        lambda w: "/api/v1/budgets/",
+        staff_writes_vision(201),
+        body=lambda w: {
+            "tenant": "vision",
+            "kind": "gpu_hours",
+            "period": "week",
+            "amount": 100,
+            "action": "hold",
+        },
+        setup=lambda w: w.vision,
+        touches=lambda w: Budget.objects.all(),
+    ),
+    *updates(
+        "budgets",
+        lambda w: f"/api/v1/budgets/{w.vision_budget.pk}/",
+        staff_writes_vision(200),
+        lambda w: {"amount": 800},
+        lambda w: Budget.objects.filter(pk=w.vision_budget.pk),
+    ),
+    Case(
+        "budgets-delete",
+        "delete",
+        lambda w: f"/api/v1/budgets/{w.vision_budget.pk}/",
+        staff_writes_vision(204),
+        touches=lambda w: Budget.objects.all(),
+    ),
+    # pools
+    Case(
+        "pools-list",
+        "get",
+        lambda w: "/api/v1/pools/",
+        LIST,
+        listed=lambda w: ("name", w.pool.name),
+        listed_for=SIGNED_IN_ROLES,
+    ),
+    Case("pools-retrieve", "get", lambda w: f"/api/v1/pools/{w.pool.name}/", READ_SHARED),
+    Case(
+        "pools-create",
+        "post",
+        lambda w: "/api/v1/pools/",
+        staff_only(201),
+        body=lambda w: {"name": "pool-b", "power_budget_w": 2000},
+        touches=lambda w: Pool.objects.all(),
+    ),
+    *updates(
+        "pools",
+        lambda w: f"/api/v1/pools/{w.spare_pool.name}/",
+        staff_only(200),
+        lambda w: {"power_budget_w": 4000},
+        lambda w: Pool.objects.filter(pk=w.spare_pool.pk),
+    ),
+    Case(
+        "pools-delete",
+        "delete",
+        lambda w: f"/api/v1/pools/{w.spare_pool.name}/",
+        staff_only(204),
+        touches=lambda w: Pool.objects.all(),
+    ),
+    # nodes
+    Case(
+        "nodes-list",
+        "get",
+        lambda w: "/api/v1/nodes/",
+        LIST,
+        listed=lambda w: ("name", w.node.name),
+        listed_for=SIGNED_IN_ROLES,
+    ),
+    Case("nodes-retrieve", "get", lambda w: f"/api/v1/nodes/{w.node.name}/", READ_SHARED),
+    *[
+        Case(
+            f"nodes-{verb}",
+            "post",
+            lambda w, verb=verb: f"/api/v1/nodes/{w.node.name}/{verb}/",
+            staff_only(200),
+            touches=lambda w: Node.objects.filter(pk=w.node.pk),
+        )
+        for verb in ("cordon", "drain", "uncordon")
+    ],
+    # gpus
+    Case(
+        "gpus-list",
+        "get",
+        lambda w: "/api/v1/gpus/",
+        LIST,
+        listed=lambda w: ("uuid", w.node.gpus.first().uuid),
+        listed_for=SIGNED_IN_ROLES,
+    ),
+    Case(
+        "gpus-retrieve",
+        "get",
+        lambda w: f"/api/v1/gpus/{w.node.gpus.first().uuid}/",
+        READ_SHARED,
+    ),
+    # jobs
+    Case(
+        "jobs-list",
+        "get",
+        lambda w: "/api/v1/jobs/",
+        LIST,
+        listed=lambda w: ("id", w.vision_job.pk),
+        setup=lambda w: w.nlp_job,
+    ),
+    Case("jobs-retrieve", "get", lambda w: f"/api/v1/jobs/{w.vision_job.pk}/", READ_VISION),
+    Case(
+        "jobs-submit",
+        "post",
+        lambda w: "/api/v1/jobs/",
+        answers(401, 404, 403, 201, 201, 201),
+        body=lambda w: job_body(),
+        setup=lambda w: w.node,
+        touches=lambda w: Job.objects.all(),
+    ),
+    Case(
+        "jobs-cancel",
+        "post",
+        lambda w: f"/api/v1/jobs/{w.vision_job.pk}/cancel/",
+        answers(401, 404, 403, 200, 200, 200),
+        touches=lambda w: Job.objects.filter(pk=w.vision_job.pk),
+    ),
+    Case("jobs-logs", "get", lambda w: f"/api/v1/jobs/{w.vision_job.pk}/logs/", READ_VISION),
+    *[
+        Case(
+            f"jobs-{method}-is-not-offered",
+            method,
+            lambda w: f"/api/v1/jobs/{w.vision_job.pk}/",
+            answers(401, 405, 405, 405, 405, 405),
+            body=lambda w: {"state": "SUCCEEDED"},
+            touches=lambda w: Job.objects.filter(pk=w.vision_job.pk),
+        )
+        for method in ("put", "patch", "delete")
+    ],
+    # join tokens
+    Case(
+        "join-tokens-list",
+        "get",
+        lambda w: "/api/v1/join-tokens/",
+        staff_only(200),
+        listed=lambda w: ("id", w.join_token.pk),
+        listed_for=frozenset({"cluster_admin"}),
+    ),
+    Case(
+        "join-tokens-retrieve",
+        "get",
+        lambda w: f"/api/v1/join-tokens/{w.join_token.pk}/",
+        staff_only(200),
+    ),
+    Case(
+        "join-tokens-create",
+        "post",
+        lambda w: "/api/v1/join-tokens/",
+        staff_only(201),
+        body=lambda w: {"pool": w.pool.name, "max_uses": 2},
+        touches=lambda w: JoinToken.objects.all(),
+    ),
+    Case(
+        "join-tokens-revoke",
+        "delete",
+        lambda w: f"/api/v1/join-tokens/{w.join_token.pk}/",
+        staff_only(204),
+        touches=lambda w: JoinToken.objects.all(),
+    ),
+    # api tokens: each person's own, admins included
+    Case(
+        "api-tokens-list",
+        "get",
+        lambda w: "/api/v1/api-tokens/",
+        LIST,
+        listed=lambda w: ("id", w.alice_token.pk),
+        listed_for=frozenset({"member"}),
+    ),
+    Case(
+        "api-tokens-retrieve",
+        "get",
+        lambda w: f"/api/v1/api-tokens/{w.alice_token.pk}/",
+        own_only(200),
+    ),
+    Case(
+        "api-tokens-create",
+        "post",
+        lambda w: "/api/v1/api-tokens/",
+        anyone_signed_in(201),
+        body=lambda w: {"name": "ci"},
+        touches=lambda w: ApiToken.objects.all(),
+    ),
+    Case(
+        "api-tokens-revoke",
+        "delete",
+        lambda w: f"/api/v1/api-tokens/{w.alice_token.pk}/",
+        own_only(204),
+        touches=lambda w: ApiToken.objects.all(),
+    ),
+    # accounting (chargeback): members see their tenants' rows only
+    Case(
+        "accounting-usage",
+        "get",
+        lambda w: "/api/v1/accounting/usage/",
+        LIST,
+        listed=lambda w: ("tenant", w.vision.slug),
+        setup=lambda w: w.nlp,
+    ),
+]
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_endpoint_answers_each_role_as_declared(world, case, role):
+    case.setup(world)
+    url = case.url(world)
+    body = case.body(world) if case.body else None
+    client = world.client(role)
+    before = rows(case.touches(world)) if case.touches else None
+    key, value = case.listed(world) if case.listed else (None, None)
+
+    response = getattr(client, case.method)(url, body, format="json")
+
+    assert response.status_code == case.expect[role], response.content
+    if case.listed and response.status_code == 200:
+        shown = [row[key] for row in results(response)]
+        assert (value in shown) == (role in case.listed_for), shown
+    if case.touches and response.status_code >= 400:
+        assert rows(case.touches(world)) == before
+
+
+def test_every_api_route_is_in_the_matrix():
+    """A new endpoint without a row above fails here, so nobody forgets its permissions."""
+    from controlplane.api_urls import router
+
+    covered = {c.name.split("-is-not-offered")[0] for c in CASES}
+    for prefix, viewset, _ in router.registry:
+        for route in router.get_routes(viewset):
+            for method, action in route.mapping.items():
+                if not hasattr(viewset, action):
+                    continue
+                name = {
+                    "list": "list",
+                    "retrieve": "retrieve",
+                    "create": "submit" if prefix == "jobs" else "create",
+                    "partial_update": "update",
+                    "update": "replace",
+                    "destroy": "revoke" if prefix.endswith("tokens") else "delete",
+                }.get(action, action)
+                assert f"{prefix}-{name}" in covered, f"{method.upper()} {prefix} ({action})"

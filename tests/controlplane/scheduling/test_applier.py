@@ -1,0 +1,321 @@
+"""The applier against plans built by hand, so each rule is shown on exactly the rows it names."""
+
+import logging
+
+import pytest
+from django.db import transaction
+
+from controlplane.cluster.models import GPU, NodeState
+from controlplane.jobs import actions
+from controlplane.jobs.models import Allocation, Job, JobAttempt, JobState
+from controlplane.scheduling import notify
+from controlplane.scheduling.applier import apply_plan
+from controlplane.scheduling.loader import load_snapshot
+from scheduler import model as m
+
+pytestmark = pytest.mark.django_db
+
+
+def start(job, *placements, borrowed=False):
+    return m.Start(
+        job_id=job.pk,
+        placements=tuple((node, tuple(uuids)) for node, uuids in placements),
+        borrowed=borrowed,
+    )
+
+
+def waiting(job, code=m.ReasonCode.NO_CAPACITY, reason="waiting", position=1, eta_s=None):
+    return m.PendingDecision(
+        job_id=job.pk,
+        reason_code=code,
+        reason=reason,
+        queue_position=position,
+        estimated_start_s=eta_s,
+    )
+
+
+def test_a_start_creates_the_attempt_with_its_allocations_and_admits_the_job(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=4)
+    job = make_job(vision, alice, gpus=2)
+    loaded = load_snapshot()
+    seen = notify.node_version("n1")
+    result = apply_plan(
+        m.Plan(
+            starts=(start(job, ("n1", ["GPU-n1-0", "GPU-n1-1"]), borrowed=True),),
+            predicted_duration_s={job.pk: 420.0},
+        ),
+        loaded,
+    )
+    job.refresh_from_db()
+    assert job.state == JobState.ADMITTED
+    assert job.predicted_duration_s == 420.0
+    attempt = job.attempts.get()
+    assert (attempt.node.name, attempt.borrowed, attempt.number) == ("n1", True, 1)
+    assert sorted(a.gpu.uuid for a in attempt.allocations.filter(active=True)) == [
+        "GPU-n1-0",
+        "GPU-n1-1",
+    ]
+    assert result.started == [job.pk] and result.skipped_rows == 0
+    assert result.nodes_changed == {"n1"}
+    # Inside the test's transaction nothing commits, so the node is not told yet.
+    assert notify.node_version("n1") == seen
+
+
+def test_a_gang_across_nodes_is_admitted_as_one_attempt_holding_all_its_gpus(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=2)
+    make_node("n2", gpus=2)
+    job = make_job(vision, alice, gpus=3)
+    result = apply_plan(
+        m.Plan(starts=(start(job, ("n1", ["GPU-n1-0", "GPU-n1-1"]), ("n2", ["GPU-n2-0"])),)),
+        load_snapshot(),
+    )
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.allocations.count() == 3
+    assert result.nodes_changed == {"n1", "n2"}
+
+
+def test_a_job_cancelled_between_load_and_apply_is_skipped_and_logged(
+    make_node, make_job, vision, alice, caplog
+):
+    make_node("n1", gpus=2)
+    cancelled = make_job(vision, alice, name="cancelled")
+    kept = make_job(vision, alice, name="kept")
+    loaded = load_snapshot()
+    actions.cancel_job(cancelled, actor=alice)
+    plan = m.Plan(
+        starts=(
+            start(cancelled, ("n1", ["GPU-n1-0"])),
+            start(kept, ("n1", ["GPU-n1-1"])),
+        )
+    )
+    with caplog.at_level(logging.INFO, logger="controlplane.scheduling.applier"):
+        result = apply_plan(plan, loaded)
+    cancelled.refresh_from_db()
+    assert cancelled.state == JobState.CANCELLED
+    assert cancelled.attempts.count() == 0
+    assert result.started == [kept.pk]
+    assert [(s.kind, s.id) for s in result.skipped] == [("start", cancelled.pk)]
+    assert f"skipped start {cancelled.pk}" in caplog.text
+    assert "CANCELLED" in caplog.text
+
+
+def test_a_job_is_never_started_twice_from_the_same_plan(make_node, make_job, vision, alice):
+    make_node("n1", gpus=2)
+    job = make_job(vision, alice)
+    loaded = load_snapshot()
+    plan = m.Plan(starts=(start(job, ("n1", ["GPU-n1-0"])),))
+    apply_plan(plan, loaded)
+    again = apply_plan(plan, loaded)
+    assert again.started == [] and again.skipped_rows == 1
+    assert JobAttempt.objects.filter(job=job).count() == 1
+
+
+def test_a_gpu_already_held_skips_only_the_job_that_wanted_it(make_node, make_job, vision, alice):
+    make_node("n1", gpus=2)
+    first = make_job(vision, alice, name="first")
+    second = make_job(vision, alice, name="second", gpus=2)
+    third = make_job(vision, alice, name="third")
+    plan = m.Plan(
+        starts=(
+            start(first, ("n1", ["GPU-n1-0"])),
+            # A plan that is wrong about GPU-n1-0: the unique index has the last word.
+            start(second, ("n1", ["GPU-n1-1", "GPU-n1-0"])),
+            start(third, ("n1", ["GPU-n1-1"])),
+        )
+    )
+    result = apply_plan(plan, load_snapshot())
+    assert result.started == [first.pk, third.pk]
+    assert [(s.id, s.why) for s in result.skipped] == [
+        (second.pk, "one of its GPUs is already allocated")
+    ]
+    second.refresh_from_db()
+    assert (second.state, second.attempts.count(), second.attempt_count) == (JobState.PENDING, 0, 0)
+    assert Allocation.objects.filter(active=True).count() == 2
+
+
+def test_a_node_cordoned_since_the_snapshot_gets_no_new_work(make_node, make_job, vision, alice):
+    node = make_node("n1", gpus=1)
+    job = make_job(vision, alice)
+    loaded = load_snapshot()
+    node.state = NodeState.CORDONED
+    node.save()
+    result = apply_plan(m.Plan(starts=(start(job, ("n1", ["GPU-n1-0"])),)), loaded)
+    assert result.started == []
+    assert result.skipped[0].why == "node n1 stopped taking new work"
+
+
+def test_an_apply_that_dies_half_way_leaves_nothing_applied(
+    make_node, make_job, vision, alice, monkeypatch
+):
+    make_node("n1", gpus=2)
+    first = make_job(vision, alice, name="first")
+    second = make_job(vision, alice, name="second")
+    waiting_job = make_job(vision, alice, name="third")
+    real_admit = actions.admit_job
+    calls = []
+
+    def admit_then_die(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("worker killed")
+        return real_admit(*args, **kwargs)
+
+    monkeypatch.setattr(actions, "admit_job", admit_then_die)
+    plan = m.Plan(
+        starts=(start(first, ("n1", ["GPU-n1-0"])), start(second, ("n1", ["GPU-n1-1"]))),
+        pending=(waiting(waiting_job, reason="no room"),),
+        power_caps_w={"GPU-n1-0": 500.0},
+    )
+    with pytest.raises(RuntimeError), transaction.atomic():
+        apply_plan(plan, load_snapshot())
+    assert not JobAttempt.objects.exists()
+    assert not Allocation.objects.exists()
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.PENDING}
+    assert Job.objects.get(pk=waiting_job.pk).pending_reason == ""
+    assert GPU.objects.get(uuid="GPU-n1-0").desired_power_cap_w is None
+
+
+def test_pending_reasons_positions_and_estimates_are_stored_on_the_job(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=1)
+    job = make_job(vision, alice, gpus=4)
+    loaded = load_snapshot()
+    eta_s = loaded.snapshot.now_s + 3600
+    sentence = "waiting for 4 x H100: only 1 exists"
+    result = apply_plan(
+        m.Plan(
+            pending=(waiting(job, m.ReasonCode.NO_MATCHING_GPUS, sentence, 3, eta_s),),
+            predicted_duration_s={job.pk: 1800.0},
+        ),
+        loaded,
+    )
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+    assert (job.pending_reason_code, job.pending_reason, job.queue_position) == (
+        "no_matching_gpus",
+        sentence,
+        3,
+    )
+    assert job.estimated_start_at.timestamp() == pytest.approx(eta_s, abs=1)
+    assert job.predicted_duration_s == 1800.0
+    assert result.pending_rows_written == 1
+
+
+def test_an_unchanged_reason_is_not_written_again(make_node, make_job, vision, alice):
+    make_node("n1", gpus=1)
+    job = make_job(vision, alice, gpus=4)
+    plan = m.Plan(pending=(waiting(job, reason="same"),))
+    assert apply_plan(plan, load_snapshot()).pending_rows_written == 1
+    assert apply_plan(plan, load_snapshot()).pending_rows_written == 0
+    moved = m.Plan(pending=(waiting(job, reason="same", position=2),))
+    assert apply_plan(moved, load_snapshot()).pending_rows_written == 1
+
+
+def test_a_reason_never_lands_on_a_job_that_left_the_queue(make_node, make_job, vision, alice):
+    make_node("n1", gpus=1)
+    job = make_job(vision, alice, gpus=4)
+    loaded = load_snapshot()
+    actions.cancel_job(job)
+    apply_plan(m.Plan(pending=(waiting(job, reason="stale"),)), loaded)
+    job.refresh_from_db()
+    assert (job.state, job.pending_reason, job.queue_position) == (JobState.CANCELLED, "", None)
+
+
+def test_a_preemption_marks_the_attempt_to_stop_and_the_job_requeues_when_the_node_confirms(
+    make_node, make_job, vision, nlp, alice, bob
+):
+    make_node("n1", gpus=1)
+    make_node("n2", gpus=1)
+    borrower = make_job(nlp, bob)
+    apply_plan(
+        m.Plan(starts=(start(borrower, ("n1", ["GPU-n1-0"]), borrowed=True),)), load_snapshot()
+    )
+    attempt = JobAttempt.objects.get(job=borrower)
+    actions.mark_attempt_running(attempt)
+    owner = make_job(vision, alice)
+    plan = m.Plan(
+        preemptions=(
+            m.Preemption(
+                attempt_id=attempt.pk,
+                job_id=borrower.pk,
+                reason="vision needs its guaranteed GPUs back",
+                for_job_id=owner.pk,
+            ),
+        )
+    )
+    result = apply_plan(plan, load_snapshot())
+    assert result.preempted == [attempt.pk]
+    assert result.nodes_changed == {"n1"}
+    attempt.refresh_from_db()
+    borrower.refresh_from_db()
+    assert attempt.stop_reason == "preempted" and attempt.stop_requested_at is not None
+    # The GPU stays held until the node says the container is gone.
+    assert borrower.state == JobState.RUNNING
+    assert Allocation.objects.filter(attempt=attempt, active=True).count() == 1
+    assert borrower.events.filter(kind="stop_requested").get().message == (
+        "vision needs its guaranteed GPUs back"
+    )
+    # Asking twice changes nothing and is counted as skipped.
+    assert apply_plan(plan, load_snapshot()).skipped_rows == 1
+    actions.finish_attempt(attempt, exit_code=137)
+    borrower.refresh_from_db()
+    assert borrower.state == JobState.PENDING
+    states = list(borrower.events.values_list("to_state", flat=True))
+    assert states[-2:] == [JobState.PREEMPTED, JobState.PENDING]
+    assert not Allocation.objects.filter(active=True).exists()
+
+
+def test_a_preemption_of_an_attempt_that_already_ended_is_skipped(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=1)
+    job = make_job(vision, alice)
+    apply_plan(m.Plan(starts=(start(job, ("n1", ["GPU-n1-0"])),)), load_snapshot())
+    attempt = JobAttempt.objects.get(job=job)
+    loaded = load_snapshot()
+    actions.finish_attempt(attempt, exit_code=0)
+    plan = m.Plan(preemptions=(m.Preemption(attempt_id=attempt.pk, job_id=job.pk, reason="x"),))
+    result = apply_plan(plan, loaded)
+    assert result.preempted == [] and result.skipped[0].kind == "preemption"
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+
+
+def test_desired_power_caps_are_written_only_where_they_move(make_node):
+    make_node("n1", gpus=2)
+    make_node("n2", gpus=1)
+    GPU.objects.filter(uuid="GPU-n1-1").update(desired_power_cap_w=450.0)
+    result = apply_plan(
+        m.Plan(power_caps_w={"GPU-n1-0": 450.0, "GPU-n1-1": 450.0, "GPU-n2-0": 200.0}),
+        load_snapshot(),
+    )
+    assert result.power_caps_written == 2
+    assert result.nodes_changed == {"n1", "n2"}
+    caps = dict(GPU.objects.values_list("uuid", "desired_power_cap_w"))
+    assert caps == {"GPU-n1-0": 450.0, "GPU-n1-1": 450.0, "GPU-n2-0": 200.0}
+    assert apply_plan(m.Plan(power_caps_w=caps), load_snapshot()).nodes_changed == set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_nodes_are_told_once_the_plan_has_committed(make_node, make_job, vision, alice):
+    from controlplane.redis_client import get_redis
+
+    make_node("n1", gpus=1)
+    make_node("n2", gpus=1)
+    job = make_job(vision, alice)
+    subscriber = get_redis().pubsub()
+    subscriber.subscribe(notify.node_channel("n1"), notify.node_channel("n2"))
+    assert subscriber.get_message(timeout=2)["type"] == "subscribe"
+    assert subscriber.get_message(timeout=2)["type"] == "subscribe"
+    seen = notify.node_version("n1")
+    apply_plan(m.Plan(starts=(start(job, ("n1", ["GPU-n1-0"])),)), load_snapshot())
+    assert notify.node_version("n1") == seen + 1
+    message = subscriber.get_message(timeout=5)
+    assert (message["channel"], message["data"]) == (b"gpucp:node:n1", b"changed")
+    assert subscriber.get_message(timeout=0.5) is None
+    subscriber.close()

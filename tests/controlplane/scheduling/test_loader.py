@@ -1,0 +1,196 @@
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.cluster.models import NodeState
+from controlplane.jobs import actions
+from controlplane.jobs.models import Job, JobAttempt
+from controlplane.scheduling.loader import load_snapshot
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(job, node, gpus, *, started_ago_s=0.0, borrowed=False):
+    attempt = actions.admit_job(job, node=node, gpus=gpus, borrowed=borrowed)
+    actions.mark_attempt_running(
+        attempt, started_at=timezone.now() - timedelta(seconds=started_ago_s)
+    )
+    attempt.refresh_from_db()
+    return attempt
+
+
+def _finish(attempt, *, exit_code=0):
+    attempt.refresh_from_db()
+    actions.finish_attempt(attempt, exit_code=exit_code)
+
+
+def _populate(make_node, make_job, vision, nlp, alice, bob, *, scale: int):
+    """A cluster with every kind of row the loader reads, `scale` times over."""
+    for i in range(scale):
+        ready = make_node(f"n{scale}-{i}-ready", gpus=4)
+        make_node(f"n{scale}-{i}-cordoned", gpus=2, state=NodeState.CORDONED)
+        make_node(f"n{scale}-{i}-down", gpus=2, ready=False)
+        gpus = list(ready.gpus.order_by("index"))
+        done = make_job(vision, alice, name=f"done-{scale}-{i}")
+        _finish(_run(done, ready, gpus[:1], started_ago_s=120))
+        running = make_job(nlp, bob, name=f"run-{scale}-{i}", gpus=2)
+        _run(running, ready, gpus[1:3], started_ago_s=30)
+        make_job(vision, alice, name=f"wait-{scale}-{i}", gpus=4)
+        make_job(nlp, bob, name=f"wait-{scale}-{i}", gpu_type="H100-SXM-80GB")
+
+
+def test_the_loader_reads_the_cluster_in_the_same_number_of_queries_however_big_it_is(
+    make_node, make_job, vision, nlp, alice, bob, django_assert_num_queries
+):
+    _populate(make_node, make_job, vision, nlp, alice, bob, scale=1)
+    with django_assert_num_queries(10):
+        small = load_snapshot()
+    _populate(make_node, make_job, vision, nlp, alice, bob, scale=6)
+    with django_assert_num_queries(10):
+        big = load_snapshot()
+    assert len(big.snapshot.nodes) == 7 * 3 > len(small.snapshot.nodes)
+    assert len(big.snapshot.pending) == 7 * 2 > len(small.snapshot.pending)
+    assert len(big.snapshot.running) == 7 > len(small.snapshot.running)
+    assert len(big.snapshot.history) == 7 > len(small.snapshot.history)
+
+
+def test_only_a_ready_node_in_state_ready_takes_new_work(make_node):
+    make_node("ok", gpus=1)
+    make_node("cordoned", gpus=1, state=NodeState.CORDONED)
+    make_node("draining", gpus=1, state=NodeState.DRAINING)
+    make_node("silent", gpus=1, ready=False)
+    nodes = {n.name: n for n in load_snapshot().snapshot.nodes}
+    assert {name for name, n in nodes.items() if n.schedulable} == {"ok"}
+    assert {name for name, n in nodes.items() if n.draining} == {"draining"}
+    assert nodes["ok"].pool == "default"
+    assert [g.uuid for g in nodes["ok"].gpus] == ["GPU-ok-0"]
+    assert nodes["ok"].gpus[0].gpu_type == "H100-SXM-80GB"
+
+
+def test_a_running_attempt_carries_its_gpus_its_tenant_and_whether_it_is_stopping(
+    make_node, make_job, vision, alice
+):
+    node = make_node("n1", gpus=4)
+    gpus = list(node.gpus.order_by("index"))
+    job = make_job(vision, alice, gpus=2, priority="high", estimated_duration_s=600)
+    attempt = _run(job, node, gpus[:2], started_ago_s=100, borrowed=True)
+    loaded = load_snapshot()
+    (running,) = loaded.snapshot.running
+    assert running.attempt_id == attempt.pk
+    assert (running.tenant, running.user, running.priority) == ("vision", "alice", 200)
+    assert running.gpus == ("GPU-n1-0", "GPU-n1-1")
+    assert running.gpu_type == "H100-SXM-80GB"
+    assert running.stopping is False
+    assert running.predicted_end_s == pytest.approx(running.started_at_s + 600)
+    assert running.attained_service_s == pytest.approx(200, abs=5)
+    actions.request_stop(attempt, reason="preempted", message="reclaimed")
+    (running,) = load_snapshot().snapshot.running
+    assert running.stopping is True
+
+
+def test_a_requeued_job_remembers_the_gpu_seconds_of_its_earlier_attempts(
+    make_node, make_job, vision, alice
+):
+    node = make_node("n1", gpus=2)
+    job = make_job(vision, alice, gpus=2)
+    attempt = _run(job, node, list(node.gpus.all()), started_ago_s=50)
+    actions.request_stop(attempt, reason="preempted", message="reclaimed")
+    _finish(attempt, exit_code=137)
+    job.refresh_from_db()
+    assert job.state == "PENDING"
+    loaded = load_snapshot()
+    (pending,) = loaded.snapshot.pending
+    assert pending.attained_service_s == pytest.approx(100, abs=5)
+    assert loaded.pending_rows[job.pk].attempt_count == 1
+
+
+def test_pending_jobs_are_offered_oldest_first_with_their_request(
+    make_node, make_job, vision, nlp, alice, bob
+):
+    make_node("n1", gpus=8)
+    first = make_job(vision, alice, name="a", gpus=2, gpu_type="H100-SXM-80GB", priority="low")
+    second = make_job(nlp, bob, name="b", gpus=1, cpus=8, memory_mib=32768, max_runtime_s=600)
+    pending = load_snapshot().snapshot.pending
+    assert [p.job_id for p in pending] == [first.pk, second.pk]
+    a, b = pending
+    assert (a.tenant, a.user, a.gpus, a.gpu_type, a.priority) == (
+        "vision",
+        "alice",
+        2,
+        "H100-SXM-80GB",
+        50,
+    )
+    assert (b.gpu_type, b.cpus, b.memory_mib, b.max_runtime_s) == ("", 8.0, 32768, 600.0)
+    assert a.submitted_at_s <= b.submitted_at_s
+
+
+def test_a_deactivated_tenants_jobs_are_not_offered_but_its_running_work_still_counts(
+    make_node, make_job, vision, nlp, alice, bob
+):
+    node = make_node("n1", gpus=2)
+    _run(make_job(vision, alice), node, [node.gpus.get(index=0)])
+    make_job(vision, alice, name="queued")
+    make_job(nlp, bob, name="other")
+    vision.active = False
+    vision.save()
+    snapshot = load_snapshot().snapshot
+    assert [p.tenant for p in snapshot.pending] == ["nlp"]
+    assert [r.tenant for r in snapshot.running] == ["vision"]
+    assert {t.name for t in snapshot.tenants} == {"vision", "nlp"}
+
+
+def test_tenants_come_with_their_quotas_weight_and_tightest_running_jobs_cap(vision, nlp):
+    from controlplane.tenancy.models import Quota
+
+    Quota.objects.create(tenant=vision, gpu_type="", guaranteed_gpus=0, limit_gpus=20)
+    Quota.objects.filter(tenant=vision, gpu_type="H100-SXM-80GB").update(max_running_jobs=5)
+    Quota.objects.filter(tenant=vision, gpu_type="").update(max_running_jobs=3)
+    nlp.weight = 2.0
+    nlp.save()
+    tenants = {t.name: t for t in load_snapshot().snapshot.tenants}
+    assert tenants["nlp"].weight == 2.0
+    assert tenants["nlp"].max_running_jobs is None
+    assert tenants["vision"].max_running_jobs == 3
+    assert {(q.gpu_type, q.guaranteed_gpus, q.limit_gpus) for q in tenants["vision"].quotas} == {
+        ("", 0, 20),
+        ("H100-SXM-80GB", 8, 16),
+    }
+    assert tenants["vision"].budget_action is None
+
+
+def test_history_holds_how_long_recent_successful_jobs_really_ran(
+    make_node, make_job, vision, alice
+):
+    node = make_node("n1", gpus=1)
+    gpu = node.gpus.get()
+    ok = make_job(vision, alice, name="resnet")
+    _finish(_run(ok, node, [gpu], started_ago_s=300))
+    failed = make_job(vision, alice, name="broken")
+    _finish(_run(failed, node, [gpu], started_ago_s=10), exit_code=1)
+    old = make_job(vision, alice, name="ancient")
+    attempt = _run(old, node, [gpu], started_ago_s=10)
+    _finish(attempt)
+    long_ago = timezone.now() - timedelta(days=365)
+    JobAttempt.objects.filter(pk=attempt.pk).update(
+        started_at=long_ago - timedelta(hours=1), finished_at=long_ago
+    )
+    (record,) = load_snapshot().snapshot.history
+    assert (record.tenant, record.user, record.name, record.gpus) == (
+        "vision",
+        "alice",
+        "resnet",
+        1,
+    )
+    assert record.duration_s == pytest.approx(300, abs=5)
+
+
+def test_a_gpu_held_by_a_stale_allocation_is_never_offered(make_node, make_job, vision, alice):
+    node = make_node("n1", gpus=2)
+    job = make_job(vision, alice)
+    attempt = _run(job, node, [node.gpus.get(index=0)])
+    # A half-finished cleanup: the attempt ended but its allocation is still active.
+    JobAttempt.objects.filter(pk=attempt.pk).update(state="SUCCEEDED")
+    Job.objects.filter(pk=job.pk).update(state="SUCCEEDED")
+    (loaded_node,) = load_snapshot().snapshot.nodes
+    assert [g.healthy for g in loaded_node.gpus] == [False, True]

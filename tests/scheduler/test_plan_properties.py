@@ -1,0 +1,308 @@
+"""Properties every plan keeps, over random snapshots and every ordering and switch."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.model import (
+    ANY_GPU_TYPE,
+    Config,
+    Gpu,
+    Node,
+    Ordering,
+    Pending,
+    Quota,
+    ReasonCode,
+    Running,
+    Snapshot,
+    Tenant,
+)
+from scheduler.policy import plan
+
+NOW = 100_000.0
+TYPES = ("H100", "A100")
+TENANTS = ("vision", "nlp", "speech", "ops")
+
+
+@st.composite
+def snapshots(draw) -> Snapshot:
+    nodes = []
+    for i in range(draw(st.integers(1, 6))):
+        n_gpus = draw(st.integers(1, 8))
+        gpu_type = draw(st.sampled_from(TYPES))
+        unhealthy = draw(st.sets(st.integers(0, n_gpus - 1), max_size=2))
+        draining = draw(st.integers(0, 5)) == 0
+        nodes.append(
+            Node(
+                name=f"n{i}",
+                pool="p",
+                gpus=tuple(
+                    Gpu(f"n{i}-g{j}", j, gpu_type, 100, 700, 700, healthy=j not in unhealthy)
+                    for j in range(n_gpus)
+                ),
+                schedulable=not draining and draw(st.integers(0, 7)) > 0,
+                draining=draining,
+                cpus=draw(st.sampled_from([0.0, 16.0, 64.0])),
+                memory_mib=draw(st.sampled_from([0, 64_000])),
+            )
+        )
+    tenants = []
+    for name in TENANTS[: draw(st.integers(1, len(TENANTS)))]:
+        quotas = []
+        for gpu_type in draw(st.sets(st.sampled_from((ANY_GPU_TYPE, *TYPES)), min_size=1)):
+            g = draw(st.integers(0, 12))
+            quotas.append(Quota(gpu_type, g, g + draw(st.integers(0, 12))))
+        tenants.append(
+            Tenant(
+                name,
+                weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
+                quotas=tuple(sorted(quotas, key=lambda q: q.gpu_type)),
+                max_running_jobs=draw(st.sampled_from([None, None, 1, 3])),
+                budget_action=draw(st.sampled_from([None, None, None, "hold", "no_borrowing"])),
+            )
+        )
+    names = [t.name for t in tenants] + ["stranger"]
+    running = []
+    job_id = 1
+    for node in nodes:
+        uuids = [g.uuid for g in node.gpus]
+        while uuids and draw(st.booleans()):
+            k = draw(st.integers(1, len(uuids)))
+            held, uuids = uuids[:k], uuids[k:]
+            running.append(_running(draw, job_id, names, tuple(held), node.gpus[0].gpu_type))
+            job_id += 1
+    pending = []
+    for _ in range(draw(st.integers(0, 14))):
+        pending.append(
+            Pending(
+                job_id=job_id,
+                tenant=draw(st.sampled_from(names)),
+                user=draw(st.sampled_from(["u1", "u2"])),
+                name=draw(st.sampled_from(["train-1", "train-2", "eval"])),
+                gpus=draw(st.integers(0, 12)),
+                gpu_type=draw(st.sampled_from((ANY_GPU_TYPE, *TYPES, "B200"))),
+                priority=draw(st.sampled_from([50, 100, 200])),
+                preemptible=draw(st.integers(0, 5)) > 0,
+                submitted_at_s=NOW - draw(st.floats(0, 20_000)),
+                predicted_duration_s=draw(st.one_of(st.none(), st.floats(1, 20_000))),
+                estimated_duration_s=draw(st.one_of(st.none(), st.floats(1, 20_000))),
+                attained_service_s=draw(st.sampled_from([0.0, 5000.0, 90_000.0])),
+                cpus=draw(st.sampled_from([0.0, 4.0, 32.0])),
+                memory_mib=draw(st.sampled_from([0, 8000])),
+            )
+        )
+        job_id += 1
+    return Snapshot(
+        now_s=NOW,
+        nodes=tuple(nodes),
+        running=tuple(running),
+        pending=tuple(pending),
+        tenants=tuple(tenants),
+    )
+
+
+def _running(draw, job_id, names, gpus, gpu_type) -> Running:
+    started_s = NOW - draw(st.floats(0, 10_000))
+    return Running(
+        attempt_id=job_id,
+        job_id=job_id,
+        tenant=draw(st.sampled_from(names)),
+        user="u1",
+        priority=draw(st.sampled_from([50, 100, 200])),
+        preemptible=draw(st.integers(0, 4)) > 0,
+        started_at_s=started_s,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        predicted_end_s=draw(st.one_of(st.none(), st.floats(NOW - 100, NOW + 20_000))),
+        stopping=draw(st.integers(0, 6)) == 0,
+        remaining_s=draw(st.one_of(st.none(), st.floats(0, 20_000))),
+        attained_service_s=draw(st.sampled_from([0.0, 5000.0, 90_000.0])),
+        cpus=draw(st.sampled_from([0.0, 8.0])),
+    )
+
+
+configs = st.builds(
+    Config,
+    ordering=st.sampled_from(list(Ordering)),
+    borrowing=st.booleans(),
+    preemption=st.booleans(),
+    backfill=st.booleans(),
+    min_runtime_s=st.sampled_from([0.0, 60.0, 3000.0]),
+    aging_period_s=st.sampled_from([0.0, 600.0, 3600.0]),
+)
+
+SETTINGS = settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_a_plan_never_hands_out_a_gpu_that_is_not_free_usable_and_of_the_right_type(snap, config):
+    p = plan(snap, config)
+    gpus = {g.uuid: (n, g) for n in snap.nodes for g in n.gpus}
+    held = {u for r in snap.running for u in r.gpus}
+    jobs = {j.job_id: j for j in snap.pending}
+    handed = [u for s in p.starts for u in s.gpu_uuids]
+    assert len(handed) == len(set(handed)), "a GPU was given twice"
+    assert not set(handed) & held, "a GPU of a running attempt was given out"
+    for s in p.starts:
+        job = jobs[s.job_id]
+        assert len(s.gpu_uuids) == max(job.gpus, 0), "a gang started partially"
+        types = set()
+        for node_name, uuids in s.placements:
+            for u in uuids:
+                node, gpu = gpus[u]
+                assert node.name == node_name
+                assert node.schedulable and gpu.healthy
+                types.add(gpu.gpu_type)
+        assert len(types) <= 1
+        if job.gpu_type and types:
+            assert types == {job.gpu_type}
+    assert len(handed) <= sum(len(n.gpus) for n in snap.nodes)
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_a_plan_never_takes_a_tenant_past_its_limit(snap, config):
+    p = plan(snap, config)
+    jobs = {j.job_id: j for j in snap.pending}
+    tenants = {t.name: t for t in snap.tenants}
+    gpu_type = {g.uuid: g.gpu_type for n in snap.nodes for g in n.gpus}
+    used: Counter = Counter()
+    for r in snap.running:
+        used[(r.tenant, r.gpu_type)] += len(r.gpus)
+        used[(r.tenant, ANY_GPU_TYPE)] += len(r.gpus)
+    added: Counter = Counter()
+    for s in p.starts:
+        job = jobs[s.job_id]
+        if not s.gpu_uuids:
+            continue
+        t = gpu_type[s.gpu_uuids[0]]
+        added[(job.tenant, t)] += len(s.gpu_uuids)
+        added[(job.tenant, ANY_GPU_TYPE)] += len(s.gpu_uuids)
+    for (tenant, key), n in added.items():
+        quotas = {q.gpu_type: q for q in tenants[tenant].quotas} if tenant in tenants else {}
+        if key != ANY_GPU_TYPE:
+            assert key in quotas or ANY_GPU_TYPE in quotas, "a type without quota was used"
+        q = quotas.get(key)
+        if q is None:
+            continue
+        may_borrow = config.borrowing and tenants[tenant].budget_action != "no_borrowing"
+        cap = q.limit_gpus if may_borrow else q.guaranteed_gpus
+        assert used[(tenant, key)] + n <= cap
+    for s in p.starts:
+        t = tenants.get(jobs[s.job_id].tenant)
+        assert t is not None and t.budget_action != "hold"
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_every_job_left_pending_has_exactly_one_reason_and_a_place_in_the_queue(snap, config):
+    p = plan(snap, config)
+    started = [s.job_id for s in p.starts]
+    assert len(started) == len(set(started))
+    decided = [d.job_id for d in p.pending]
+    assert sorted(decided) == sorted({j.job_id for j in snap.pending} - set(started))
+    assert [d.queue_position for d in p.pending] == list(range(1, len(p.pending) + 1))
+    for d in p.pending:
+        assert isinstance(d.reason_code, ReasonCode) and d.reason
+    assert set(p.predicted_duration_s) == {j.job_id for j in snap.pending}
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_only_preemptible_attempts_older_than_the_minimum_runtime_are_preempted(snap, config):
+    p = plan(snap, config)
+    attempts = {r.attempt_id: r for r in snap.running}
+    victims = [x.attempt_id for x in p.preemptions]
+    assert len(victims) == len(set(victims)), "an attempt was preempted twice"
+    for x in p.preemptions:
+        r = attempts[x.attempt_id]
+        assert r.preemptible and not r.stopping
+        assert NOW - r.started_at_s >= config.min_runtime_s
+        assert x.job_id == r.job_id
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_a_tenant_within_its_guarantee_never_loses_an_attempt_to_another_tenant(snap, config):
+    p = plan(snap, config)
+    jobs = {j.job_id: j for j in snap.pending}
+    attempts = {r.attempt_id: r for r in snap.running}
+    guarantees = {(t.name, q.gpu_type): q.guaranteed_gpus for t in snap.tenants for q in t.quotas}
+    active: Counter = Counter()
+    for r in snap.running:
+        if not r.stopping:
+            active[(r.tenant, r.gpu_type)] += len(r.gpus)
+            active[(r.tenant, ANY_GPU_TYPE)] += len(r.gpus)
+    for x in p.preemptions:
+        victim = attempts[x.attempt_id]
+        taker = jobs.get(x.for_job_id)
+        if taker is not None and taker.tenant == victim.tenant:
+            continue
+        over = [
+            active[(victim.tenant, key)] > guarantees[(victim.tenant, key)]
+            for key in (victim.gpu_type, ANY_GPU_TYPE)
+            if (victim.tenant, key) in guarantees
+        ]
+        assert any(over) or not over, f"attempt {x.attempt_id} was within its guarantee"
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(snapshots(), configs)
+def test_the_same_snapshot_always_gives_the_same_plan(snap, config):
+    assert plan(snap, config) == plan(snap, config)
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_backfill_leaves_the_head_of_the_queue_its_gpus_at_its_estimated_start(snap, config):
+    p = plan(snap, config)
+    if p.preemptions or any(d.reason_code is ReasonCode.WAITING_FOR_PREEMPTION for d in p.pending):
+        return  # GPUs set aside for preemptions are outside what this check models
+    jobs = {j.job_id: j for j in snap.pending}
+    heads = [
+        d
+        for d in p.pending
+        if d.estimated_start_s is not None
+        and d.reason_code in (ReasonCode.NO_CAPACITY, ReasonCode.GANG_FRAGMENTED)
+    ]
+    for d in heads:
+        job = jobs[d.job_id]
+        assert _can_hold(snap, p, job, d.estimated_start_s, config), f"head {job.job_id} delayed"
+
+
+def _can_hold(snap: Snapshot, p, job: Pending, at_s: float, config: Config) -> bool:
+    """Whether, at at_s, some node (or, for a gang larger than every node, the type) will have
+    the head's GPUs free, counting running attempts and this plan's starts by their ends."""
+    busy_until: dict[str, float] = {}
+    for r in snap.running:
+        end_s = r.predicted_end_s
+        if end_s is None:
+            end_s = r.started_at_s + config.default_duration_s
+        end_s = NOW if r.stopping else max(end_s, NOW)
+        for u in r.gpus:
+            busy_until[u] = end_s
+    for s in p.starts:
+        for u in s.gpu_uuids:
+            busy_until[u] = NOW + p.predicted_duration_s[s.job_id]
+    for gpu_type in [job.gpu_type] if job.gpu_type else TYPES:
+        per_node = {}
+        for node in snap.nodes:
+            if not node.schedulable:
+                continue
+            usable = [g for g in node.gpus if g.healthy and g.gpu_type == gpu_type]
+            if usable:
+                free_then = sum(1 for g in usable if busy_until.get(g.uuid, NOW) <= at_s)
+                per_node[node.name] = (len(usable), free_then)
+        biggest = max((cap for cap, _ in per_node.values()), default=0)
+        if job.gpus <= biggest:
+            if any(free >= job.gpus for _, free in per_node.values()):
+                return True
+        elif sum(free for _, free in per_node.values()) >= job.gpus:
+            return True
+    return False

@@ -1,0 +1,36 @@
+"""The entry point: named, timed steps, and a plan that leaves power to the power step."""
+
+from scheduler.model import Snapshot
+from scheduler.policy import plan
+from tests.scheduler.builders import cluster
+
+
+def test_the_plan_times_each_named_step():
+    c = cluster().node("n1").tenant("vision", 8, 8).pending(1, "vision", 2)
+    p = c.plan()
+    assert list(p.step_seconds) == [
+        "index",
+        "quota",
+        "predict",
+        "drain",
+        "order",
+        "admit",
+        "reasons",
+    ]
+    assert all(s >= 0 for s in p.step_seconds.values())
+
+
+def test_plan_leaves_power_caps_to_the_power_step():
+    p = cluster().node("n1").tenant("vision", 8, 8).pending(1, "vision", 2).plan()
+    assert p.power_caps_w == {}
+
+
+def test_an_empty_cluster_plans_nothing():
+    p = plan(Snapshot(now_s=0.0, nodes=()))
+    assert (p.starts, p.preemptions, p.pending) == ((), (), ())
+
+
+def test_a_job_without_gpus_starts_on_a_schedulable_node():
+    c = cluster().node("a", schedulable=False).node("b").tenant("ops", 0, 0).pending(1, "ops", 0)
+    (start,) = c.plan().starts
+    assert start.placements == (("b", ()),)

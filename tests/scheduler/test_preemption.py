@@ -1,0 +1,222 @@
+"""Preemption: guarantees are kept, borrowed GPUs come back, and nothing is evicted needlessly."""
+
+import pytest
+
+from scheduler.model import Config, Ordering, ReasonCode
+from scheduler.policy import plan
+from tests.scheduler.builders import (
+    cluster,
+    decision,
+    preempted,
+    start_of,
+    started,
+    with_stopping,
+    without,
+)
+
+
+def two_tenants_on_one_node():
+    return cluster().node("n1", gpus=8).tenant("vision", 8, 16).tenant("nlp", 8, 16)
+
+
+@pytest.mark.parametrize("ordering", list(Ordering))
+def test_a_tenant_within_its_guarantee_is_never_preempted(ordering):
+    # Guarantees add up to more than the cluster: vision holds exactly its 8, so nlp must wait.
+    c = (
+        two_tenants_on_one_node()
+        .running(1, "vision", 4, ran_s=7200, priority=50)
+        .running(2, "vision", 4, ran_s=600, priority=50)
+        .pending(10, "nlp", 8, priority=200, predicted_s=60)
+    )
+    p = c.plan(ordering=ordering, min_runtime_s=0)
+    assert p.preemptions == ()
+    assert decision(p, 10).reason_code is ReasonCode.NO_CAPACITY
+
+
+def test_borrowed_work_is_reclaimed_when_the_owner_needs_its_gpus():
+    c = (
+        cluster()
+        .nodes(2, gpus=8)
+        .tenant("vision", 8, 16)
+        .tenant("nlp", 8, 16)
+        .running(1, "vision", 8, "n1", ran_s=7200)
+        .running(2, "vision", 4, "n2", ran_s=1800)
+        .running(3, "vision", 4, "n2", ran_s=900)
+        .pending(10, "nlp", 8)
+    )
+    first = plan(c.snapshot())
+    assert preempted(first) == {2, 3}
+    assert {p.for_job_id for p in first.preemptions} == {10}
+    assert started(first) == set()
+    assert decision(first, 10).reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+
+    # While the victims stop, their GPUs stay promised to job 10: nothing more is evicted.
+    stopping = with_stopping(c.snapshot(), {2, 3})
+    second = plan(stopping)
+    assert second.preemptions == ()
+    assert decision(second, 10).reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+
+    third = plan(without(stopping, {2, 3}))
+    assert start_of(third, 10).node == "n2"
+    assert start_of(third, 10).borrowed is False
+
+
+def test_borrowed_work_younger_than_the_minimum_runtime_is_not_preempted():
+    c = (
+        cluster()
+        .nodes(2, gpus=8)
+        .tenant("vision", 8, 16)
+        .tenant("nlp", 8, 16)
+        .running(1, "vision", 8, "n1", ran_s=3600)
+        .running(2, "vision", 8, "n2", ran_s=30)
+        .pending(10, "nlp", 8)
+    )
+    p = c.plan(min_runtime_s=60)
+    assert p.preemptions == ()
+    assert decision(p, 10).reason_code is ReasonCode.NO_CAPACITY
+    # Half a minute later it has run long enough.
+    later = plan(c.at(c.now_s + 30).snapshot(), Config(min_runtime_s=60))
+    assert preempted(later) == {2}
+
+
+def test_preemption_evicts_the_youngest_borrowed_attempts_first():
+    c = (
+        cluster()
+        .nodes(2, gpus=8)
+        .tenant("vision", 4, 16)
+        .tenant("nlp", 4, 16)
+        .running(1, "vision", 4, "n1", ran_s=9000)
+        .running(2, "vision", 4, "n1", ran_s=8000)
+        .running(3, "vision", 4, "n2", ran_s=7000)
+        .running(4, "vision", 4, "n2", ran_s=6000)
+        .pending(10, "nlp", 4)
+    )
+    assert preempted(c.plan()) == {4}
+
+
+@pytest.mark.parametrize(
+    "attempts, needed, evicted",
+    [
+        # (job id, GPUs, seconds run) on one node; the youngest alone is enough
+        ([(1, 4, 9000), (2, 1, 3000), (3, 1, 2000), (4, 2, 1000)], 2, {4}),
+        # the youngest is too small, the next is enough on its own: the youngest is given back
+        ([(1, 2, 9000), (2, 4, 2000), (3, 1, 1000)], 4, {2}),
+        # two of three are needed
+        ([(1, 2, 9000), (2, 2, 2000), (3, 3, 1000)], 5, {2, 3}),
+    ],
+)
+def test_preemption_never_evicts_more_than_needed(attempts, needed, evicted):
+    c = cluster().node("n1", gpus=8).node("n2", gpus=8)
+    c.tenant("vision", 0, 16).tenant("nlp", 8, 16)
+    c.running(100, "vision", 8, "n2", ran_s=9999)  # n2 is full of vision's borrowed work too
+    for job_id, gpus, ran_s in attempts:
+        c.running(job_id, "vision", gpus, "n1", ran_s=ran_s)
+    c.pending(10, "nlp", needed)
+    p = c.plan()
+    assert preempted(p) == evicted
+
+
+def test_a_tenant_is_not_pushed_below_its_guarantee_by_another():
+    # vision is only 2 over its guarantee; nlp needs 4 and may not take vision's guaranteed GPUs.
+    c = (
+        two_tenants_on_one_node()
+        .tenant("vision", 6, 16)
+        .running(1, "vision", 6, ran_s=9000)
+        .running(2, "vision", 2, ran_s=100)
+        .pending(10, "nlp", 4)
+    )
+    p = c.plan()
+    assert p.preemptions == ()
+    assert decision(p, 10).reason_code is ReasonCode.NO_CAPACITY
+
+
+def test_higher_priority_preempts_lower_priority_inside_a_tenant():
+    c = (
+        cluster()
+        .node("n1", gpus=8)
+        .tenant("vision", 8, 8)
+        .running(1, "vision", 4, priority=100, ran_s=3000)
+        .running(2, "vision", 4, priority=50, ran_s=5000)
+        .pending(10, "vision", 4, priority=200)
+    )
+    p = c.plan()
+    assert preempted(p) == {2}
+    assert "higher priority" in p.preemptions[0].reason
+    assert decision(p, 10).reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+
+
+def test_equal_priority_does_not_preempt_inside_a_tenant():
+    c = (
+        cluster()
+        .node("n1", gpus=8)
+        .tenant("vision", 8, 8)
+        .running(1, "vision", 8, priority=100)
+        .pending(10, "vision", 4, priority=100)
+    )
+    p = c.plan()
+    assert p.preemptions == ()
+    assert decision(p, 10).reason_code is ReasonCode.QUOTA_LIMIT
+
+
+def test_nothing_is_preempted_when_preemption_is_off():
+    c = (
+        two_tenants_on_one_node()
+        .tenant("vision", 0, 16)
+        .running(1, "vision", 8)
+        .pending(10, "nlp", 8)
+    )
+    p = c.plan(preemption=False)
+    assert p.preemptions == ()
+    assert decision(p, 10).reason_code is ReasonCode.NO_CAPACITY
+
+
+def test_a_non_preemptible_attempt_is_never_preempted():
+    c = (
+        two_tenants_on_one_node()
+        .tenant("vision", 0, 16)
+        .running(1, "vision", 8, preemptible=False)
+        .pending(10, "nlp", 8)
+    )
+    assert c.plan().preemptions == ()
+
+
+def test_borrowed_attempts_on_a_draining_node_are_preempted_and_guaranteed_ones_stay():
+    c = (
+        cluster()
+        .node("n1", gpus=8, draining=True)
+        .node("n2", gpus=8)
+        .tenant("vision", 4, 16)
+        .running(1, "vision", 4, "n1", ran_s=9000)
+        .running(2, "vision", 4, "n1", ran_s=100)
+    )
+    p = c.plan()
+    assert preempted(p) == {2}
+    assert p.preemptions[0].reason == "node draining"
+
+
+def test_srtf_preempts_a_longer_remaining_job_for_a_shorter_one():
+    c = (
+        cluster()
+        .node("n1", gpus=4)
+        .tenant("vision", 4, 4)
+        .running(1, "vision", 4, remaining_s=5000)
+        .pending(10, "vision", 4, predicted_s=600)
+        .pending(11, "vision", 4, predicted_s=9000)
+    )
+    p = c.plan(ordering=Ordering.SRTF, borrowing=False, backfill=False, min_runtime_s=0)
+    assert preempted(p) == {1}
+    assert "shorter remaining time" in p.preemptions[0].reason
+    # Without preemption SRTF only reorders the queue.
+    assert c.plan(ordering=Ordering.SRTF, preemption=False).preemptions == ()
+
+
+def test_las_preempts_a_job_that_received_more_service_for_one_that_received_less():
+    c = (
+        cluster()
+        .node("n1", gpus=4)
+        .tenant("vision", 4, 4)
+        .running(1, "vision", 4, attained_service_s=50_000.0)
+        .pending(10, "vision", 4, attained_service_s=0.0)
+    )
+    p = c.plan(ordering=Ordering.LAS, borrowing=False, backfill=False, min_runtime_s=0)
+    assert preempted(p) == {1}

@@ -1,0 +1,132 @@
+"""Quotas: guarantees, limits, borrowing, budgets and the running-jobs cap."""
+
+import pytest
+
+from scheduler.model import ANY_GPU_TYPE, ReasonCode
+from tests.scheduler.builders import cluster, decision, start_of, started
+
+
+def vision_with_sixteen_one_gpu_jobs():
+    c = cluster().nodes(2, gpus=8).tenant("vision", 8, 16).tenant("nlp", 8, 16)
+    for job_id in range(1, 17):
+        c.pending(job_id, "vision", 1)
+    return c
+
+
+def test_a_tenant_borrows_idle_gpus_up_to_its_limit_and_borrowed_starts_are_marked():
+    c = vision_with_sixteen_one_gpu_jobs().pending(17, "vision", 1)
+    p = c.plan()
+    assert started(p) == set(range(1, 17))
+    assert sum(s.borrowed for s in p.starts) == 8
+    assert all(not start_of(p, j).borrowed for j in range(1, 9))
+    assert decision(p, 17).reason_code is ReasonCode.QUOTA_LIMIT
+    assert decision(p, 17).reason == (
+        "waiting for 1 GPU of any type: tenant vision uses 16 of its limit of 16 GPUs"
+    )
+
+
+def test_static_partition_baseline_leaves_a_tenant_idle_while_another_queues():
+    p = vision_with_sixteen_one_gpu_jobs().plan(borrowing=False)
+    assert started(p) == set(range(1, 9))
+    assert all(not s.borrowed for s in p.starts)
+    assert {decision(p, j).reason_code for j in range(9, 17)} == {ReasonCode.STATIC_PARTITION}
+    # Eight GPUs stay idle: nlp's partition, which nlp does not use.
+    assert sum(len(s.gpu_uuids) for s in p.starts) == 8
+
+
+def test_the_any_type_quota_caps_the_sum_over_gpu_types():
+    c = (
+        cluster()
+        .node("h1", gpus=8, type="H100")
+        .node("a1", gpus=8, type="A100")
+        .tenant("vision", 4, 4, type="H100")
+        .quota("vision", "A100", 4, 8)
+        .quota("vision", ANY_GPU_TYPE, 6, 9)
+        .pending(1, "vision", 4, "H100")
+        .pending(2, "vision", 4, "A100")
+        .pending(3, "vision", 2, "A100")
+        .pending(4, "vision", 2, "H100")
+    )
+    p = c.plan()
+    # Guaranteed work first: job 3 fits the 6 guaranteed beside job 1, job 2 does not.
+    assert started(p) == {1, 3}
+    assert not start_of(p, 1).borrowed and not start_of(p, 3).borrowed
+    # A100 alone would allow 4 more (2 of 8), but the sum would be 10 of 9.
+    assert decision(p, 2).reason == (
+        "waiting for 4 x A100: tenant vision uses 6 of its limit of 9 GPUs"
+    )
+    assert decision(p, 4).reason == (
+        "waiting for 2 x H100: tenant vision uses 4 of its limit of 4 H100"
+    )
+
+
+def test_a_tenant_without_a_quota_for_a_type_cannot_use_it():
+    c = (
+        cluster()
+        .node("h1", gpus=8, type="H100")
+        .tenant("vision", 8, 8, type="A100")
+        .pending(1, "vision", 1, "H100")
+    )
+    d = decision(c.plan(), 1)
+    assert d.reason_code is ReasonCode.QUOTA_LIMIT
+    assert d.reason == "waiting for 1 x H100: tenant vision has no quota for H100 GPUs"
+
+
+def test_a_non_preemptible_job_only_uses_the_guarantee():
+    c = (
+        cluster()
+        .node("n1", gpus=8)
+        .tenant("vision", 2, 8)
+        .running(1, "vision", 2)
+        .pending(2, "vision", 2, preemptible=False)
+        .pending(3, "vision", 2)
+    )
+    p = c.plan()
+    assert started(p) == {3}
+    assert decision(p, 2).reason_code is ReasonCode.QUOTA_LIMIT
+    assert "cannot be preempted" in decision(p, 2).reason
+
+
+@pytest.mark.parametrize(
+    "action, started_jobs, code",
+    [
+        ("hold", set(), ReasonCode.BUDGET_HOLD),
+        ("no_borrowing", {1, 2}, ReasonCode.BUDGET_NO_BORROWING),
+        ("throttle", {1, 2, 3, 4}, None),
+    ],
+)
+def test_a_spent_budget_holds_or_stops_borrowing_as_the_tenant_chose(action, started_jobs, code):
+    c = cluster().node("n1", gpus=8).tenant("vision", 4, 8, budget_action=action)
+    for job_id in (1, 2, 3, 4):
+        c.pending(job_id, "vision", 2)
+    p = c.plan()
+    assert started(p) == started_jobs
+    for d in p.pending:
+        assert d.reason_code is code
+
+
+def test_the_running_jobs_cap_holds_the_rest():
+    c = cluster().node("n1", gpus=8).tenant("vision", 8, 8, max_running_jobs=3)
+    c.running(1, "vision", 1)
+    for job_id in (2, 3, 4):
+        c.pending(job_id, "vision", 1)
+    p = c.plan()
+    assert started(p) == {2, 3}
+    d = decision(p, 4)
+    assert d.reason_code is ReasonCode.MAX_RUNNING_JOBS
+    assert (
+        d.reason == "waiting for 1 GPU of any type: tenant vision already runs 3 jobs, its maximum"
+    )
+
+
+def test_stopping_attempts_still_count_against_the_limit():
+    c = (
+        cluster()
+        .nodes(2, gpus=8)
+        .tenant("vision", 0, 8)
+        .running(1, "vision", 8, "n1", stopping=True)
+        .pending(2, "vision", 8)
+    )
+    d = decision(c.plan(), 2)
+    assert d.reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+    assert "stopping" in d.reason
