@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         "plane assigns to this node.",
     )
     p.add_argument(
-        "--url", default=_env("GPUCP_URL"), help="control plane base URL [GPUCP_URL] (required)"
+        "--url",
+        "--server",
+        dest="url",
+        default=_env("GPUCP_URL"),
+        help="control plane base URL [GPUCP_URL] (required)",
     )
     p.add_argument(
         "--join-token",
@@ -60,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--node-name",
+        "--name",
+        dest="node_name",
         default=_env("GPUCP_NODE_NAME", socket.gethostname()),
         help="this node's name [GPUCP_NODE_NAME, default: the host name]",
     )
@@ -118,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("GPUCP_POWER_CAP_DRY_RUN", "") in ("1", "true", "yes"),
         help="validate power caps but never write them [GPUCP_POWER_CAP_DRY_RUN=1]",
     )
+    p.add_argument(
+        "--stop-jobs-on-exit",
+        action="store_true",
+        default=_env("GPUCP_STOP_JOBS_ON_EXIT", "") in ("1", "true", "yes"),
+        help="stop every attempt when the agent stops (for a laptop demo; on a real node "
+        "jobs outlive the agent and are adopted) [GPUCP_STOP_JOBS_ON_EXIT=1]",
+    )
     p.add_argument("--cpus", type=int, default=None, help="CPUs to report (default: all)")
     p.add_argument(
         "--memory-mib", type=int, default=None, help="memory to report (default: the host's)"
@@ -171,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_timeout_s=args.watch_timeout_s,
         stop_grace_s=args.stop_grace_s,
         power_cap_dry_run=args.power_cap_dry_run,
+        stop_jobs_on_exit=args.stop_jobs_on_exit,
         docker_url=args.docker_url,
         cpus=args.cpus,
         memory_mib=args.memory_mib,

@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,8 @@ class AgentConfig:
     poll_interval_s: float = 0.5
     stop_grace_s: float = 10.0
     power_cap_dry_run: bool = False
+    # Stop every attempt when the agent stops: for a demo on a laptop, never for a real node.
+    stop_jobs_on_exit: bool = False
     docker_url: str | None = None
     cpus: int | None = None
     memory_mib: int | None = None
@@ -127,8 +130,11 @@ class Agent:
         client: ControlPlaneClient,
         gpu: GpuBackend,
         runtime: Runtime,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        # Wall clock for energy and report times (a test drives it together with the GPU model).
+        self._clock = clock
         self.client = client
         self.gpu = gpu
         self.runtime = runtime
@@ -183,13 +189,19 @@ class Agent:
             due = now >= next_heartbeat or self._wake.is_set()
             if due or (last_ok and self._local_change()):
                 self._wake.clear()
-                last_ok = self.cycle()
+                try:
+                    last_ok = self.cycle()
+                except Exception:  # a bug or an odd engine answer must never end the agent
+                    log.exception("heartbeat cycle failed; trying again after a backoff")
+                    last_ok = False
                 delay_s = self.interval_s if last_ok else self.backoff.next_delay_s()
                 next_heartbeat = time.monotonic() + delay_s
             wait_s = max(0.0, min(next_heartbeat - time.monotonic(), self.config.poll_interval_s))
             self._wake.wait(wait_s)
 
     def _shutdown(self) -> None:
+        if self.config.stop_jobs_on_exit:
+            self._stop_all_attempts()
         for meta in self._meta.values():
             self._save_meta(meta)
         try:
@@ -198,6 +210,20 @@ class Agent:
             self.gpu.close()
             self.client.close()
         log.info("agent stopped; its attempts keep running and are adopted at the next start")
+
+    def _stop_all_attempts(self) -> None:
+        running = [s.attempt_id for s in self.runtime.statuses() if s.state is AttemptState.RUNNING]
+        for attempt_id in running:
+            self.runtime.stop(attempt_id, self.config.stop_grace_s)
+        deadline = time.monotonic() + self.config.stop_grace_s + 5.0
+        while running and time.monotonic() < deadline:
+            time.sleep(0.1)
+            states = {s.attempt_id: s.state for s in self.runtime.statuses()}
+            running = [a for a in running if states.get(a) is AttemptState.RUNNING]
+        if running:
+            log.warning("attempts %s still running after the grace period", running)
+        else:
+            log.info("stopped every attempt on the way out (--stop-jobs-on-exit)")
 
     def recover(self) -> None:
         """Re-read the state dir and adopt the runtime's attempts that outlived the last agent."""
@@ -208,8 +234,14 @@ class Agent:
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring unreadable %s: %s", path, exc)
                 continue
+            if meta.attempt_id in self._tombstones:
+                path.unlink()  # forgotten already; the agent died while cleaning up after it
+                continue
             self._meta[meta.attempt_id] = meta
         adopted = {s.attempt_id: s for s in self.runtime.adopt()}
+        for attempt_id in [a for a in adopted if a in self._tombstones]:
+            self.runtime.remove(attempt_id)  # acknowledged before; only its cleanup was cut short
+            del adopted[attempt_id]
         for attempt_id, status in adopted.items():
             meta = self._meta.get(attempt_id)
             if meta is None:
@@ -220,7 +252,7 @@ class Agent:
                     gpu_uuids=list(status.gpu_uuids),
                     energy_start_j=self._counters(status.gpu_uuids),
                     energy_estimated=True,
-                    energy_at=time.time(),
+                    energy_at=self._clock(),
                 )
                 self._meta[attempt_id] = meta
                 self._save_meta(meta)
@@ -232,7 +264,7 @@ class Agent:
             if attempt_id not in adopted and not meta.failed_message:
                 # The agent died between writing this record and starting the attempt.
                 meta.failed_message = "the agent restarted while starting this attempt"
-                meta.failed_at = time.time()
+                meta.failed_at = self._clock()
                 meta.ended = True
                 self._save_meta(meta)
         if adopted:
@@ -265,9 +297,17 @@ class Agent:
                 continue
             except (Unauthorized, Rejected) as exc:
                 raise RegistrationRefused(str(exc)) from exc
-            self._take_interval(answer)
+            self._registered(answer)
             log.info("registered as %s", answer.get("node", self.config.node_name))
             return
+
+    def _registered(self, answer: dict) -> None:
+        # Attempt ids are unique within one control plane's database, and a registration may be
+        # with a new one (a fresh demo database reuses id 1): its ids must not be refused.
+        if self._tombstones:
+            self._tombstones = {}
+            self._save_tombstones()
+        self._take_interval(answer)
 
     def _take_interval(self, answer: dict) -> None:
         if self.config.heartbeat_interval_s is None and answer.get("heartbeat_interval_s"):
@@ -280,7 +320,7 @@ class Agent:
         while not self.stopping:
             try:
                 changed = self.client.watch(self.config.watch_timeout_s)
-            except ControlPlaneError as exc:
+            except Exception as exc:  # ControlPlaneError, or an answer of the wrong shape
                 delay_s = backoff.next_delay_s()
                 log.debug("watch failed (%s); again in %.1f s", exc, delay_s)
                 self._stop.wait(delay_s)
@@ -341,7 +381,7 @@ class Agent:
         except ControlPlaneError as register_exc:
             log.error("registering again failed: %s", register_exc)
             return
-        self._take_interval(answer)
+        self._registered(answer)
 
     def _telemetry(self) -> list[GpuTelemetry]:
         try:
@@ -368,7 +408,7 @@ class Agent:
     def _observe(self, telemetry: list[GpuTelemetry]) -> dict[int, AttemptStatus]:
         """The runtime's view plus the agent's own failures; energy and limits kept up to date."""
         statuses = {s.attempt_id: s for s in self.runtime.statuses()}
-        now = time.time()
+        now = self._clock()
         draw_w = {t.uuid: t.power_draw_w for t in telemetry}
         counters = {t.uuid: t.energy_j for t in telemetry}
         for attempt_id, meta in list(self._meta.items()):
@@ -584,7 +624,7 @@ class Agent:
             gpu_uuids=list(spec.gpu_uuids),
             max_runtime_s=spec.max_runtime_s,
             energy_start_j=self._counters(spec.gpu_uuids),
-            energy_at=time.time(),
+            energy_at=self._clock(),
         )
         meta.energy_estimated = any(v is None for v in meta.energy_start_j.values())
         # The record is written before the start, so a crash in between cannot start it twice.
@@ -612,7 +652,7 @@ class Agent:
         log.warning("attempt %d failed to start: %s", meta.attempt_id, message)
         self.gpu.detach_load(meta.attempt_id)
         meta.failed_message = message
-        meta.failed_at = time.time()
+        meta.failed_at = self._clock()
         meta.ended = True
         self._save_meta(meta)
         self._wake.set()  # report it now, not at the next periodic heartbeat

@@ -250,7 +250,10 @@ def client_process(
                     "POST",
                     "/api/agent/v1/heartbeat",
                     body=body,
-                    headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                    headers={
+                        "Authorization": f"Bearer {token}",
+                        "Content-Type": "application/json",
+                    },
                 )
                 response = conn.getresponse()
                 response.read()

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError, QuerySet
 from django.http import Http404
 from rest_framework import exceptions, mixins, permissions, status, viewsets
@@ -64,11 +65,6 @@ def tenant_roles(user) -> dict[int, str]:
 
 def role_at_least(role: str | None, needed: str) -> bool:
     return role is not None and ROLE_RANK[Role(role)] >= ROLE_RANK[Role(needed)]
-
-
-def has_role_somewhere(user, needed: str, roles: dict[int, str] | None = None) -> bool:
-    roles = tenant_roles(user) if roles is None else roles
-    return any(role_at_least(role, needed) for role in roles.values())
 
 
 def visible_tenants(user) -> QuerySet[Tenant]:
@@ -268,7 +264,12 @@ class ScopedCreateMixin:
         )
 
     def perform_create(self, serializer, **extra):
-        return serializer.save(**extra)
+        try:
+            with transaction.atomic():
+                return serializer.save(**extra)
+        except IntegrityError:
+            # The serializer checked uniqueness; a concurrent create of the same thing won.
+            raise Conflict("An identical object was created at the same moment; reload.") from None
 
     def created_representation(self, serializer, instance):
         return serializer.data

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from controlplane.accounting.budgets import J_PER_KWH, BudgetState, budget_states
 from controlplane.cluster.models import GPU, GpuTelemetry, Node, Pool
+from controlplane.cluster.telemetry import bucket_start
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
     ACTIVE_JOB_STATES,
@@ -190,7 +191,8 @@ def attempt_gpus(attempt: JobAttempt) -> list[GPU]:
 def attempt_telemetry(attempt: JobAttempt, max_points: int = 720) -> list[GpuSeries]:
     """Telemetry of the attempt's GPUs while the attempt held them, oldest first."""
     gpus = attempt_gpus(attempt)
-    begin = attempt.started_at or attempt.created_at
+    # A bucket is stamped with its start, so the one the attempt began in starts before it.
+    begin = bucket_start(attempt.started_at or attempt.created_at)
     rows = GpuTelemetry.objects.filter(gpu__in=gpus, bucket_at__gte=begin)
     if attempt.finished_at:
         rows = rows.filter(bucket_at__lte=attempt.finished_at)

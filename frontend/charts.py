@@ -47,6 +47,7 @@ class Chart:
     y_max: float | None = None  # a fixed top (100 for percentages); else from the data
     width: int = 560
     height: int = 220
+    empty: str = "No telemetry recorded yet."
 
 
 # Room for the axes' labels inside the viewBox.
@@ -105,8 +106,9 @@ def render(chart: Chart) -> SafeString:
     if not values:
         return format_html(
             '<figure class="chart chart-empty"><figcaption>{}</figcaption>'
-            '<p class="empty">No telemetry recorded yet.</p></figure>',
+            '<p class="empty">{}</p></figure>',
             chart.title,
+            chart.empty,
         )
     t0, t1 = min(times), max(times)
     if t1 == t0:

@@ -326,8 +326,10 @@ def _job_live_context(request, job: Job) -> dict:
         "usage": queries.job_usage(job),
         "may_cancel": queries.may_cancel(request.user, job),
         "jobs_ahead": queries.pending_jobs_ahead(job),
-        "live": not job.is_finished,
+        # Still live after a cancel until the agent confirms the process is gone.
+        "live": not job.is_finished or (attempt is not None and attempt.is_active),
         "now": timezone.now(),
+        "attempts": job.attempts.select_related("node").order_by("number"),
     }
     if attempt is not None:
         gpus = queries.attempt_gpus(attempt)
@@ -344,8 +346,13 @@ def _job_live_context(request, job: Job) -> dict:
 
 def _job_charts(attempt) -> dict:
     series = queries.attempt_telemetry(attempt)
-    util = charts.Chart(title="GPU utilization", unit="%", y_max=100)
-    power = charts.Chart(title="GPU power draw and cap", unit="W")
+    empty = (
+        "No telemetry recorded yet."
+        if attempt.is_active
+        else "No telemetry was recorded while this attempt ran."
+    )
+    util = charts.Chart(title="GPU utilization", unit="%", y_max=100, empty=empty)
+    power = charts.Chart(title="GPU power draw and cap", unit="W", empty=empty)
     for i, s in enumerate(series):
         css = f"series-{i % 8}"
         util.series.append(charts.Series(s.label, s.utilization_pct, css_class=css))
@@ -371,7 +378,6 @@ def job_detail(request, pk: int):
     job = _job_or_404(request, pk)
     context = _job_live_context(request, job)
     context["events"] = job.events.select_related("actor").order_by("at", "id")
-    context["attempts"] = job.attempts.select_related("node").order_by("number")
     return page(request, "frontend/jobs/detail.html", context, nav="jobs")
 
 
@@ -385,6 +391,8 @@ def job_live(request, pk: int):
         [f"Job {job.name} is now {job.state}."] if previous and previous != job.state else []
     )
     context["events"] = job.events.select_related("actor").order_by("at", "id")
+    context["oob"] = True
+    context["is_cluster_admin"] = is_cluster_admin(request.user)
     return render(request, "frontend/jobs/live.html", context)
 
 

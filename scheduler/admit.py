@@ -106,6 +106,9 @@ class Admission:
 
     def _decide(self, job: Pending) -> None:
         book = self.books[job.tenant]
+        if not book.known:
+            self._wait(job, RC.QUOTA_LIMIT, job.gpu_type, "unknown_tenant")
+            return
         if book.hold:
             self._wait(job, RC.BUDGET_HOLD)
             return

@@ -115,11 +115,16 @@ def _curve(
     return (1.0 - sensitivity) + sensitivity / clock, draw, clock
 
 
+# The planner asks for the same (profile, cap) points cycle after cycle.
+_cached_curve = functools.lru_cache(maxsize=1 << 16)(_curve)
+
+
 # Bounds of the profile's parameters, in the order of _params.
 PARAM_LOWER = (0.02, 0.0, 0.0, 1.0, 0.05)
 PARAM_UPPER = (1.0, 0.95, 1.0, 5.0, 0.95)
 
 
+@functools.lru_cache(maxsize=65536)
 def _params(profile: PowerProfile) -> tuple[float, float, float, float, float]:
     raw = (
         profile.uncapped_fraction,
@@ -145,8 +150,8 @@ def relative_throughput(profile: PowerProfile, cap_w: float, max_w: float) -> fl
     top and faster the nearer the cap comes to the job's static draw.
     """
     params = _params(profile)
-    time_capped, _, _ = _curve(params, min(cap_w, max_w), max_w)
-    time_uncapped, _, _ = _curve(params, max_w, max_w)
+    time_capped, _, _ = _cached_curve(params, min(cap_w, max_w), max_w)
+    time_uncapped, _, _ = _cached_curve(params, max_w, max_w)
     return min(time_uncapped / time_capped, 1.0)
 
 
@@ -168,14 +173,14 @@ def power_draw_w(
     ``idle_w`` (a job starting up, or no job), 1 the job's capped draw, linear in between. The
     result never exceeds the cap.
     """
-    _, busy_w, _ = _curve(_params(profile), min(cap_w, max_w), max_w)
+    _, busy_w, _ = _cached_curve(_params(profile), min(cap_w, max_w), max_w)
     share = _clamp(utilization, 0.0, 1.0)
     return min(idle_w + share * (busy_w - idle_w), cap_w)
 
 
 def clock_ratio(profile: PowerProfile, cap_w: float, max_w: float) -> float:
     """The SM clock under ``cap_w`` over the GPU's full boost clock (what NVML reports as sm_clock)."""
-    _, _, clock = _curve(_params(profile), min(cap_w, max_w), max_w)
+    _, _, clock = _cached_curve(_params(profile), min(cap_w, max_w), max_w)
     return clock
 
 
@@ -187,15 +192,15 @@ def gpu_utilization(profile: PowerProfile, cap_w: float, max_w: float) -> float:
     is what lets a job's own telemetry reveal how much a cap slows it.
     """
     params = _params(profile)
-    time, _, clock = _curve(params, min(cap_w, max_w), max_w)
+    time, _, clock = _cached_curve(params, min(cap_w, max_w), max_w)
     return (params[2] / clock) / time
 
 
 def energy_per_work(profile: PowerProfile, cap_w: float, max_w: float) -> float:
     """Joules per unit of work under ``cap_w``, relative to the job uncapped (1.0 at ``max_w``)."""
     params = _params(profile)
-    time_capped, draw_capped, _ = _curve(params, min(cap_w, max_w), max_w)
-    time_max, draw_max, _ = _curve(params, max_w, max_w)
+    time_capped, draw_capped, _ = _cached_curve(params, min(cap_w, max_w), max_w)
+    time_max, draw_max, _ = _cached_curve(params, max_w, max_w)
     return (draw_capped * time_capped) / (draw_max * time_max)
 
 
@@ -383,20 +388,20 @@ def _delta_w(unit: _Unit, from_w: float, to_w: float) -> float:
 
 
 def _cap_for_delta(unit: _Unit, from_w: float, to_w: float, delta_w: float) -> float:
-    """The cap between ``from_w`` and ``to_w`` whose draw differs from ``from_w``'s by at most
-    ``delta_w`` (in the direction of ``to_w``), by bisection, rounded towards ``from_w``."""
-    low, high = from_w, to_w  # low: within delta, high: beyond it
-    for _ in range(40):
-        middle = (low + high) / 2.0
+    """The cap between ``from_w`` and ``to_w`` whose draw differs from the draw at ``from_w`` by
+    ``delta_w``, by bisection: when raising, the highest cap adding at most ``delta_w``; when
+    lowering, a cap saving at least ``delta_w``. Rounded down to the cap resolution either way,
+    which keeps both on the safe side of the budget."""
+    within, beyond = from_w, to_w
+    while abs(beyond - within) > _CAP_RESOLUTION_W / 4:
+        middle = (within + beyond) / 2.0
         if abs(_delta_w(unit, from_w, middle)) <= delta_w:
-            low = middle
+            within = middle
         else:
-            high = middle
+            beyond = middle
     if to_w > from_w:
-        cap = math.floor(low / _CAP_RESOLUTION_W) * _CAP_RESOLUTION_W
-        return max(cap, from_w)
-    cap = math.ceil(low / _CAP_RESOLUTION_W) * _CAP_RESOLUTION_W
-    return min(cap, from_w)
+        return max(math.floor(within / _CAP_RESOLUTION_W) * _CAP_RESOLUTION_W, from_w)
+    return max(math.floor(beyond / _CAP_RESOLUTION_W) * _CAP_RESOLUTION_W, to_w)
 
 
 def _move(unit: _Unit, ledger: _Ledger, to_w: float) -> None:
@@ -430,9 +435,6 @@ def _shed(units: list[_Unit], ledger: _Ledger, step_w: float, excess) -> None:
         needed = excess()
         if saved > needed:
             lower = _cap_for_delta(unit, unit.cap_w, lower, needed)
-            # Rounding towards the old cap may leave a few milliwatts: take the full step then.
-            if -_delta_w(unit, unit.cap_w, lower) < needed:
-                lower = max(unit.cap_w - step_w, unit.min_w)
         _move(unit, ledger, lower)
         push(index)
 

@@ -34,10 +34,12 @@ class Book:
         "no_borrowing",
         "share",
         "version",
+        "known",
     )
 
-    def __init__(self, tenant: Tenant):
+    def __init__(self, tenant: Tenant, known: bool = True):
         self.name = tenant.name
+        self.known = known  # False: named by a job or attempt but not among snapshot.tenants
         self.weight = tenant.weight if tenant.weight > 0 else 1.0
         self.guaranteed: dict[str, int] = {}
         self.limit: dict[str, int] = {}
@@ -97,7 +99,7 @@ class Book:
 
         Of a type's own quota and the ANY one, the one with less room left binds.
         """
-        keys = [k for k in (gpu_type, ANY) if k in self.limit] if gpu_type else [ANY]
+        keys = [k for k in ((gpu_type, ANY) if gpu_type else (ANY,)) if k in self.limit]
         if not keys:
             return gpu_type, self.total.get(gpu_type, 0), 0, 0
         key = min(keys, key=lambda k: self.limit[k] - self.total.get(k, 0) - n)
@@ -123,14 +125,14 @@ def build_books(snapshot: Snapshot) -> dict[str, Book]:
     for r in snapshot.running:
         book = books.get(r.tenant)
         if book is None:
-            book = books[r.tenant] = Book(Tenant(name=r.tenant))
+            book = books[r.tenant] = Book(Tenant(name=r.tenant), known=False)
         n = len(r.gpus)
         book.add(r.gpu_type, n, active=not r.stopping)
         if not r.stopping:
             book.running_jobs += 1
     for p in snapshot.pending:
         if p.tenant not in books:
-            books[p.tenant] = Book(Tenant(name=p.tenant))
+            books[p.tenant] = Book(Tenant(name=p.tenant), known=False)
     return books
 
 

@@ -79,6 +79,8 @@ def sentence(w: Waiting, now_s: float) -> str:
     if code is RC.MAX_RUNNING_JOBS:
         return f"{head}: tenant {tenant} already runs {w.count} jobs, its maximum"
     if code is RC.QUOTA_LIMIT:
+        if w.detail == "unknown_tenant":
+            return f"{head}: tenant {tenant} is unknown, so it has no quota"
         if w.detail == "no_quota":
             on = f"{w.gpu_type} GPUs" if w.gpu_type else "GPUs"
             return f"{head}: tenant {tenant} has no quota for {on}"

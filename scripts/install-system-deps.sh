@@ -9,6 +9,7 @@ command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
 [ -x /bin/busybox ] || need+=(busybox-static)
 [ -x /usr/bin/chromium ] || need+=(chromium)
+command -v docker-compose >/dev/null || need+=(docker-compose)
 
 if ((${#need[@]} == 0)); then
   echo "System packages present."

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 MANAGED_LABEL = "gpucp.managed"
 RUNNING_STATES = {"running", "paused", "restarting", "stopping"}
 NOT_STARTED_STATES = {"created", "configured", "initialized"}
+# Pinned rather than negotiated: asking the engine (GET /version) costs Podman seconds, and 1.41
+# (Docker 20.10, Podman 3+) has everything used here, device requests included.
+API_VERSION = "1.41"
 # The container vanished (removed behind the agent's back): its exit code is unknown.
 LOST_EXIT_CODE = 255
 
@@ -105,9 +108,11 @@ class DockerRuntime(Runtime):
         self._gpu_device_requests = gpu_device_requests
         try:
             if base_url:
-                self._client = docker.DockerClient(base_url=base_url, timeout=timeout_s)
+                self._client = docker.DockerClient(
+                    base_url=base_url, version=API_VERSION, timeout=timeout_s
+                )
             else:
-                self._client = docker.from_env(timeout=timeout_s)
+                self._client = docker.from_env(version=API_VERSION, timeout=timeout_s)
             self._client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
             raise RuntimeError(
@@ -256,10 +261,14 @@ class DockerRuntime(Runtime):
         message = "out of memory (OOMKilled)" if state.get("OOMKilled") else ""
         if state.get("Error"):
             message = str(state["Error"])
+        finished_at = parse_engine_time(state.get("FinishedAt"))
+        if finished_at is not None and started_at is not None:
+            # Podman stamps StartedAt once the process runs, which a short one may outlive.
+            finished_at = max(finished_at, started_at)
         return AttemptStatus(
             state=AttemptState.EXITED,
             started_at=started_at,
-            finished_at=parse_engine_time(state.get("FinishedAt")),
+            finished_at=finished_at,
             exit_code=int(state.get("ExitCode", LOST_EXIT_CODE)),
             message=message,
             logs_complete=entry.logs_done.is_set(),

@@ -17,13 +17,8 @@ from rest_framework.views import APIView
 
 from controlplane.accounting.budgets import budget_states, period_bounds, usage_by_tenant
 from controlplane.accounting.metrics import render_metrics
-from controlplane.tenancy.models import BudgetKind, BudgetPeriod, Tenant
-
-
-def visible_tenants(user):
-    if user.is_staff:
-        return Tenant.objects.all()
-    return Tenant.objects.filter(memberships__user=user).distinct()
+from controlplane.permissions import visible_tenants
+from controlplane.tenancy.models import BudgetKind, BudgetPeriod
 
 
 class UsageQuery(serializers.Serializer):

@@ -90,6 +90,8 @@ def run_scheduling_cycle(
         "preemptions": len(result.preempted),
         "pending": len(plan.pending),
         "skipped_rows": result.skipped_rows,
+        "pending_rows_written": result.pending_rows_written,
+        "power_caps_written": result.power_caps_written,
         "nodes_changed": len(result.nodes_changed),
         "duration_ms": round(duration_ms, 3),
         "slowest_step": slowest,
@@ -130,5 +132,6 @@ def _decisions(plan: m.Plan, result: ApplyResult) -> dict:
             :MAX_LISTED_DECISIONS
         ],
         "pending_by_reason": dict(Counter(str(d.reason_code) for d in plan.pending)),
+        "pending_rows_written": result.pending_rows_written,
         "power_caps_written": result.power_caps_written,
     }

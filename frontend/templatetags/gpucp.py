@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 
 from django import template
 from django.utils.html import format_html
@@ -36,6 +37,20 @@ def duration(seconds) -> str:
         return f"{h}h {m:02d}m"
     d, h = divmod(h, 24)
     return f"{d}d {h:02d}h"
+
+
+@register.filter
+def elapsed(start, end) -> str:
+    """The time from start to end as a duration ("12m 03s"), for times still counting."""
+    if start is None or end is None:
+        return "—"
+    return duration(max(0.0, (end - start).total_seconds()))
+
+
+@register.filter
+def shell_join(argv) -> str:
+    """A command as a person would type it in a shell (quotes where a word needs them)."""
+    return shlex.join(str(a) for a in argv or [])
 
 
 @register.filter

@@ -100,13 +100,14 @@ def load_philly(
     *,
     vcs_without_nodes: str = "drop",
     gpu_type: str = PHILLY_GPU_TYPE,
+    max_rows: int | None = None,
 ) -> Trace:
     """The Philly job table, each virtual cluster a tenant guaranteed its nodes' GPUs.
 
     Jobs of a VC that has no row in the node file are dropped (``vcs_without_nodes="drop"``, as
     the published simulators of ANCHORS.md did: 15 jobs of 4 VCs) or given to a tenant with no
     guarantee of its own that can only borrow (``"borrow"``); either way the trace's notes say
-    how many.
+    how many. ``max_rows`` reads only the first rows of the job file (a slice for tests).
     """
     if vcs_without_nodes not in ("drop", "borrow"):
         raise ValueError(f"vcs_without_nodes must be 'drop' or 'borrow', not {vcs_without_nodes!r}")
@@ -125,6 +126,8 @@ def load_philly(
     jobs: list[TraceJob] = []
     orphans: Counter[str] = Counter()
     for line, row in _rows(jobs_path, ("timestamp", "duration", "num_gpus", "cluster")):
+        if max_rows is not None and line - 1 > max_rows:
+            break
         submit_s = _timestamp(jobs_path, line, "timestamp", row["timestamp"])
         duration_s = _number(jobs_path, line, "duration", row["duration"])
         gpus = _whole(jobs_path, line, "num_gpus", row["num_gpus"], minimum=1)

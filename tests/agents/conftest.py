@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -69,6 +70,7 @@ class TinyControlPlane:
         self.version = 0
         self.watches = 0
         self._server: ThreadingHTTPServer | None = None
+        self._connections: set[socket.socket] = set()
         self.start()
 
     @property
@@ -108,6 +110,19 @@ class TinyControlPlane:
             def log_message(self, *args) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                with cp.lock:
+                    cp._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with cp.lock:
+                    cp._connections.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:
+                    pass  # the connection was cut by stop()
+
             def _answer(self, status: int, body: dict) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
@@ -136,17 +151,30 @@ class TinyControlPlane:
                     return self._answer(*cp._logs(body))
                 return self._answer(404, {"detail": "no such endpoint"})
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address) -> None:
+                pass  # a connection cut by stop() is what the test wanted
+
+        self._server = Server(("127.0.0.1", self.port), Handler)
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
 
     def stop(self) -> None:
-        """Go away: connections are refused until start() again (same port)."""
+        """Go away: open connections are cut, new ones refused until start() (same port)."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
         with self.lock:
+            for connection in self._connections:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._connections.clear()
             self.lock.notify_all()
 
     def _register(self, body: dict) -> tuple[int, dict]:
@@ -177,7 +205,10 @@ class TinyControlPlane:
         with self.lock:
             self.watches += 1
             seen = self.version
-            self.lock.wait_for(lambda: self.version != seen, timeout=float(body["timeout_s"]))
+            self.lock.wait_for(
+                lambda: self.version != seen or self._server is None,
+                timeout=float(body["timeout_s"]),
+            )
             return {"changed": self.version != seen}
 
     def _logs(self, body: dict) -> tuple[int, dict]:
@@ -213,9 +244,7 @@ def engine_url() -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"no container engine: {script} could not run ({exc})")
     if result.returncode != 0:
-        pytest.skip(
-            f"no container engine: {script.name} failed: {result.stderr.strip()[-500:]}"
-        )
+        pytest.skip(f"no container engine: {script.name} failed: {result.stderr.strip()[-500:]}")
     lines = [line for line in result.stdout.splitlines() if line.startswith("DOCKER_HOST=")]
     if not lines:
         pytest.skip(f"no container engine: {script.name} printed no DOCKER_HOST")
@@ -224,7 +253,20 @@ def engine_url() -> str:
 
 @pytest.fixture
 def state_dir(tmp_path) -> Path:
+    """An agent state dir; jobs a failed test left running there are killed afterwards."""
     path = tmp_path / "state"
     path.mkdir()
     os.chmod(path, 0o700)
-    return path
+    yield path
+    from agents.runtime.process import proc_start_ticks
+
+    for child_file in path.glob("**/process/*/child.json"):
+        try:
+            child = json.loads(child_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if proc_start_ticks(child["pid"]) == child.get("start_ticks"):
+            try:
+                os.killpg(child["pid"], signal.SIGKILL)
+            except OSError:
+                pass

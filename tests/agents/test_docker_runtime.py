@@ -6,7 +6,7 @@ import docker
 import pytest
 
 from agents.runtime.base import ATTEMPT_LABEL, NODE_LABEL, AttemptSpec, AttemptState, StartError
-from agents.runtime.docker import DockerRuntime, parse_engine_time
+from agents.runtime.docker import API_VERSION, DockerRuntime, parse_engine_time
 from tests.agents.conftest import wait_until
 
 pytestmark = pytest.mark.container
@@ -22,7 +22,7 @@ def node_name():
 
 @pytest.fixture
 def engine(engine_url, node_name):
-    client = docker.DockerClient(base_url=engine_url)
+    client = docker.DockerClient(base_url=engine_url, version=API_VERSION)
     yield client
     for container in client.containers.list(
         all=True, filters={"label": [f"{NODE_LABEL}={node_name}"]}
@@ -141,3 +141,61 @@ def test_engine_timestamps_with_nanoseconds_become_unix_seconds():
     assert parse_engine_time("1970-01-01T01:00:00+01:00") == 0.0
     assert parse_engine_time("0001-01-01T00:00:00Z") is None
     assert parse_engine_time("") is None
+
+
+def test_the_agent_runs_a_desired_container_reports_its_exit_and_then_removes_it(
+    control_plane, engine, engine_url, node_name, state_dir
+):
+    from agents.client import ControlPlaneClient
+    from agents.daemon import Agent, AgentConfig
+    from agents.gpu.simulated import SimulatedBackend
+
+    gpu = SimulatedBackend.from_spec("simulated:V100-SXM2-32GB:1", node_name=node_name)
+    config = AgentConfig(
+        url=control_plane.url,
+        state_dir=state_dir,
+        node_name=node_name,
+        join_token=control_plane.JOIN_TOKEN,
+        runtime="docker",
+    )
+    agent = Agent(
+        config,
+        client=ControlPlaneClient(
+            control_plane.url, state_dir=state_dir, join_token=control_plane.JOIN_TOKEN
+        ),
+        gpu=gpu,
+        runtime=DockerRuntime(state_dir, node_name=node_name, base_url=engine_url),
+    )
+    agent.recover()
+    agent.ensure_registered()
+    gpu0 = gpu.inventory()[0].uuid
+    control_plane.set_desired(
+        [
+            {
+                "attempt_id": 41,
+                "job_id": 4,
+                "image": IMAGE,
+                "command": ["sh", "-c", 'echo "speed=$GPUCP_SIM_SPEED on $CUDA_VISIBLE_DEVICES"'],
+                "env": {},
+                "gpu_uuids": [gpu0],
+                "cpus": 1.0,
+                "memory_mib": 128,
+                "max_runtime_s": 600,
+            }
+        ]
+    )
+    assert agent.cycle()
+    assert registered_runtime(control_plane) == "docker"
+    ended(agent.runtime, 41)
+    assert agent.cycle()
+    report = control_plane.reported(41)[-1]
+    assert report["state"] == "exited" and report["exit_code"] == 0
+    assert control_plane.logs[41] == f"speed=1.000000 on {gpu0}\n".encode()
+    # Its exit was acknowledged: the container is gone, and it is not started again.
+    assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=41"]}) == []
+    assert agent.cycle()
+    assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=41"]}) == []
+
+
+def registered_runtime(control_plane):
+    return control_plane.registrations[-1]["runtime"]

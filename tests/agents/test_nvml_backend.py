@@ -170,9 +170,7 @@ def test_a_reading_the_board_does_not_support_is_none_never_zero(nvml, boards):
     assert reading.power_cap_w == 700.0
 
 
-def test_an_older_driver_without_clock_event_reasons_falls_back_to_throttle_reasons(
-    nvml, boards
-):
+def test_an_older_driver_without_clock_event_reasons_falls_back_to_throttle_reasons(nvml, boards):
     boards[0].fails = {
         "nvmlDeviceGetCurrentClocksEventReasons": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     }
@@ -214,9 +212,7 @@ def test_set_power_limit_writes_milliwatts_only_when_the_limit_changes(nvml, boa
     assert backend.enforced_power_limit_w("GPU-aaaa") == 450.5
 
 
-def test_set_power_limit_reports_the_limit_the_board_enforces_afterwards(
-    nvml, boards, monkeypatch
-):
+def test_set_power_limit_reports_the_limit_the_board_enforces_afterwards(nvml, boards, monkeypatch):
     backend = NvmlBackend()
 
     def clamp_to_step(board, limit_mw):

@@ -144,9 +144,7 @@ def test_another_tenants_objects_are_not_found(client, objects, bob, name, kwarg
     assert Membership.objects.filter(pk=objects["membership"]).exists()
 
 
-def test_a_job_id_of_another_tenant_reads_like_one_that_does_not_exist(
-    client, objects, bob
-):
+def test_a_job_id_of_another_tenant_reads_like_one_that_does_not_exist(client, objects, bob):
     client.force_login(bob)
     theirs = client.get(reverse("job-detail", args=[objects["job"]]))
     made_up = client.get(reverse("job-detail", args=[objects["job"] + 1000]))
@@ -154,7 +152,9 @@ def test_a_job_id_of_another_tenant_reads_like_one_that_does_not_exist(
 
     def without_csrf(response):
         # Each answer carries a fresh CSRF token (masked anew every time); nothing else differs.
-        return re.sub(rb'("X-CSRFToken": "|name="csrfmiddlewaretoken" value=")[^"]+', b"", response.content)
+        return re.sub(
+            rb'("X-CSRFToken": "|name="csrfmiddlewaretoken" value=")[^"]+', b"", response.content
+        )
 
     assert without_csrf(theirs) == without_csrf(made_up)
 
@@ -168,9 +168,7 @@ def test_a_tenants_membership_page_is_for_its_admins_only(
         assert client.get(url).status_code == status, user.username
 
 
-def test_a_viewer_may_read_jobs_but_not_submit_or_cancel_them(
-    client, running_job, vision_viewer
-):
+def test_a_viewer_may_read_jobs_but_not_submit_or_cancel_them(client, running_job, vision_viewer):
     client.force_login(vision_viewer)
     assert client.get(reverse("job-detail", args=[running_job.pk])).status_code == 200
     assert client.get(reverse("job-submit")).status_code == 403

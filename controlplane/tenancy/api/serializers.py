@@ -12,6 +12,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.accounting.budgets import period_bounds, usage_by_tenant
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
 from controlplane.tenancy.models import (
     ApiToken,
@@ -213,13 +214,58 @@ class QuotaSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
         return attrs
 
 
+class BudgetUsageSerializer(serializers.Serializer):
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+    used = serializers.FloatField(help_text="kWh or GPU-hours spent this period, by kind")
+    fraction_used = serializers.FloatField()
+    exhausted = serializers.BooleanField(help_text="True once the action applies")
+
+
+def budget_usage(budgets, now=None) -> dict[int, dict]:
+    """This period's use of each budget: one query per distinct period among them (at most 3)."""
+    now = now or timezone.now()
+    tenant_ids = {b.tenant_id for b in budgets}
+    by_period = {}
+    usage = {}
+    for budget in budgets:
+        if budget.period not in by_period:
+            start, end = period_bounds(budget.period, now)
+            by_period[budget.period] = (start, end, usage_by_tenant(start, end, tenant_ids))
+        start, end, spent = by_period[budget.period]
+        tenant_usage = spent.get(budget.tenant_id)
+        if tenant_usage is None:
+            used = 0.0
+        elif budget.kind == BudgetKind.ENERGY_KWH:
+            used = tenant_usage.energy_kwh
+        else:
+            used = tenant_usage.gpu_hours
+        usage[budget.pk] = {
+            "period_start": start,
+            "period_end": end,
+            "used": used,
+            "fraction_used": used / budget.amount,
+            "exhausted": used >= budget.amount,
+        }
+    return usage
+
+
+class BudgetListSerializer(serializers.ListSerializer):
+    def to_representation(self, data):
+        items = list(data.all() if hasattr(data, "all") else data)
+        self.context["budget_usage"] = budget_usage(items)
+        return super().to_representation(items)
+
+
 class BudgetSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
     tenant = TenantSlugField()
+    usage = serializers.SerializerMethodField()
 
     class Meta:
         model = Budget
-        fields = ["id", "tenant", "kind", "period", "amount", "action", "warn_at_fraction"]
+        fields = ["id", "tenant", "kind", "period", "amount", "action", "warn_at_fraction", "usage"]
         fixed_after_create = ["tenant", "kind"]
+        list_serializer_class = BudgetListSerializer
         validators = []
         extra_kwargs = {
             **{
@@ -239,6 +285,13 @@ class BudgetSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
             "amount": {"help_text": "kWh or GPU-hours per period, by kind"},
             "warn_at_fraction": {"help_text": "Warn when this share of the amount is spent"},
         }
+
+    @extend_schema_field(BudgetUsageSerializer)
+    def get_usage(self, obj) -> dict:
+        cached = self.context.get("budget_usage")
+        if cached is None or obj.pk not in cached:
+            cached = budget_usage([obj])
+        return cached[obj.pk]
 
     def validate_amount(self, value: float) -> float:
         if not math.isfinite(value) or value <= 0:

@@ -1,5 +1,7 @@
 """What the cluster and tenancy endpoints show, and what node actions do."""
 
+import pytest
+
 from controlplane.jobs import actions
 from controlplane.tenancy.models import Quota
 from tests.controlplane.api.helpers import results
@@ -143,3 +145,32 @@ def test_a_budget_is_created_and_read_back_by_members(world):
     assert created.status_code == 201, created.content
     [seen] = results(world.client("viewer").get("/api/v1/budgets/"))
     assert {k: seen[k] for k in body} == {**body, "amount": 250.0}
+
+
+def test_a_budget_shows_what_was_spent_this_period(world):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.tenancy.models import Budget
+
+    world.ensure("users")
+    gpu_hours = Budget.objects.create(
+        tenant=world.vision, kind="gpu_hours", period="month", amount=10, action="hold"
+    )
+    world.ensure("vision_budget")  # 500 kWh a month
+    job = world.vision_job
+    attempt = actions.admit_job(
+        job, node=world.node, gpus=list(world.node.gpus.all()), borrowed=False
+    )
+    actions.mark_attempt_running(attempt, started_at=timezone.now() - timedelta(hours=2))
+    attempt.refresh_from_db()
+    actions.finish_attempt(attempt, exit_code=0, energy_j=2 * 3.6e6)
+
+    shown = {b["kind"]: b["usage"] for b in results(world.client("viewer").get("/api/v1/budgets/"))}
+    assert shown["gpu_hours"]["used"] == pytest.approx(4.0, rel=1e-3)  # 2 GPUs for 2 hours
+    assert shown["gpu_hours"]["fraction_used"] == pytest.approx(0.4, rel=1e-3)
+    assert shown["energy_kwh"]["used"] == pytest.approx(2.0)
+    assert not shown["energy_kwh"]["exhausted"]
+    detail = world.client("member").get(f"/api/v1/budgets/{gpu_hours.pk}/").json()
+    assert detail["usage"]["used"] == pytest.approx(4.0, rel=1e-3)

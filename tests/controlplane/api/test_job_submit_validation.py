@@ -98,9 +98,11 @@ def test_an_unknown_field_is_named_rather_than_ignored(world):
 
 
 def test_every_field_at_fault_is_named_at_once(world):
-    response = submit(world, gpus=-1, image="nope", env={"A": 1}, priority="urgent")
+    response = submit(
+        world, gpus=-1, image="nope", env={"A": 1}, priority="urgent", memory_mib=600 * 1024
+    )
     assert_refused(response, "gpus")
-    assert {"gpus", "image", "env", "priority"} <= set(response.json())
+    assert {"gpus", "image", "env", "priority", "memory_mib"} <= set(response.json())
 
 
 def test_gpus_above_the_tenants_quota_for_the_type_are_refused(world):
@@ -132,6 +134,14 @@ def test_gpus_need_a_schedulable_node_that_has_that_many(world):
     response = submit(world, gpus=1)
     assert_refused(response, "gpus")
     assert "schedulable" in response.json()["gpus"][0]
+
+
+def test_an_any_type_job_is_refused_when_no_type_fits_both_quota_and_node(world):
+    # vision may use 16 H100 (the node has 2) and no A100 (a node has 4).
+    world.ensure("users")
+    world.fixture("make_node")("a100-node", gpus=4, model="A100-SXM4-80GB")
+    response = submit(world, gpus=3, gpu_type="")
+    assert_refused(response, "gpus")
 
 
 def test_a_cpu_only_job_needs_no_gpu_quota(world):

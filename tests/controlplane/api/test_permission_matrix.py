@@ -416,6 +416,7 @@ CASES = [
         listed=lambda w: ("tenant", w.vision.slug),
         setup=lambda w: w.nlp,
     ),
+    Case("accounting-usage-csv", "get", lambda w: "/api/v1/accounting/usage.csv", LIST),
 ]
 
 

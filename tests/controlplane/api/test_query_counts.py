@@ -82,7 +82,7 @@ LISTS = [
     ("/api/v1/memberships/", more_members, "viewer", 2),
     ("/api/v1/quotas/", more_tenants, "member", 4),
     ("/api/v1/quotas/", more_tenants, "cluster_admin", 4),
-    ("/api/v1/budgets/", more_tenants, "member", 2),
+    ("/api/v1/budgets/", more_tenants, "member", 4),  # and one per distinct period
     ("/api/v1/pools/", more_pools, "member", 2),
     ("/api/v1/nodes/", more_nodes, "member", 3),
     ("/api/v1/gpus/", more_nodes, "member", 2),

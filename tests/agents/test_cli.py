@@ -1,0 +1,164 @@
+"""`python -m agents`: flags and environment, and a real agent process stopped and started again."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from agents.__main__ import build_parser, main
+from agents.runtime.process import proc_start_ticks
+from tests.agents.conftest import REPO, wait_until
+
+
+def test_without_a_control_plane_url_the_agent_says_what_is_missing(capsys, monkeypatch):
+    monkeypatch.delenv("GPUCP_URL", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--runtime", "process"])
+    assert exit_info.value.code == 2
+    assert "GPUCP_URL" in capsys.readouterr().err
+
+
+def test_flags_default_to_the_environment(monkeypatch):
+    monkeypatch.setenv("GPUCP_URL", "http://cp.example:8000")
+    monkeypatch.setenv("GPUCP_RUNTIME", "process")
+    monkeypatch.setenv("GPUCP_GPU_BACKEND", "simulated:V100-SXM2-32GB:4")
+    monkeypatch.setenv("GPUCP_HEARTBEAT_INTERVAL_S", "2.5")
+    monkeypatch.setenv("GPUCP_LABELS", "rack=a1,zone=eu")
+    args = build_parser().parse_args(["--label", "row=3"])
+    assert args.url == "http://cp.example:8000"
+    assert args.runtime == "process"
+    assert args.gpu_backend == "simulated:V100-SXM2-32GB:4"
+    assert args.heartbeat_interval_s == 2.5
+    assert args.label == ["rack=a1,zone=eu", "row=3"]
+
+
+def test_the_short_spellings_of_the_url_and_the_name_are_accepted():
+    args = build_parser().parse_args(["--server", "http://cp:8000", "--name", "sim-node-1"])
+    assert (args.url, args.node_name) == ("http://cp:8000", "sim-node-1")
+
+
+def test_a_malformed_label_is_refused(capsys, state_dir):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--url", "http://127.0.0.1:1", "--label", "no-equals-sign"])
+    assert exit_info.value.code == 2
+    assert "key=value" in capsys.readouterr().err
+
+
+def test_without_a_node_token_or_a_join_token_the_agent_exits_with_a_reason(
+    state_dir, monkeypatch, caplog
+):
+    monkeypatch.delenv("GPUCP_JOIN_TOKEN", raising=False)
+    code = main(
+        [
+            "--url",
+            "http://127.0.0.1:1",
+            "--runtime",
+            "process",
+            "--gpu-backend",
+            "simulated:A100-SXM4-80GB:1",
+            "--state-dir",
+            str(state_dir),
+        ]
+    )
+    assert code == 2
+    assert "no join token" in caplog.text
+
+
+def start_agent(control_plane, state_dir, *extra):
+    env = {
+        **os.environ,
+        "GPUCP_URL": control_plane.url,
+        "GPUCP_JOIN_TOKEN": control_plane.JOIN_TOKEN,
+        "GPUCP_STATE_DIR": str(state_dir),
+        "PYTHONPATH": str(REPO),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agents",
+            "--runtime",
+            "process",
+            "--gpu-backend",
+            "simulated:A100-SXM4-80GB:2",
+            "--node-name",
+            "cli-node",
+            "--label",
+            "rack=a1",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_agent_and_leaves_its_job_running_for_the_next_start(
+    control_plane, state_dir, tmp_path
+):
+    control_plane.heartbeat_interval_s = 0.3
+    marker = tmp_path / "go"
+    control_plane.set_desired(
+        [
+            {
+                "attempt_id": 31,
+                "job_id": 3,
+                "image": "",
+                "command": ["sh", "-c", f"echo up; while [ ! -e {marker} ]; do sleep 0.05; done"],
+                "env": {},
+                "gpu_uuids": [],
+                "cpus": 1.0,
+                "memory_mib": 64,
+                "max_runtime_s": None,
+            }
+        ]
+    )
+    agent = start_agent(control_plane, state_dir)
+    try:
+        wait_until(
+            lambda: any(r["state"] == "running" for r in control_plane.reported(31)),
+            timeout_s=60,
+            what="the agent to run the job",
+        )
+        (registered,) = control_plane.registrations
+        assert registered["labels"] == {"rack": "a1"} and len(registered["gpus"]) == 2
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=30)
+        assert agent.returncode == 0, output
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    child = json.loads((state_dir / "process" / "31" / "child.json").read_text())
+    assert proc_start_ticks(child["pid"]) == child["start_ticks"], "the job died with the agent"
+
+    reports_before = len(control_plane.reported(31))
+    again = start_agent(control_plane, state_dir)
+    try:
+        wait_until(
+            lambda: len(control_plane.reported(31)) > reports_before,
+            timeout_s=60,
+            what="the restarted agent to report the job",
+        )
+        assert control_plane.reported(31)[-1]["state"] == "running"
+        assert len(control_plane.registrations) == 1  # the kept node token was reused
+        marker.touch()
+        wait_until(
+            lambda: control_plane.reported(31)[-1]["state"] == "exited",
+            timeout_s=60,
+            what="the exit report",
+        )
+        assert control_plane.reported(31)[-1]["exit_code"] == 0
+        wait_until(lambda: control_plane.logs.get(31) == b"up\n", what="the job's output")
+    finally:
+        again.send_signal(signal.SIGTERM)
+        try:
+            again.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            again.kill()
+    assert again.returncode == 0

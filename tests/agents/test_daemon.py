@@ -1,0 +1,462 @@
+"""The reconcile loop, driven against the tiny in-test control plane with real processes.
+
+Most tests turn the loop by hand (`cycle()`), so each step is explicit; the ones about the loop
+itself (watch, backoff) run it in a thread.
+"""
+
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+from agents.client import ControlPlaneClient
+from agents.daemon import Agent, AgentConfig
+from agents.gpu.simulated import SimulatedBackend, parse_spec
+from agents.runtime.base import AttemptState
+from agents.runtime.process import ProcessRuntime
+from tests.agents.conftest import wait_until
+
+NODE = "node-t"
+
+
+class FakeClock:
+    """Wall and monotonic time at once, for the GPU model and the agent's energy accounting."""
+
+    def __init__(self) -> None:
+        self.now_s = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+class NoCounterBackend(SimulatedBackend):
+    """A board without an energy counter (NVML NotSupported), like GPUs before Volta."""
+
+    def energy_j(self, uuid):
+        return None
+
+    def telemetry(self):
+        from dataclasses import replace
+
+        return [replace(t, energy_j=None) for t in super().telemetry()]
+
+
+def make_agent(cp, state_dir, *, gpu=None, clock=None, join=True, **overrides):
+    config = AgentConfig(
+        url=cp.url,
+        state_dir=state_dir,
+        node_name=NODE,
+        join_token=cp.JOIN_TOKEN if join else None,
+        runtime="process",
+        poll_interval_s=0.05,
+        watch_timeout_s=2.0,
+        stop_grace_s=5.0,
+        backoff_max_s=0.4,
+        request_timeout_s=3.0,
+        **overrides,
+    )
+    if gpu is None:
+        gpu_type, count = parse_spec("simulated:A100-SXM4-80GB:2")
+        gpu = SimulatedBackend(
+            gpu_type, count, node_name=NODE, **({"clock": clock} if clock else {})
+        )
+    client = ControlPlaneClient(
+        cp.url, state_dir=state_dir, join_token=config.join_token, timeout_s=3.0
+    )
+    agent = Agent(
+        config,
+        client=client,
+        gpu=gpu,
+        runtime=ProcessRuntime(state_dir),
+        **({"clock": clock} if clock else {}),
+    )
+    agent.recover()
+    agent.ensure_registered()
+    return agent
+
+
+def attempt(attempt_id, *command, gpus=(), **extra):
+    return {
+        "attempt_id": attempt_id,
+        "job_id": 100 + attempt_id,
+        "image": "",
+        "command": list(command),
+        "env": {},
+        "gpu_uuids": list(gpus),
+        "cpus": 1.0,
+        "memory_mib": 256,
+        "max_runtime_s": None,
+        **extra,
+    }
+
+
+def waiting_on(marker, before=""):
+    """A job that runs until the test creates ``marker``."""
+    return ("sh", "-c", f"{before}while [ ! -e {marker} ]; do sleep 0.05; done; echo done")
+
+
+def runtime_state(agent, attempt_id):
+    for status in agent.runtime.statuses():
+        if status.attempt_id == attempt_id:
+            return status.state
+    return None
+
+
+def ended(agent, attempt_id):
+    return wait_until(
+        lambda: runtime_state(agent, attempt_id) not in (None, AttemptState.RUNNING),
+        what=f"attempt {attempt_id} to end",
+    )
+
+
+def uuids(agent):
+    return [g.uuid for g in agent.gpu.inventory()]
+
+
+def test_the_agent_registers_its_inventory_once_and_reuses_its_node_token(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    assert agent.cycle()
+    (registered,) = control_plane.registrations
+    assert registered["name"] == NODE and registered["runtime"] == "process"
+    assert [g["power_max_w"] for g in registered["gpus"]] == [400.0, 400.0]
+    assert registered["cpus"] > 0 and registered["memory_mib"] > 0
+
+    again = make_agent(control_plane, state_dir)
+    assert again.cycle()
+    assert len(control_plane.registrations) == 1
+    assert control_plane.heartbeat_tokens[0] == control_plane.heartbeat_tokens[1]
+
+
+def test_a_refused_node_token_makes_the_agent_register_again(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    assert agent.cycle()
+    control_plane.node_tokens.clear()  # revoked by an admin, or rotated elsewhere
+    assert not agent.cycle()
+    assert len(control_plane.registrations) == 2
+    assert agent.cycle()
+
+
+def test_a_listed_attempt_starts_reports_its_exit_and_output_and_is_then_forgotten(
+    control_plane, state_dir
+):
+    agent = make_agent(control_plane, state_dir)
+    gpu0 = uuids(agent)[0]
+    control_plane.set_desired([attempt(1, "sh", "-c", "echo hello; exit 4", gpus=[gpu0])])
+    assert agent.cycle()
+    ended(agent, 1)
+    assert agent.cycle()
+    (report,) = control_plane.reported(1)
+    assert report["state"] == "exited" and report["exit_code"] == 4
+    assert report["started_at"] <= report["finished_at"]
+    assert control_plane.logs[1] == b"hello\n"
+    # Acknowledged: forgotten, and never started again though a stale answer still lists it.
+    assert not (state_dir / "attempts" / "1.json").exists()
+    assert agent.cycle()
+    assert len(control_plane.reported(1)) == 1
+    assert not (state_dir / "process" / "1").exists()
+
+
+def test_an_attempt_that_is_not_listed_any_more_is_stopped(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(2, "sleep", "300")])
+    agent.cycle()
+    assert runtime_state(agent, 2) is AttemptState.RUNNING
+    control_plane.set_desired([])
+    agent.cycle()
+    ended(agent, 2)
+    agent.cycle()
+    assert control_plane.reported(2)[-1]["exit_code"] == 143
+
+
+def test_an_attempt_that_cannot_start_is_reported_failed_to_start_once(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(3, "no-such-command-anywhere")])
+    agent.cycle()
+    agent.cycle()
+    (report,) = control_plane.reported(3)
+    assert report["state"] == "failed_to_start" and report["exit_code"] is None
+    assert "no-such-command-anywhere" in report["message"]
+    agent.cycle()
+    assert len(control_plane.reported(3)) == 1
+
+
+def test_a_restarted_agent_adopts_its_running_attempt_and_never_starts_it_twice(
+    control_plane, state_dir, tmp_path
+):
+    runs, marker = tmp_path / "runs", tmp_path / "go"
+    first = make_agent(control_plane, state_dir)
+    control_plane.set_desired(
+        [attempt(4, *waiting_on(marker, before=f"echo run >> {runs}; "), gpus=uuids(first)[:1])]
+    )
+    first.cycle()
+    wait_until(lambda: runs.exists(), what="the job to start")
+    first.cycle()
+    # The agent dies here (no shutdown at all); the job lives on.
+
+    second = make_agent(control_plane, state_dir)
+    assert second.cycle()
+    assert control_plane.reported(4)[-1]["state"] == "running"
+    marker.touch()
+    ended(second, 4)
+    second.cycle()
+    assert control_plane.reported(4)[-1]["exit_code"] == 0
+    assert runs.read_text() == "run\n"
+    assert len(control_plane.registrations) == 1
+
+
+def test_an_attempts_energy_is_the_counter_delta_of_its_own_gpus(
+    control_plane, state_dir, tmp_path
+):
+    clock = FakeClock()
+    agent = make_agent(control_plane, state_dir, clock=clock)
+    busy, idle = uuids(agent)
+    control_plane.set_desired([attempt(5, *waiting_on(tmp_path / "go"), gpus=[busy])])
+    agent.cycle()
+    clock.advance(100.0)
+    agent.cycle()
+    heartbeat = control_plane.last_heartbeat()
+    draw_w = {g["uuid"]: g["power_draw_w"] for g in heartbeat["gpus"]}
+    assert draw_w[busy] > draw_w[idle]
+    (report,) = control_plane.reported(5)
+    assert report["energy_estimated"] is False
+    assert report["energy_j"] == pytest.approx(100.0 * draw_w[busy], rel=1e-6)
+    (tmp_path / "go").touch()
+
+
+def test_without_an_energy_counter_the_energy_is_integrated_from_the_draw_and_marked_estimated(
+    control_plane, state_dir, tmp_path
+):
+    clock = FakeClock()
+    gpu_type, count = parse_spec("simulated:A100-SXM4-80GB:1")
+    gpu = NoCounterBackend(gpu_type, count, node_name=NODE, clock=clock)
+    agent = make_agent(control_plane, state_dir, gpu=gpu, clock=clock)
+    control_plane.set_desired([attempt(6, *waiting_on(tmp_path / "go"), gpus=uuids(agent))])
+    agent.cycle()
+    agent.cycle()  # the first reading with the job's draw
+    clock.advance(50.0)
+    agent.cycle()
+    heartbeat = control_plane.last_heartbeat()
+    assert heartbeat["gpus"][0]["energy_j"] is None
+    report = control_plane.reported(6)[-1]
+    assert report["energy_estimated"] is True
+    assert report["energy_j"] == pytest.approx(50.0 * heartbeat["gpus"][0]["power_draw_w"])
+    (tmp_path / "go").touch()
+
+
+def test_a_cap_is_applied_once_and_only_when_it_differs_from_the_enforced_one(
+    control_plane, state_dir
+):
+    agent = make_agent(control_plane, state_dir)
+    gpu0, gpu1 = uuids(agent)
+    control_plane.set_desired(caps_w={gpu0: 300.0, gpu1: 400.0})
+    agent.cycle()
+    agent.cycle()
+    assert agent.gpu.power_limit_writes == 1
+    caps = {g["uuid"]: g["power_cap_w"] for g in control_plane.last_heartbeat()["gpus"]}
+    assert caps == {gpu0: 300.0, gpu1: 400.0}
+    assert control_plane.last_heartbeat()["conditions"] == []
+
+
+def test_in_dry_run_caps_are_validated_but_never_written(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir, power_cap_dry_run=True)
+    gpu0, gpu1 = uuids(agent)
+    control_plane.set_desired(caps_w={gpu0: 300.0, gpu1: 50.0})
+    agent.cycle()
+    agent.cycle()
+    assert agent.gpu.power_limit_writes == 0
+    assert agent.gpu.enforced_power_limit_w(gpu0) == 400.0
+    (condition,) = control_plane.last_heartbeat()["conditions"]
+    assert condition["gpu_uuid"] == gpu1 and "outside" in condition["message"]
+
+
+def test_a_cap_the_gpu_refuses_becomes_a_condition_and_the_agent_carries_on(
+    control_plane, state_dir
+):
+    gpu_type, count = parse_spec("simulated:A100-SXM4-80GB:2")
+    gpu = SimulatedBackend(gpu_type, count, node_name=NODE, power_limit_settable=False)
+    agent = make_agent(control_plane, state_dir, gpu=gpu)
+    gpu0, gpu1 = uuids(agent)
+    control_plane.set_desired(caps_w={gpu0: 300.0, gpu1: 9999.0})
+    assert agent.cycle()
+    assert agent.cycle()
+    conditions = {c["gpu_uuid"]: c for c in control_plane.last_heartbeat()["conditions"]}
+    assert conditions[gpu0]["type"] == "PowerCapFailed"
+    assert "Permission" in conditions[gpu0]["message"]
+    assert "outside" in conditions[gpu1]["message"]
+    control_plane.set_desired(caps_w={})
+    agent.cycle()
+    agent.cycle()
+    assert control_plane.last_heartbeat()["conditions"] == []
+
+
+def test_a_lost_gpu_is_reported_unhealthy(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    agent.gpu.mark_lost(uuids(agent)[1])
+    agent.cycle()
+    health = [g["healthy"] for g in control_plane.last_heartbeat()["gpus"]]
+    assert health == [True, False]
+
+
+def test_logs_are_shipped_in_chunks_and_resent_from_the_last_acknowledged_offset(
+    control_plane, state_dir
+):
+    agent = make_agent(control_plane, state_dir)
+    # Over two chunks, with a multi-byte character across every chunk boundary sooner or later.
+    script = "import sys; sys.stdout.write(''.join(f'line {i} é€😀\\n' for i in range(15000)))"
+    control_plane.set_desired([attempt(7, sys.executable, "-c", script)])
+    agent.cycle()
+    ended(agent, 7)
+    expected = agent.runtime.read_logs(7, 0, 10_000_000)
+    assert len(expected) > 3 * 64 * 1024
+    control_plane.fail_next_log_posts = 1  # the first chunk is lost on the way
+    assert agent.cycle()
+    # Its exit was acknowledged, but the output is not all there: it is not forgotten yet.
+    assert (state_dir / "attempts" / "7.json").exists()
+    for _ in range(5):
+        agent.cycle()
+    assert control_plane.logs[7] == expected
+    assert control_plane.logs[7].decode("utf-8")
+    assert not (state_dir / "attempts" / "7.json").exists()
+    # Every chunk began where the control plane's stored output ended: none stored twice.
+    offsets = [offset for attempt_id, offset, _ in control_plane.log_posts if attempt_id == 7]
+    assert offsets == sorted(set(offsets))
+
+
+def test_an_attempt_past_its_max_runtime_is_stopped_and_says_so(control_plane, state_dir):
+    clock = FakeClock()
+    agent = make_agent(control_plane, state_dir, clock=clock)
+    control_plane.set_desired([attempt(8, "sleep", "300", max_runtime_s=60)])
+    agent.cycle()
+    started_at = json.loads((state_dir / "process/8/child.json").read_text())["started_at"]
+    clock.now_s = started_at + 61
+    agent.cycle()
+    ended(agent, 8)
+    agent.cycle()
+    report = control_plane.reported(8)[-1]
+    assert report["exit_code"] == 143
+    assert "max runtime" in report["message"]
+
+
+def test_a_simulated_job_is_told_how_fast_its_capped_gpus_let_it_go(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    gpu0 = uuids(agent)[0]
+    command = 'echo "$GPUCP_SIM_SPEED"; cat "$GPUCP_SIM_SPEED_FILE"; sleep 300'
+    control_plane.set_desired([attempt(9, "sh", "-c", command, gpus=[gpu0])])
+    agent.cycle()
+    wait_until(lambda: agent.runtime.read_logs(9, 0, 100).count(b"\n") >= 2, what="speeds")
+    assert agent.runtime.read_logs(9, 0, 100) == b"1.000000\n1.000000\n"
+    control_plane.set_desired(caps_w={gpu0: 150.0})
+    agent.cycle()  # applies the cap
+    agent.cycle()  # publishes the new speed
+    speed = float((state_dir / "attempts" / "9.speed").read_text())
+    assert speed == pytest.approx(agent.gpu.progress_speed([gpu0]))
+    assert speed < 0.8
+    agent.runtime.stop(9, grace_s=1)
+
+
+def run_in_thread(agent):
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_new_work_is_picked_up_through_the_watch_not_the_next_periodic_heartbeat(
+    control_plane, state_dir, tmp_path
+):
+    control_plane.heartbeat_interval_s = 300.0  # so only the watch can explain a quick start
+    agent = make_agent(control_plane, state_dir)
+    thread = run_in_thread(agent)
+    try:
+        wait_until(lambda: control_plane.heartbeats and control_plane.watches, what="a watch")
+        heartbeats_before = len(control_plane.heartbeats)
+        control_plane.set_desired([attempt(10, *waiting_on(tmp_path / "go"))])
+        wait_until(lambda: runtime_state(agent, 10) is AttemptState.RUNNING, what="the new attempt")
+        # ...and its exit is reported as soon as it happens, not 300 s later.
+        (tmp_path / "go").touch()
+        wait_until(
+            lambda: any(r["state"] == "exited" for r in control_plane.reported(10)),
+            what="the exit report",
+        )
+        assert len(control_plane.heartbeats) > heartbeats_before
+    finally:
+        agent.stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
+
+
+def test_while_the_control_plane_is_away_jobs_keep_running_and_the_agent_backs_off(
+    control_plane, state_dir, tmp_path
+):
+    control_plane.heartbeat_interval_s = 0.1
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(11, *waiting_on(tmp_path / "go"))])
+    thread = run_in_thread(agent)
+    try:
+        wait_until(
+            lambda: any(r["state"] == "running" for r in control_plane.reported(11)),
+            what="the job to run",
+        )
+        control_plane.stop()
+        wait_until(lambda: agent.backoff.failures >= 4, what="several failed heartbeats")
+        assert runtime_state(agent, 11) is AttemptState.RUNNING
+        assert thread.is_alive()
+        (tmp_path / "go").touch()  # the job ends while nobody can be told
+        ended(agent, 11)
+        control_plane.start()
+        wait_until(
+            lambda: any(r["state"] == "exited" for r in control_plane.reported(11)),
+            what="the exit report after the control plane came back",
+        )
+        assert control_plane.reported(11)[-1]["exit_code"] == 0
+        assert control_plane.logs[11] == b"done\n"
+        wait_until(lambda: agent.backoff.failures == 0, what="the backoff to reset")
+    finally:
+        agent.stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
+
+
+def test_the_state_dir_holds_the_token_and_records_but_no_secret_for_jobs(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(12, "env")])
+    agent.cycle()
+    ended(agent, 12)
+    output = agent.runtime.read_logs(12, 0, 100_000).decode()
+    token = (state_dir / "node-token").read_text().strip()
+    assert token not in output and control_plane.JOIN_TOKEN not in output
+    assert "GPUCP_ATTEMPT_ID=12" in output
+    assert oct(os.stat(state_dir / "node-token").st_mode & 0o777) == "0o600"
+
+
+def test_for_a_demo_the_agent_can_stop_its_jobs_on_the_way_out(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir, stop_jobs_on_exit=True)
+    control_plane.set_desired([attempt(13, "sleep", "300")])
+    thread = run_in_thread(agent)
+    wait_until(lambda: runtime_state(agent, 13) is AttemptState.RUNNING, what="the job")
+    agent.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    (status,) = ProcessRuntime(state_dir).adopt()
+    assert status.state is AttemptState.EXITED and status.exit_code == 143
+
+
+def test_after_registering_anew_an_attempt_id_seen_before_can_run(control_plane, state_dir):
+    # A fresh control-plane database (a new demo) numbers its attempts from 1 again.
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(1, "true")])
+    agent.cycle()
+    ended(agent, 1)
+    agent.cycle()
+    assert agent.cycle()
+    assert len(control_plane.reported(1)) == 1
+    control_plane.node_tokens.clear()
+    assert not agent.cycle()  # refused, registered again
+    agent.cycle()
+    ended(agent, 1)
+    agent.cycle()
+    assert [r["state"] for r in control_plane.reported(1)] == ["exited", "exited"]

@@ -1,0 +1,108 @@
+"""The same life of a job through the docker runtime, against a real engine (Podman's Docker API).
+
+Where no engine can be had (scripts/podman-setup.sh fails), these tests skip and say why.
+"""
+
+import subprocess
+
+import pytest
+
+from .conftest import REPO, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.container]
+
+
+@pytest.fixture(scope="module")
+def engine_url() -> str:
+    script = REPO / "scripts" / "podman-setup.sh"
+    if not script.exists():
+        pytest.skip(f"no container engine: {script} is missing")
+    try:
+        result = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, timeout=300, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"no container engine: {script.name} could not run ({exc})")
+    if result.returncode != 0:
+        pytest.skip(f"no container engine: {script.name} failed: {result.stderr.strip()[-500:]}")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("DOCKER_HOST=")]
+    if not lines:
+        pytest.skip(f"no container engine: {script.name} printed no DOCKER_HOST")
+    return lines[-1].removeprefix("DOCKER_HOST=")
+
+
+@pytest.fixture
+def engine(engine_url):
+    import docker
+
+    client = docker.DockerClient(base_url=engine_url, version="1.41", timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def docker_node(cluster, engine, engine_url):
+    """A node whose agent runs attempts as containers; its containers are removed afterwards."""
+    from agents.runtime.base import NODE_LABEL
+
+    name = f"e2e-docker-{cluster.marker[:8]}"
+    cluster.start_agent(name, runtime="docker", extra_env={"GPUCP_DOCKER_URL": engine_url})
+    yield name
+    for container in engine.containers.list(all=True, filters={"label": f"{NODE_LABEL}={name}"}):
+        container.remove(force=True)
+
+
+def containers_of(engine, attempt_id: int, *, running_only: bool = False) -> list:
+    from agents.runtime.base import ATTEMPT_LABEL
+
+    return engine.containers.list(
+        all=not running_only, filters={"label": f"{ATTEMPT_LABEL}={attempt_id}"}
+    )
+
+
+def test_a_job_runs_as_a_container_and_succeeds_with_its_output_in_the_logs(cluster, docker_node):
+    job_id = cluster.submit(["sh", "-c", "echo hello from a container; echo job $GPUCP_JOB_ID"])
+
+    job = cluster.wait_for_state(job_id, "SUCCEEDED", "FAILED", timeout_s=180)
+    assert job["state"] == "SUCCEEDED"
+    assert job["attempts"][0]["node"] == docker_node
+    text = wait_until(
+        lambda: (lambda t: t if "job" in t else None)(cluster.logs(job_id)["text"]),
+        60,
+        "the container's output in the logs API",
+    )
+    assert text == f"hello from a container\njob {job_id}\n"
+
+
+def test_a_failing_container_ends_failed_with_its_exit_code(cluster, docker_node):
+    job_id = cluster.submit(["sh", "-c", "exit 7"], restartable=False)
+
+    job = cluster.wait_for_state(job_id, "SUCCEEDED", "FAILED", timeout_s=180)
+    assert job["state"] == "FAILED"
+    assert job["exit_code"] == 7
+
+
+def test_a_missing_image_fails_to_start_with_the_reason(cluster, docker_node):
+    job_id = cluster.submit(["true"], image="localhost/no-such-image:1")
+
+    job = cluster.wait_for_state(job_id, "SUCCEEDED", "FAILED", timeout_s=180)
+    assert job["state"] == "FAILED"
+    assert job["exit_code"] is None
+    assert "no-such-image" in job["state_reason"]
+
+
+def test_cancel_kills_the_container(cluster, docker_node, engine):
+    job_id = cluster.submit(["sh", "-c", "echo started; exec sleep 300"])
+    job = cluster.wait_for_state(job_id, "RUNNING", timeout_s=180)
+    attempt_id = job["attempts"][0]["id"]
+    wait_until(
+        lambda: containers_of(engine, attempt_id, running_only=True), 60, "a running container"
+    )
+
+    cluster.cancel(job_id)
+
+    job = cluster.wait_for_job(
+        job_id, lambda j: j["attempts"][0]["state"] == "STOPPED", "its attempt stopped", 120
+    )
+    assert job["state"] == "CANCELLED"
+    assert not containers_of(engine, attempt_id, running_only=True)
