@@ -279,11 +279,12 @@ def _worker(env: dict, queue: str, log_path: Path) -> subprocess.Popen:
 
 def _purge(queue: str) -> None:
     from controlplane.redis_client import get_redis
+    from controlplane.scheduling.trigger import REQUEST_KEY
 
     conn = get_redis()
     for key in conn.scan_iter(match=f"{queue}*"):
         conn.delete(key)
-    conn.delete("gpucp:cycle-requested")
+    conn.delete(REQUEST_KEY)
 
 
 def report(total_gpus: int, t0: float, submit_lags: list[float]) -> dict:

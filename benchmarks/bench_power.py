@@ -12,7 +12,7 @@ third one (30 s) and jobs start only then, as in the control plane. Every policy
 per-GPU job sequences to completion.
 
 Policies: no caps; one uniform cap (budget / GPUs on every GPU); the planner
-(scheduler.power.plan_power_caps). Figures: energy (kWh, all GPUs until the last job ends),
+(scheduler.power.plan_power_caps), also with eco mode on (Config.eco_max_slowdown = 0.05). Figures: energy (kWh, all GPUs until the last job ends),
 mean and p95 slowdown (a job's run time over its uncapped run time), and seconds in which the
 pool's true draw exceeded its budget. Eco: no binding budget, every job at most 5 % slower.
 """
@@ -319,6 +319,7 @@ def main() -> None:
             "no caps": baseline,
             "uniform cap": simulate("uniform", budget_w, None, jobs, args.seed),
             "planner": simulate("planner", budget_w, None, jobs, args.seed),
+            "planner + eco 5 %": simulate("planner", budget_w, 0.05, jobs, args.seed),
         }
         for policy, result in rows.items():
             print(

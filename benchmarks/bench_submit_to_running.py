@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def main() -> None:
     setup_django(database_url)
     import datetime as dt
 
+    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
@@ -138,6 +140,8 @@ def main() -> None:
         ),
     ]
     state_root = log_dir / "agents"
+    # A fresh database restarts attempt ids; agents must not remember the last run's attempts.
+    shutil.rmtree(state_root, ignore_errors=True)
     try:
         wait_for(lambda: _answers(f"{url}/admin/login/"), 60, f"gunicorn on {url} (see {log_dir})")
         for i in range(args.agents):
@@ -210,7 +214,8 @@ def main() -> None:
     print()
     print(
         f"submit -> running benchmark: {len(job_ids)} jobs, {args.agents} nodes x 8 simulated "
-        f"GPUs, process runtime, gunicorn + Celery worker/beat + Redis, {os.cpu_count()} CPUs"
+        f"GPUs, process runtime, gunicorn + Celery worker/beat + Redis, {os.cpu_count()} CPUs, "
+        f"SCHEDULER_DEBOUNCE_S={settings.SCHEDULER_DEBOUNCE_S}"
     )
     for label, values in (
         ("submit -> admitted (scheduling cycle)", admitted),

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
-from controlplane.accounting.budgets import J_PER_KWH, BudgetState, budget_states
+from controlplane.accounting.budgets import (
+    J_PER_KWH,
+    BudgetState,
+    Usage,
+    budget_states,
+    period_bounds,
+    usage_by_tenant,
+)
 from controlplane.cluster.models import GPU, GpuTelemetry, Node, Pool
 from controlplane.cluster.telemetry import bucket_start
 from controlplane.jobs.models import (
@@ -327,6 +334,12 @@ def recent_tenant_events(tenant: Tenant, limit: int = 15) -> list[TimelineItem]:
 
 def tenant_budgets(tenant: Tenant, now: dt.datetime | None = None) -> list[BudgetState]:
     return [s for s in budget_states(now) if s.tenant_id == tenant.pk]
+
+
+def tenant_usage(tenant: Tenant, period: str = "month", now: dt.datetime | None = None) -> Usage:
+    """GPU-seconds and joules the tenant used this period, budget or not (booked as budgets are)."""
+    start, end = period_bounds(period, now or timezone.now())
+    return usage_by_tenant(start, end, tenant_ids=[tenant.pk]).get(tenant.pk, Usage())
 
 
 def tenant_job_counts(tenant: Tenant) -> dict[str, int]:

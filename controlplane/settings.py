@@ -180,6 +180,9 @@ CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "controlplane.scheduling.tasks.run_cycle",
         "schedule": SCHEDULER_CYCLE_INTERVAL_S,
+        # A tick still queued when the next one is due is redundant: drop it, so a worker that
+        # was down or slow does not replay a backlog of cycles.
+        "options": {"expires": SCHEDULER_CYCLE_INTERVAL_S},
     },
     "node-liveness": {
         "task": "controlplane.cluster.tasks.sweep_node_liveness",

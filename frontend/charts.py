@@ -52,6 +52,8 @@ class Chart:
 
 # Room for the axes' labels inside the viewBox.
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 52, 12, 12, 28
+# Half the width of one label character at the phone font size (the larger of the two).
+LABEL_HALF_CHAR_W = 5.5
 
 
 def nice_step(span: float, ticks: int = 4) -> float:
@@ -150,8 +152,12 @@ def render(chart: Chart) -> SafeString:
         parts.append(
             f'<line class="tick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{PAD_TOP + plot_h}" '
             f'y2="{PAD_TOP + plot_h + 4}"/>'
-            f'<text class="axis" x="{xx:.1f}" y="{h - 8}" text-anchor="middle">{label}</text>'
         )
+        # A label centred on a tick near the right edge would be cut off: the tick stays.
+        if xx + len(label) * LABEL_HALF_CHAR_W <= w:
+            parts.append(
+                f'<text class="axis" x="{xx:.1f}" y="{h - 8}" text-anchor="middle">{label}</text>'
+            )
     parts.append(
         f'<text class="axis unit" x="4" y="{PAD_TOP + 8}" text-anchor="start">'
         f"{escape(chart.unit)}</text>"
@@ -170,7 +176,7 @@ def render(chart: Chart) -> SafeString:
             if len(seg) == 1:
                 (tt, vv) = seg[0]
                 parts.append(
-                    f'<circle class="line {css}" cx="{x(tt):.1f}" cy="{y(vv):.1f}" r="2"/>'
+                    f'<circle class="line {css}" cx="{x(tt):.1f}" cy="{y(vv):.1f}" r="2.5"/>'
                 )
                 continue
             coords = " ".join(f"{x(tt):.1f},{y(vv):.1f}" for tt, vv in seg)

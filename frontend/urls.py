@@ -1,5 +1,5 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from frontend import views
 
@@ -41,4 +41,5 @@ urlpatterns = [
     path("manage/budgets/<int:pk>/", views.budget_edit, name="manage-budget"),
     path("manage/budgets/<int:pk>/delete/", views.budget_delete, name="manage-budget-delete"),
     path("manage/pools/", views.manage_pools, name="manage-pools"),
+    path("", include("frontend.whatif_urls")),
 ]

@@ -73,7 +73,6 @@ def page(request, template: str, context: dict | None = None, *, nav: str = "", 
         "nav": nav,
         "nav_tenants": Tenant.objects.filter(pk__in=roles).order_by("slug"),
         "is_cluster_admin": is_cluster_admin(user),
-        "is_tenant_admin": any(r == Role.ADMIN for r in roles.values()),
         "poll_s": LIVE_POLL_S,
         **(context or {}),
     }
@@ -101,7 +100,7 @@ def tenant_dashboard(request, slug: str):
     jobs = Job.objects.filter(tenant=tenant).select_related("submitted_by")
     context = {
         "tenant": tenant,
-        "role": queries.role_in(request.user, tenant),
+        "role_label": _role_label(request.user, tenant),
         "may_submit": queries.has_role(request.user, tenant, Role.MEMBER) and tenant.active,
         "may_manage_members": queries.has_role(request.user, tenant, Role.ADMIN),
         "usage": queries.tenant_gpu_usage(tenant),
@@ -113,12 +112,20 @@ def tenant_dashboard(request, slug: str):
             :10
         ],
         "budgets": queries.tenant_budgets(tenant, now),
+        "month_usage": queries.tenant_usage(tenant, "month", now),
         "events": queries.recent_tenant_events(tenant),
         "now": now,
     }
     if request.htmx:
         return render(request, "frontend/partials/dashboard_live.html", context)
     return page(request, "frontend/dashboard.html", context, nav="dashboard")
+
+
+def _role_label(user, tenant) -> str:
+    role = tenant_roles(user).get(tenant.pk)
+    if role is not None:
+        return Role(role).label.lower()
+    return "cluster admin (not a member)" if is_cluster_admin(user) else ""
 
 
 # --- jobs -------------------------------------------------------------------------------------
@@ -336,12 +343,20 @@ def _job_live_context(request, job: Job) -> dict:
         text, size_bytes, truncated = read_log(attempt, LOG_TAIL_LINES)
         context |= {
             "gpus": gpus,
+            "gpus_alike": _alike(gpus),
             "log_text": text,
             "log_size_bytes": size_bytes,
             "log_truncated": truncated or text.count("\n") >= LOG_TAIL_LINES,
             **_job_charts(attempt),
         }
     return context
+
+
+def _alike(gpus) -> bool:
+    """Several GPUs of one model at one cap read better as one line than as a list."""
+    return (
+        len(gpus) > 2 and len({(g.model, g.power_cap_w, g.desired_power_cap_w) for g in gpus}) == 1
+    )
 
 
 def _job_charts(attempt) -> dict:
@@ -515,10 +530,11 @@ def _pool_chart(pp: queries.PoolPower) -> charts.Chart:
 def cluster_overview(request):
     pools = queries.pool_power()
     allocation = queries.allocation_by_tenant()
+    # distinct: the join with allocations repeats a GPU once per attempt it ever held.
     gpu_totals = GPU.objects.aggregate(
-        total=Count("id"),
-        healthy=Count("id", filter=Q(healthy=True)),
-        allocated=Count("id", filter=Q(allocations__active=True)),
+        total=Count("id", distinct=True),
+        healthy=Count("id", filter=Q(healthy=True), distinct=True),
+        allocated=Count("id", filter=Q(allocations__active=True), distinct=True),
     )
     context = {
         "pools": [(pp, charts.render(_pool_chart(pp))) for pp in pools],

@@ -46,7 +46,6 @@ class Admission:
         index: ClusterIndex,
         books: dict[str, Book],
         predicted_s: dict[int, float],
-        borrowed: set[int],
     ):
         self.snapshot = snapshot
         self.config = config
@@ -54,7 +53,7 @@ class Admission:
         self.index = index
         self.books = books
         self.predicted_s = predicted_s
-        self.borrowed = borrowed
+        self._borrowed: set[int] | None = None
         self.capacity = {t: ti.total_cap for t, ti in index.types.items()}
         self.types = list(index.types)  # sorted by name
         self.reservations: dict[str, Reservation] = {}
@@ -68,6 +67,15 @@ class Admission:
         self.search_failed_at: dict[str, int] = {}  # type -> fewest GPUs a search failed for
         self._victims: Victims | None = None
         self._max_resources: dict[str, tuple[float, int]] = {}
+        # type -> (TypeIndex.version, most GPUs any node could give from stopping attempts)
+        self._claim_memo: dict[str, tuple[int, int]] = {}
+
+    @property
+    def borrowed(self) -> set[int]:
+        """Attempt ids running beyond their tenant's guarantee (worked out when first needed)."""
+        if self._borrowed is None:
+            self._borrowed = quota.label_borrowed(self.snapshot.running, self.books)
+        return self._borrowed
 
     @property
     def victims(self) -> Victims:
@@ -75,7 +83,7 @@ class Admission:
             self._victims = Victims(
                 tuple(r for r in self.snapshot.running if r.attempt_id not in self.preempted),
                 self.index,
-                self.borrowed,
+                lambda: self.borrowed,
                 self.config,
                 self.now_s,
             )
@@ -187,7 +195,9 @@ class Admission:
         if search is not None:
             if self._claim_stopping(job, ti, book):
                 return
-            if self._preempt(job, ti, book, search):
+            if (search.cross or search.own or search.baseline) and self._preempt(
+                job, ti, book, search
+            ):
                 return
         if self.config.backfill and t not in self.reservations and t not in self.unreservable:
             res = self._reserve(job, ti)
@@ -298,20 +308,32 @@ class Admission:
     def _may_preempt_own(self, job: Pending, gpu_type: str) -> bool:
         if not self.config.preemption or self.config.ordering is not Ordering.FAIR:
             return False
-        own = self.victims.own.get((job.tenant, gpu_type))
-        return bool(own) and own[0].run.priority < job.priority
+        lowest = self.victims.lowest_own_priority(job.tenant, gpu_type)
+        return lowest is not None and lowest < job.priority
 
     def _capacity_search(self, job: Pending, ti: TypeIndex, book: Book) -> Search | None:
         """The preemption rules open to a job that fits its quota but not the free GPUs."""
         if not self.config.preemption:
             return None
-        search = self._search(job, ti)
-        search.cross = book.within_guarantee(ti.gpu_type, job.gpus)
-        search.own = self._may_preempt_own(job, ti.gpu_type)
-        if self.config.ordering in (Ordering.SRTF, Ordering.LAS):
-            search.baseline = self.config.ordering
-        if not (search.cross or search.own or search.baseline):
+        t = ti.gpu_type
+        within = book.within_guarantee(t, job.gpus)
+        own = self._may_preempt_own(job, t)
+        baseline = self.config.ordering in (Ordering.SRTF, Ordering.LAS)
+        if not (within or own or baseline):
             return None
+        # Entitled to GPUs being freed either way; worth a search only where victims exist.
+        search = self._search(job, ti)
+        # Borrowed work of others is searched only where it could make room on its own: a job
+        # larger than any node's potential skips that walk (and so forgoes the rare mix of
+        # borrowed and own lower-priority victims on one node).
+        search.cross = (
+            within
+            and job.gpus < self.search_failed_at.get(t, job.gpus + 1)
+            and bool(self.victims.cross(t))
+            and (job.gpus > ti.max_node_cap or self.victims.most(ti) >= job.gpus)
+        )
+        search.own = own
+        search.baseline = self.config.ordering if baseline else None
         return search
 
     def _protected(self, job: Pending, ti: TypeIndex) -> set[int] | None:
@@ -332,16 +354,23 @@ class Admission:
         if protected is None:
             return False
         if n <= ti.max_node_cap:
+            memo = self._claim_memo.get(ti.gpu_type)
+            if memo is not None and memo[0] == ti.version and n > memo[1]:
+                return False  # nothing changed since no node could give more than memo[1]
             fits = self.index.fits_for(job)
             best = None
-            for node in sorted(ti.soon):
+            most = 0
+            for node, soon in ti.soon.items():
                 if node in protected or ti.node_cap.get(node, 0) < n:
                     continue
-                have = ti.free_on(node) + ti.soon[node]
+                have = ti.free_on(node) + soon
+                most = max(most, have)
                 if have >= n and (fits is None or fits(node, n)):
                     if best is None or (have, node) < best:
                         best = (have, node)
             if best is None:
+                if most < n and not protected:
+                    self._claim_memo[ti.gpu_type] = (ti.version, most)
                 return False
             self._set_aside(job, ti, book, best[1])
         else:
@@ -356,9 +385,6 @@ class Admission:
         t = ti.gpu_type
         n = job.gpus
         only_cross = search.cross and not search.own and search.baseline is None
-        if only_cross:
-            if not self.victims.cross.get(t) or n >= self.search_failed_at.get(t, n + 1):
-                return False
         protected = self._protected(job, ti)
         if protected is None:
             return False

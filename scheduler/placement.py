@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable
+from itertools import repeat
+from operator import attrgetter
 
 from scheduler.model import Node, Pending, Running
 
@@ -38,7 +40,7 @@ class Topology:
     )
 
     def __init__(self, nodes: tuple[Node, ...]):
-        ordered = sorted(nodes, key=lambda n: n.name)
+        ordered = sorted(nodes, key=attrgetter("name"))
         self.nodes = nodes
         self.names: list[str] = [n.name for n in ordered]
         self.gpu_node: dict[str, int] = {}
@@ -50,18 +52,27 @@ class Topology:
         self.node_mem: list[int] = [n.memory_mib for n in ordered]
         self.schedulable: list[int] = [i for i, n in enumerate(ordered) if n.schedulable]
         self.draining: list[bool] = [n.draining for n in ordered]
+        gpu_node, usable, by_type = self.gpu_node, self.usable, self.by_type
         for i, node in enumerate(ordered):
-            gpus = sorted(node.gpus, key=lambda g: (g.index, g.uuid))
-            self.gpu_node.update(dict.fromkeys((g.uuid for g in gpus), i))
-            if not node.schedulable:
+            gpus = sorted(node.gpus, key=_GPU_ORDER)
+            uuids = [g.uuid for g in gpus]
+            gpu_node.update(zip(uuids, repeat(i)))
+            if not node.schedulable or not gpus:
+                continue
+            kinds = {g.gpu_type for g in gpus}
+            if len(kinds) == 1 and all(g.healthy for g in gpus):
+                gpu_type = gpus[0].gpu_type
+                by_type.setdefault(gpu_type, {})[i] = tuple(uuids)
+                usable.update(zip(uuids, repeat((gpu_type, i))))
                 continue
             for g in gpus:
                 if g.healthy:
-                    self.usable[g.uuid] = (g.gpu_type, i)
-                    per_node = self.by_type.setdefault(g.gpu_type, {})
+                    usable[g.uuid] = (g.gpu_type, i)
+                    per_node = by_type.setdefault(g.gpu_type, {})
                     per_node[i] = per_node.get(i, ()) + (g.uuid,)
 
 
+_GPU_ORDER = attrgetter("index", "uuid")
 _topology_cache: list = [None, None]
 
 
@@ -86,6 +97,8 @@ class TypeIndex:
         "total_cap",
         "soon",
         "soon_total",
+        "version",
+        "changed",
     )
 
     def __init__(self, gpu_type: str, node_cap: dict[int, int]):
@@ -99,6 +112,8 @@ class TypeIndex:
         # GPUs held by attempts that were told to stop (or are preempted now), not yet claimed.
         self.soon: dict[int, int] = {}
         self.soon_total = 0
+        self.version = 0  # bumped on every change, so a failed search can be remembered
+        self.changed: list[int] = []  # nodes whose free or soon-free count changed (see preemption)
 
     def free_on(self, node: int) -> int:
         free = self.free.get(node)
@@ -106,6 +121,8 @@ class TypeIndex:
 
     def take(self, node: int, count: int) -> tuple[str, ...]:
         """Hand out `count` free GPUs of a node, lowest GPU index first."""
+        self.version += 1
+        self.changed.append(node)
         free = self.free[node]
         k = len(free)
         taken = tuple(free[:count])
@@ -118,10 +135,14 @@ class TypeIndex:
         return taken
 
     def add_soon(self, node: int, count: int) -> None:
+        self.version += 1
+        self.changed.append(node)
         self.soon[node] = self.soon.get(node, 0) + count
         self.soon_total += count
 
     def claim_soon(self, node: int, count: int) -> None:
+        self.version += 1
+        self.changed.append(node)
         left = self.soon[node] - count
         if left:
             self.soon[node] = left
@@ -133,40 +154,34 @@ class TypeIndex:
 class ClusterIndex:
     """The free capacity of one cycle: mutated as the cycle starts jobs and claims GPUs."""
 
-    __slots__ = ("topo", "types", "cpus_free", "mem_free", "track_cpus", "track_mem")
+    __slots__ = ("topo", "types", "cpus_free", "mem_free", "track_cpus", "track_mem", "_nodes_of")
 
     def __init__(self, nodes: tuple[Node, ...], running: tuple[Running, ...]):
         topo = self.topo = topology(nodes)
         held: set[str] = set()
-        touched: set[tuple[str, int]] = set()
-        usable = topo.usable
+        for r in running:
+            held.update(r.gpus)
         self.track_cpus = any(topo.node_cpus)
         self.track_mem = any(topo.node_mem)
         self.cpus_free = list(topo.node_cpus) if self.track_cpus else None
         self.mem_free = list(topo.node_mem) if self.track_mem else None
-        gpu_node = topo.gpu_node
-        for r in running:
-            held.update(r.gpus)
-            for u in r.gpus:
-                where = usable.get(u)
-                if where is not None:
-                    touched.add(where)
-            if (r.cpus and self.cpus_free is not None) or (r.memory_mib and self.mem_free):
-                self._charge_running(r, gpu_node)
+        if self.track_cpus or self.track_mem:
+            gpu_node = topo.gpu_node
+            for r in running:
+                if (r.cpus and self.track_cpus) or (r.memory_mib and self.track_mem):
+                    self._charge_running(r, gpu_node)
+        self._nodes_of: dict[int, dict[int, int]] = {}
         self.types: dict[str, TypeIndex] = {}
         for gpu_type in sorted(topo.by_type):
             per_node = topo.by_type[gpu_type]
             ti = TypeIndex(gpu_type, {i: len(uuids) for i, uuids in per_node.items()})
             buckets = ti.buckets
+            free_by_node = ti.free
             total = 0
             for i in sorted(per_node):
-                uuids = per_node[i]
-                if (gpu_type, i) in touched:
-                    free = [u for u in uuids if u not in held]
-                else:
-                    free = list(uuids)
+                free = [u for u in per_node[i] if u not in held]
                 if free:
-                    ti.free[i] = free
+                    free_by_node[i] = free
                     buckets[len(free)].append(i)
                     total += len(free)
             ti.total_free = total
@@ -176,13 +191,17 @@ class ClusterIndex:
                 self.add_soon(r)
 
     def _charge_running(self, r: Running, gpu_node: dict[str, int]) -> None:
-        share: dict[int, int] = {}
-        for u in r.gpus:
-            i = gpu_node.get(u)
-            if i is not None:
+        nodes = [gpu_node.get(u) for u in r.gpus]
+        if not nodes:
+            return
+        share = {nodes[0]: len(nodes)} if nodes.count(nodes[0]) == len(nodes) else {}
+        if not share:
+            for i in nodes:
                 share[i] = share.get(i, 0) + 1
-        total = sum(share.values())
+        total = len(nodes)
         for i, count in share.items():
+            if i is None:
+                continue
             if self.cpus_free is not None and self.topo.node_cpus[i]:
                 self.cpus_free[i] -= r.cpus * count / total
             if self.mem_free is not None and self.topo.node_mem[i]:
@@ -201,12 +220,18 @@ class ClusterIndex:
 
     def nodes_of(self, r: Running) -> dict[int, int]:
         """How many usable GPUs of its type an attempt holds on each node."""
+        out = self._nodes_of.get(r.attempt_id)
+        if out is not None:
+            return out
         usable = self.topo.usable
-        out: dict[int, int] = {}
+        out = {}
+        gpu_type = r.gpu_type
         for u in r.gpus:
             where = usable.get(u)
-            if where is not None and where[0] == r.gpu_type:
-                out[where[1]] = out.get(where[1], 0) + 1
+            if where is not None and where[0] == gpu_type:
+                node = where[1]
+                out[node] = out.get(node, 0) + 1
+        self._nodes_of[r.attempt_id] = out
         return out
 
     def fits_for(self, job: Pending) -> Fits | None:

@@ -43,7 +43,6 @@ def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
     capacity = {t: ti.total_cap for t, ti in index.types.items()}
     for book in books.values():
         fairness.refresh(book, capacity)
-    borrowed = quota.label_borrowed(snapshot.running, books)
     t2 = perf_counter()
     steps["quota"] = t2 - t1
 
@@ -51,7 +50,7 @@ def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
     t3 = perf_counter()
     steps["predict"] = t3 - t2
 
-    admission = Admission(snapshot, config, index, books, predicted_s, borrowed)
+    admission = Admission(snapshot, config, index, books, predicted_s)
     admission.drain()
     t4 = perf_counter()
     steps["drain"] = t4 - t3

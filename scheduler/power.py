@@ -16,7 +16,8 @@ The model, per job and GPU (all pure arithmetic, fitted to ../shared/data/zeus):
 
 That gives the shape of the data: almost nothing lost near the top, a knee, then throughput falls
 faster as the cap nears the static draw, so energy (draw x time) has its minimum in between and
-below it both energy and time get worse.
+below it both energy and time get worse. Fitting a profile (to the zeus sweeps or to a job's own
+telemetry) is in scheduler.power_fit; the cap planner, ``plan_power_caps``, is at the end.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from scheduler.model import Config, Gpu, PowerProfile, Running, Snapshot
@@ -286,6 +288,9 @@ def knee_cap_w(
 _IDLE_FRACTION = 0.12
 # Caps found by bisection are rounded down to this many watts (down: the draw only falls).
 _CAP_RESOLUTION_W = 0.5
+# A pool budget is a hard limit (a PDU, a breaker) and the modelled draw an estimate from learned
+# profiles: once a pool's budget binds, caps are planned to this share of it.
+POOL_BUDGET_HEADROOM = 0.005
 
 
 def idle_power_w(gpu: Gpu) -> float:
@@ -332,7 +337,6 @@ class _Unit:
     max_w: float
     cap_w: float = 0.0
     top_w: float = 0.0  # the highest cap the planner gives it
-    constrained: bool = False
 
     def draw_w(self, cap_w: float) -> dict[str, float]:
         """Modelled watts per pool at ``cap_w``."""
@@ -410,7 +414,7 @@ def _move(unit: _Unit, ledger: _Ledger, to_w: float) -> None:
     ledger.add(unit.attempt.tenant, unit.draw_w(unit.cap_w))
 
 
-def _shed(units: list[_Unit], ledger: _Ledger, step_w: float, excess) -> None:
+def _shed(units: list[_Unit], ledger: _Ledger, step_w: float, excess: Callable[[], float]) -> None:
     """Lower caps where a watt saved costs the least weighted throughput until ``excess()`` <= 0.
 
     ``excess`` reads the ledger: the watts over the limit being enforced.
@@ -483,7 +487,8 @@ def plan_power_caps(
     be exceeded that way; then every such GPU starts at its energy-optimal cap and watts are
     handed out in ``config.power_step_w`` steps where they buy the most weighted throughput, up
     to the knee, until the budget or pace is spent. Where even the energy-optimal caps draw too
-    much, caps go below them where that costs the least. A tenant whose budget action is
+    much, caps go below them where that costs the least. Once a pool's budget binds, its caps
+    are planned to ``1 - POOL_BUDGET_HEADROOM`` of it. A tenant whose budget action is
     "throttle" stays at its energy-optimal caps. A GPU keeps its current cap when the new one is
     within ``config.power_hysteresis_w`` and keeping it breaks no budget.
     """
@@ -543,10 +548,11 @@ def plan_power_caps(
     # Which limits would the unconstrained caps break? Only their units get planned.
     tight_pools = {p for p in pool_budget_w if ledger.excess_w(pool=p) > 1e-9}
     tight_tenants = {t for t in tenant_pace_w if ledger.excess_w(tenant=t) > 1e-9}
+    for pool in tight_pools:
+        pool_budget_w[pool] *= 1.0 - POOL_BUDGET_HEADROOM
     planned: list[_Unit] = []
     for unit in units:
         if unit.attempt.tenant in tight_tenants or any(p in tight_pools for _, p in unit.gpus):
-            unit.constrained = True
             profile = unit.profile
             floor_w = _clamp(
                 _energy_optimal(profile, unit.min_w, unit.max_w), unit.min_w, unit.max_w

@@ -49,49 +49,79 @@ def _median(values: list[float]) -> float:
     return (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
+class HistoryIndex:
+    """Durations of finished runs by (user, kind, GPUs) and by (tenant, kind, GPUs)."""
+
+    __slots__ = ("by_user", "by_tenant")
+
+    def __init__(self, history: tuple[HistoryRecord, ...]):
+        by_user: dict[tuple[str, str, int], list[float]] = {}
+        by_tenant: dict[tuple[str, str, int], list[float]] = {}
+        cache = _normalised
+        for rec in history:
+            kind = cache.get(rec.name)
+            if kind is None:
+                kind = normalise_name(rec.name)
+            key = (rec.user, kind, rec.gpus)
+            runs = by_user.get(key)
+            if runs is None:
+                by_user[key] = [rec.duration_s]
+            else:
+                runs.append(rec.duration_s)
+            key = (rec.tenant, kind, rec.gpus)
+            runs = by_tenant.get(key)
+            if runs is None:
+                by_tenant[key] = [rec.duration_s]
+            else:
+                runs.append(rec.duration_s)
+        self.by_user = by_user
+        self.by_tenant = by_tenant
+
+
+# The simulator passes the same history tuple to every cycle until a job finishes.
+_index_cache: list = [None, None]
+
+
+def _index(history: tuple[HistoryRecord, ...]) -> HistoryIndex:
+    if _index_cache[0] is not history:
+        _index_cache[1] = HistoryIndex(history)
+        _index_cache[0] = history
+    return _index_cache[1]
+
+
 def predict_durations(
     pending: tuple[Pending, ...], history: tuple[HistoryRecord, ...], config: Config
 ) -> dict[int, float]:
     """Job id -> predicted duration in seconds, for every pending job."""
     out: dict[int, float] = {}
-    wanted: list[tuple[Pending, tuple, tuple]] = []
-    names: set[str] = set()
+    index = None
+    found: dict[int, float] = {}  # id of a list of runs -> its median, for repeated kinds
     for p in pending:
         if p.predicted_duration_s is not None:
             out[p.job_id] = _bounded(p.predicted_duration_s, p)
             continue
-        kind = normalise_name(p.name)
-        names.add(kind)
-        wanted.append((p, (p.user, kind, p.gpus), (p.tenant, kind, p.gpus)))
-    if not wanted:
-        return out
-    by_user: dict[tuple, list[float]] = {}
-    by_tenant: dict[tuple, list[float]] = {}
-    if history:
-        user_keys = {w[1] for w in wanted}
-        tenant_keys = {w[2] for w in wanted}
-        for rec in history:
-            kind = _normalised.get(rec.name)
+        guess = None
+        if history:
+            kind = _normalised.get(p.name)
             if kind is None:
-                kind = normalise_name(rec.name)
-            if kind not in names:
-                continue
-            key = (rec.user, kind, rec.gpus)
-            if key in user_keys:
-                by_user.setdefault(key, []).append(rec.duration_s)
-            key = (rec.tenant, kind, rec.gpus)
-            if key in tenant_keys:
-                by_tenant.setdefault(key, []).append(rec.duration_s)
-    for p, user_key, tenant_key in wanted:
-        runs = by_user.get(user_key) or by_tenant.get(tenant_key)
-        if runs:
-            guess = _median(runs)
-        elif p.estimated_duration_s is not None:
-            guess = p.estimated_duration_s
-        elif p.max_runtime_s is not None:
-            guess = p.max_runtime_s
-        else:
-            guess = config.default_duration_s
+                kind = normalise_name(p.name)
+            if index is None:
+                index = _index(history)
+            runs = index.by_user.get((p.user, kind, p.gpus)) or index.by_tenant.get(
+                (p.tenant, kind, p.gpus)
+            )
+            if runs:
+                key = id(runs)
+                guess = found.get(key)
+                if guess is None:
+                    guess = found[key] = _median(runs)
+        if guess is None:
+            if p.estimated_duration_s is not None:
+                guess = p.estimated_duration_s
+            elif p.max_runtime_s is not None:
+                guess = p.max_runtime_s
+            else:
+                guess = config.default_duration_s
         out[p.job_id] = _bounded(guess, p)
     return out
 

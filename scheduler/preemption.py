@@ -21,6 +21,9 @@ evicted, so a job never causes a second preemption for GPUs it is already owed.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable
+
 from scheduler.model import Config, Ordering, Running
 from scheduler.placement import ClusterIndex, Fits, TypeIndex
 from scheduler.priority import las_queue
@@ -30,71 +33,172 @@ from scheduler.quota import Book
 class Candidate:
     """A running attempt that may be preempted, with where its GPUs are."""
 
-    __slots__ = ("run", "tenant", "size", "nodes", "borrowed", "remaining_s", "queue")
+    __slots__ = ("run", "tenant", "size", "nodes", "remaining_s", "queue")
 
-    def __init__(self, run: Running, nodes: dict[int, int], borrowed: bool, remaining_s: float):
+    def __init__(self, run: Running, nodes: dict[int, int], remaining_s: float):
         self.run = run
         self.tenant = run.tenant
         self.size = len(run.gpus)
         self.nodes = nodes
-        self.borrowed = borrowed
         self.remaining_s = remaining_s
         self.queue = las_queue(run.attained_service_s)
 
 
 class Victims:
-    """The preemptible attempts of a cycle, in the orders the rules above walk them."""
+    """The preemptible attempts of a cycle, in the orders the rules above walk them.
+
+    Built lazily, per GPU type and tenant as jobs ask: most cycles preempt nothing, and the
+    trace simulator runs hundreds of thousands of them.
+    """
 
     def __init__(
         self,
         running: tuple[Running, ...],
         index: ClusterIndex,
-        borrowed: set[int],
+        borrowed: Callable[[], set[int]],
         config: Config,
         now_s: float,
     ):
-        self.cross: dict[str, list[Candidate]] = {}  # type -> borrowed, youngest first
-        self.own: dict[tuple[str, str], list[Candidate]] = {}  # (tenant, type) -> lowest first
-        self.baseline: dict[str, list[Candidate]] = {}  # type -> SRTF / LAS order
+        self._running = running
+        self._index = index
+        self._borrowed = borrowed
+        self._config = config
+        self._now_s = now_s
+        self._by_type: dict[str, list[Running]] | None = None
+        self._by_owner: dict[tuple[str, str], list[Running]] = {}
+        self._lowest: dict[tuple[str, str], int] = {}
+        self._candidates: dict[int, Candidate] = {}
+        self._cross: dict[str, list[Candidate]] = {}
+        self._own: dict[tuple[str, str], list[Candidate]] = {}
+        self._baseline: dict[str, list[Candidate]] = {}
+        self._cross_ids: set[int] = set()
+        self.cross_start: dict[str, int] = {}  # type -> index of the first cross candidate left
+        # type -> max-heap of (-potential, node), stale entries dropped when met; see most()
+        self._potential: dict[str, list[tuple[int, int]]] = {}
         self.cross_gpus: dict[str, dict[int, int]] = {}  # type -> node -> borrowed GPUs there
-        every: dict[str, list[Candidate]] = {}
-        for r in running:
-            if r.stopping or not r.preemptible or now_s - r.started_at_s < config.min_runtime_s:
-                continue
+
+    def _group(self) -> dict[str, list[Running]]:
+        if self._by_type is None:
+            by_type: dict[str, list[Running]] = {}
+            min_runtime_s = self._config.min_runtime_s
+            now_s = self._now_s
+            by_owner, lowest = self._by_owner, self._lowest
+            for r in self._running:
+                if r.stopping or not r.preemptible or now_s - r.started_at_s < min_runtime_s:
+                    continue
+                by_type.setdefault(r.gpu_type, []).append(r)
+                key = (r.tenant, r.gpu_type)
+                by_owner.setdefault(key, []).append(r)
+                if r.priority < lowest.get(key, r.priority + 1):
+                    lowest[key] = r.priority
+            self._by_type = by_type
+        return self._by_type
+
+    def _candidate(self, r: Running) -> Candidate:
+        c = self._candidates.get(r.attempt_id)
+        if c is None:
             if r.remaining_s is not None:
                 remaining_s = r.remaining_s
             elif r.predicted_end_s is not None:
-                remaining_s = max(r.predicted_end_s - now_s, 0.0)
+                remaining_s = max(r.predicted_end_s - self._now_s, 0.0)
             else:
-                remaining_s = max(r.started_at_s + config.default_duration_s - now_s, 0.0)
-            c = Candidate(r, index.nodes_of(r), r.attempt_id in borrowed, remaining_s)
-            every.setdefault(r.gpu_type, []).append(c)
-            self.own.setdefault((r.tenant, r.gpu_type), []).append(c)
-            if c.borrowed:
-                self.cross.setdefault(r.gpu_type, []).append(c)
-                per_node = self.cross_gpus.setdefault(r.gpu_type, {})
+                remaining_s = max(
+                    r.started_at_s + self._config.default_duration_s - self._now_s, 0.0
+                )
+            c = self._candidates[r.attempt_id] = Candidate(r, self._index.nodes_of(r), remaining_s)
+        return c
+
+    def lowest_own_priority(self, tenant: str, gpu_type: str) -> int | None:
+        """The lowest priority among a tenant's preemptible attempts of a type, if any."""
+        self._group()
+        return self._lowest.get((tenant, gpu_type))
+
+    def cross(self, gpu_type: str) -> list[Candidate]:
+        """Borrowed attempts of a type, youngest first."""
+        found = self._cross.get(gpu_type)
+        if found is None:
+            borrowed = self._borrowed()
+            found = [
+                self._candidate(r)
+                for r in self._group().get(gpu_type, ())
+                if r.attempt_id in borrowed
+            ]
+            found.sort(key=_youngest)
+            per_node: dict[int, int] = {}
+            for c in found:
+                self._cross_ids.add(c.run.attempt_id)
                 for node, count in c.nodes.items():
                     per_node[node] = per_node.get(node, 0) + count
-        youngest = lambda c: (-c.run.started_at_s, -c.run.attempt_id)  # noqa: E731
-        for cands in self.cross.values():
-            cands.sort(key=youngest)
-        for cands in self.own.values():
-            cands.sort(key=lambda c: (c.run.priority, -c.run.started_at_s, -c.run.attempt_id))
-        if config.ordering is Ordering.SRTF:
-            for t, cands in every.items():
-                self.baseline[t] = sorted(cands, key=lambda c: (-c.remaining_s, *youngest(c)))
-        elif config.ordering is Ordering.LAS:
-            for t, cands in every.items():
-                self.baseline[t] = sorted(
-                    cands, key=lambda c: (-c.queue, -c.run.attained_service_s, *youngest(c))
-                )
+            self.cross_gpus[gpu_type] = per_node
+            self._cross[gpu_type] = found
+        return found
+
+    def own(self, tenant: str, gpu_type: str) -> list[Candidate]:
+        """A tenant's attempts of a type, lowest priority first, then youngest."""
+        key = (tenant, gpu_type)
+        found = self._own.get(key)
+        if found is None:
+            self._group()
+            found = [self._candidate(r) for r in self._by_owner.get(key, ())]
+            found.sort(key=lambda c: (c.run.priority, *_youngest(c)))
+            self._own[key] = found
+        return found
+
+    def baseline(self, gpu_type: str) -> list[Candidate]:
+        """SRTF: longest remaining first; LAS: latest attained-service queue first."""
+        found = self._baseline.get(gpu_type)
+        if found is None:
+            found = [self._candidate(r) for r in self._group().get(gpu_type, ())]
+            if self._config.ordering is Ordering.SRTF:
+                found.sort(key=lambda c: (-c.remaining_s, *_youngest(c)))
+            else:
+                found.sort(key=lambda c: (-c.queue, -c.run.attained_service_s, *_youngest(c)))
+            self._baseline[gpu_type] = found
+        return found
+
+    def most(self, ti: TypeIndex) -> int:
+        """An upper bound of the GPUs any one node could give by preempting borrowed work.
+
+        A node's potential is its free and soon-free GPUs plus its borrowed candidates'. It only
+        falls during a cycle, so a heap with stale entries dropped lazily answers in O(1)
+        amortised, and a job that asks for more fails its search without walking candidates.
+        """
+        t = ti.gpu_type
+        cross_gpus = self.cross_gpus.get(t, {})
+        heap = self._potential.get(t)
+
+        def potential(node: int) -> int:
+            return ti.free_on(node) + ti.soon.get(node, 0) + cross_gpus.get(node, 0)
+
+        if heap is None:
+            self.cross(t)
+            cross_gpus = self.cross_gpus[t]
+            heap = self._potential[t] = [(-potential(node), node) for node in cross_gpus]
+            heapq.heapify(heap)
+            ti.changed.clear()
+        for node in ti.changed:
+            if node in cross_gpus:
+                heapq.heappush(heap, (-potential(node), node))
+        ti.changed.clear()
+        while heap:
+            negative, node = heap[0]
+            if -negative == potential(node):
+                return -negative
+            heapq.heappop(heap)
+        return 0
 
     def evicted(self, c: Candidate) -> None:
         """Forget a victim's GPUs in the per-node potential once it is preempted."""
-        if c.borrowed:
+        if c.run.attempt_id in self._cross_ids:
             per_node = self.cross_gpus[c.run.gpu_type]
             for node, count in c.nodes.items():
                 per_node[node] -= count
+            index_changed = self._index.types[c.run.gpu_type].changed
+            index_changed.extend(c.nodes)
+
+
+def _youngest(c: Candidate) -> tuple[float, int]:
+    return (-c.run.started_at_s, -c.run.attempt_id)
 
 
 class Search:
@@ -152,6 +256,8 @@ def find_victims(
     own_given = 0
     target = s.free_node
     freed_total = 0
+    if s.cross:
+        victims.cross(s.gpu_type)
     cross_gpus = victims.cross_gpus.get(s.gpu_type, {})
 
     def node_usable(node: int) -> bool:
@@ -166,10 +272,26 @@ def find_victims(
 
     satisfied = False
     for source, cands in _sources(s, victims):
-        for c in cands:
+        # Borrowed attempts already preempted, or whose tenant is back at its guarantee, stay
+        # out for the rest of the cycle: skip them for good instead of for every job again.
+        first = victims.cross_start.get(s.gpu_type, 0) if source == "cross" else 0
+        leading = source == "cross"
+        for i in range(first, len(cands)):
+            c = cands[i]
             aid = c.run.attempt_id
             if aid in done or aid in seen:
+                if leading and aid in done:
+                    victims.cross_start[s.gpu_type] = i + 1
                 continue
+            if (
+                leading
+                and c.tenant != s.tenant
+                and c.tenant not in tentative
+                and not books[c.tenant].over_guarantee(s.gpu_type)
+            ):
+                victims.cross_start[s.gpu_type] = i + 1
+                continue
+            leading = False
             if source == "baseline":
                 if s.baseline is Ordering.SRTF and not c.remaining_s > s.predicted_s:
                     break  # sorted longest first: none further is longer
@@ -250,11 +372,11 @@ def find_victims(
 
 def _sources(s: Search, victims: Victims):
     if s.cross:
-        yield "cross", victims.cross.get(s.gpu_type, ())
+        yield "cross", victims.cross(s.gpu_type)
     if s.baseline is not None:
-        yield "baseline", victims.baseline.get(s.gpu_type, ())
+        yield "baseline", victims.baseline(s.gpu_type)
     if s.own:
-        yield "own", victims.own.get((s.tenant, s.gpu_type), ())
+        yield "own", victims.own(s.tenant, s.gpu_type)
 
 
 def reason_for(source_rule: str, for_job_id: int) -> str:

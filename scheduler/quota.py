@@ -99,15 +99,19 @@ class Book:
 
         Of a type's own quota and the ANY one, the one with less room left binds.
         """
-        keys = [k for k in ((gpu_type, ANY) if gpu_type else (ANY,)) if k in self.limit]
-        if not keys:
-            return gpu_type, self.total.get(gpu_type, 0), 0, 0
-        key = min(keys, key=lambda k: self.limit[k] - self.total.get(k, 0) - n)
-        return key, self.total.get(key, 0), self.guaranteed.get(key, 0), self.limit.get(key, 0)
+        limit, total = self.limit, self.total
+        key = ANY
+        if gpu_type and gpu_type in limit:
+            key = gpu_type
+            if ANY in limit and limit[ANY] - total.get(ANY, 0) < limit[key] - total.get(key, 0):
+                key = ANY
+        elif ANY not in limit:
+            return gpu_type, total.get(gpu_type, 0), 0, 0
+        return key, total.get(key, 0), self.guaranteed.get(key, 0), limit[key]
 
 
 class Verdict:
-    """The outcome of a quota check."""
+    """The outcome of a quota check (a few shared instances: checks run once per job)."""
 
     __slots__ = ("ok", "wait", "code", "borrowed", "detail")
 
@@ -117,6 +121,16 @@ class Verdict:
         self.code = code
         self.borrowed = borrowed
         self.detail = detail
+
+
+_WITHIN = Verdict(True, False, None, False)
+_BORROWED = Verdict(True, False, None, True)
+_OWN_STOPPING = Verdict(False, True, ReasonCode.WAITING_FOR_PREEMPTION, False, "own_stopping")
+_NO_QUOTA = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "no_quota")
+_AT_LIMIT = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False)
+_STATIC = Verdict(False, False, ReasonCode.STATIC_PARTITION, False)
+_BUDGET = Verdict(False, False, ReasonCode.BUDGET_NO_BORROWING, False)
+_NOT_PREEMPTIBLE = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "not_preemptible")
 
 
 def build_books(snapshot: Snapshot) -> dict[str, Book]:
@@ -137,33 +151,34 @@ def build_books(snapshot: Snapshot) -> dict[str, Book]:
 
 
 def check(book: Book, gpu_type: str, n: int, preemptible: bool, config: Config) -> Verdict:
-    """May the tenant start n GPUs of this type now, and would they be borrowed?"""
-    if not book.has_quota(gpu_type):
-        return Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "no_quota")
-    within = book.within_guarantee(gpu_type, n)
+    """May the tenant start n GPUs of this (named) type now, and would they be borrowed?"""
+    limit = book.limit
+    has_type = gpu_type in limit
+    has_any = ANY in limit
+    if not (has_type or has_any):
+        return _NO_QUOTA
+    g = book.guaranteed
+    active_type = book.active.get(gpu_type, 0) + n
+    active_any = book.active.get(ANY, 0) + n
+    within = (not has_type or active_type <= g[gpu_type]) and (not has_any or active_any <= g[ANY])
     # What caps the tenant here: its limit, or only its guarantee when it may not borrow.
     if not config.borrowing:
-        capped, code, detail = True, ReasonCode.STATIC_PARTITION, ""
+        cap, blocked = g, _STATIC
     elif book.no_borrowing:
-        capped, code, detail = True, ReasonCode.BUDGET_NO_BORROWING, ""
+        cap, blocked = g, _BUDGET
     elif not preemptible:
         # Borrowed GPUs must be returnable; a job that cannot be stopped may not borrow them.
-        capped, code, detail = True, ReasonCode.QUOTA_LIMIT, "not_preemptible"
+        cap, blocked = g, _NOT_PREEMPTIBLE
     else:
-        capped, code, detail = False, ReasonCode.QUOTA_LIMIT, ""
-    cap = book.guaranteed if capped else book.limit
-    fits_total = fits_active = True
-    for key in (gpu_type, ANY) if gpu_type != ANY else (ANY,):
-        if key in cap:
-            if book.total.get(key, 0) + n > cap[key]:
-                fits_total = False
-            if book.active.get(key, 0) + n > cap[key]:
-                fits_active = False
-    if fits_total:
-        return Verdict(True, False, None, not within)
-    if fits_active:
-        return Verdict(False, True, ReasonCode.WAITING_FOR_PREEMPTION, False, "own_stopping")
-    return Verdict(False, False, code, False, detail)
+        cap, blocked = limit, _AT_LIMIT
+    total = book.total
+    if (not has_type or total.get(gpu_type, 0) + n <= cap[gpu_type]) and (
+        not has_any or total.get(ANY, 0) + n <= cap[ANY]
+    ):
+        return _WITHIN if within else _BORROWED
+    if (not has_type or active_type <= cap[gpu_type]) and (not has_any or active_any <= cap[ANY]):
+        return _OWN_STOPPING
+    return blocked
 
 
 def quota_need(book: Book, gpu_type: str, n: int, config: Config, preemptible: bool) -> int:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.cluster import telemetry
@@ -27,7 +26,9 @@ from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs import actions
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
+    Allocation,
     AttemptState,
+    Job,
     JobAttempt,
 )
 
@@ -102,39 +103,64 @@ def from_unix(ts: float | None, *, not_after: dt.datetime) -> dt.datetime | None
     return min(dt.datetime.fromtimestamp(ts, tz=dt.UTC), not_after)
 
 
+def _work_sql() -> str:
+    qn = connection.ops.quote_name
+    attempt, job = qn(JobAttempt._meta.db_table), qn(Job._meta.db_table)
+    alloc, gpu = qn(Allocation._meta.db_table), qn(GPU._meta.db_table)
+    # The attempts holding a GPU of the node (found from its GPUs: node index, then the
+    # partial index of active allocations) and those placed on it (the (node, state) index,
+    # for jobs that need no GPU). Written as a UNION of two index lookups because the
+    # equivalent OR across the joins makes PostgreSQL scan every active attempt of the
+    # cluster, on every heartbeat.
+    return f"""
+        WITH here(id) AS (
+            SELECT al.attempt_id FROM {alloc} al JOIN {gpu} g ON g.id = al.gpu_id
+            WHERE al.active AND g.node_id = %s
+            UNION
+            SELECT id FROM {attempt} WHERE node_id = %s AND state IN (%s, %s)
+        )
+        SELECT a.id, a.job_id, a.state, a.stop_requested_at, a.started_at, a.energy_j,
+               j.gpus, j.image, j.command, j.env, j.cpus, j.memory_mib, j.max_runtime_s,
+               g.uuid
+        FROM here
+        JOIN {attempt} a ON a.id = here.id
+        JOIN {job} j ON j.id = a.job_id
+        LEFT JOIN {alloc} al ON al.attempt_id = a.id AND al.active
+        LEFT JOIN {gpu} g ON g.id = al.gpu_id AND g.node_id = %s
+        WHERE a.state IN (%s, %s)
+        ORDER BY a.id, g."index"
+    """
+
+
+def _json(value):
+    # jsonb arrives as text through Django's PostgreSQL backend, as does SQLite's JSON.
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _datetime(value) -> dt.datetime | None:
+    # PostgreSQL hands back an aware datetime; SQLite text or a naive datetime, in UTC.
+    if value is None:
+        return None
+    parsed = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
 def load_work(node_id: int) -> dict[int, Work]:
     """The node's active attempts with their local GPUs: one query, whatever their number.
 
-    One row per attempt and local GPU. Attempts of jobs that need no GPU hold no allocation;
-    they are found by the node they were placed on.
+    One row per attempt and allocation; a gang's GPUs on other nodes come back without a UUID.
+    Attempts placed on this node that hold none of its GPUs count only when their job needs no
+    GPU at all.
     """
-    here = Q(allocations__active=True, allocations__gpu__node_id=node_id) | Q(
-        node_id=node_id, job__gpus=0
-    )
-    rows = (
-        JobAttempt.objects.filter(here, state__in=ACTIVE_ATTEMPT_STATES)
-        .values_list(
-            "id",
-            "job_id",
-            "state",
-            "stop_requested_at",
-            "started_at",
-            "energy_j",
-            "job__gpus",
-            "job__image",
-            "job__command",
-            "job__env",
-            "job__cpus",
-            "job__memory_mib",
-            "job__max_runtime_s",
-            "allocations__gpu__index",
-            "allocations__gpu__uuid",
+    admitted, running = AttemptState.ADMITTED.value, AttemptState.RUNNING.value
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _work_sql(), [node_id, node_id, admitted, running, node_id, admitted, running]
         )
-        .order_by("id", "allocations__gpu__index")
-    )
+        rows = cursor.fetchall()
     work: dict[int, Work] = {}
     for row in rows:
-        aid, uuid = row[0], row[14]
+        aid, uuid = row[0], row[13]
         w = work.get(aid)
         if w is None:
             job_id, state, stop_at, started_at, energy_j, gpus, image, command, env = row[1:10]
@@ -144,19 +170,19 @@ def load_work(node_id: int) -> dict[int, Work]:
                 job_id=job_id,
                 state=state,
                 stop_requested=stop_at is not None,
-                started_at=started_at,
+                started_at=_datetime(started_at),
                 energy_j=energy_j,
                 job_gpus=gpus,
                 image=image,
-                command=command,
-                env=env,
+                command=_json(command),
+                env=_json(env),
                 cpus=cpus,
                 memory_mib=memory_mib,
                 max_runtime_s=max_runtime_s,
             )
         if uuid is not None:
             w.gpu_uuids.append(uuid)
-    return work
+    return {aid: w for aid, w in work.items() if w.gpu_uuids or w.job_gpus == 0}
 
 
 def desired_state(
@@ -305,7 +331,7 @@ def _record_energy(work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuS
     # The state condition: an attempt that ended since load_work keeps its final figures.
     telemetry.update_rows(
         JobAttempt,
-        [("energy_j", "DOUBLE PRECISION"), ("energy_estimated", "BOOLEAN"), _json_column()],
+        [("energy_j", "double precision"), ("energy_estimated", "boolean"), _json_column()],
         rows,
         where="state = %s",
         where_params=(AttemptState.RUNNING,),
@@ -313,7 +339,7 @@ def _record_energy(work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuS
 
 
 def _json_column() -> tuple[str, str]:
-    return ("energy_last_j", "JSONB" if connection.vendor == "postgresql" else "TEXT")
+    return ("energy_last_j", "jsonb" if connection.vendor == "postgresql" else "text")
 
 
 def _full_attempt(attempt_id: int) -> JobAttempt:

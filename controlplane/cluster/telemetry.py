@@ -67,6 +67,25 @@ def bucket_start(at: dt.datetime, bucket_s: float = TELEMETRY_BUCKET_S) -> dt.da
     return dt.datetime.fromtimestamp(ts - ts % bucket_s, tz=dt.UTC)
 
 
+def rows_cte(name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple]) -> tuple:
+    """A CTE `name(columns)` holding `rows`, for the one-statement writes below: (sql, params).
+
+    PostgreSQL gets one array parameter per column, unnested: the statement text stays the
+    same whatever the number of rows, so the driver does not re-parse a query with hundreds of
+    placeholders on every heartbeat. SQLite (the embedded mode) gets a VALUES list; an empty
+    one is not SQL, so a row of NULLs, which matches nothing, stands in for it.
+    """
+    names = ", ".join(c for c, _ in columns)
+    if connection.vendor == "postgresql":
+        arrays = ", ".join(f"%s::{sql_type}[]" for _, sql_type in columns)
+        params = [[row[i] for row in rows] for i in range(len(columns))]
+        return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))", params
+    values = list(rows) or [(None,) * len(columns)]
+    placeholders = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    params = [p for row in values for p in row]
+    return f"{name}({names}) AS (VALUES {', '.join([placeholders] * len(values))})", params
+
+
 def write_latest(
     node_id: int, samples: dict[str, GpuSample], now: dt.datetime
 ) -> list[tuple[int, str, float | None]]:
@@ -75,8 +94,7 @@ def write_latest(
     A GPU the agent no longer lists is unhealthy with no readings. RETURNING spares the read
     the history upsert and the answer's caps would otherwise need.
     """
-    qn = connection.ops.quote_name
-    table = qn(GPU._meta.db_table)
+    table = connection.ops.quote_name(GPU._meta.db_table)
     readings = [
         (
             s.uuid,
@@ -91,26 +109,26 @@ def write_latest(
         )
         for s in samples.values()
     ]
-    columns = [f for f in LATEST_FIELDS if f not in ("healthy", "telemetry_at")]
+    numbers = [f for f in LATEST_FIELDS if f not in ("healthy", "telemetry_at")]
+    cte, params = rows_cte(
+        "v",
+        [("u", "text"), ("healthy", "boolean"), *((f, "double precision") for f in numbers)],
+        readings,
+    )
     assignments = ", ".join(
         [
             "healthy = CASE WHEN x.u IS NULL THEN FALSE ELSE CAST(x.healthy AS BOOLEAN) END",
-            *(f"{f} = CAST(x.{f} AS DOUBLE PRECISION)" for f in columns),
+            *(f"{f} = CAST(x.{f} AS DOUBLE PRECISION)" for f in numbers),
             f"telemetry_at = CASE WHEN x.u IS NULL THEN {table}.telemetry_at ELSE %s END",
         ]
     )
-    # An empty VALUES list is not SQL; a row that matches no GPU stands in for it.
-    values = readings or [(None,) * 9]
-    values_sql = ", ".join(["(" + ", ".join(["%s"] * 9) + ")"] * len(values))
     sql = (
-        f"WITH v(u, healthy, {', '.join(columns)}) AS (VALUES {values_sql}) "
-        f"UPDATE {table} SET {assignments} "
+        f"WITH {cte} UPDATE {table} SET {assignments} "
         f"FROM (SELECT g.id AS gid, v.* FROM {table} g LEFT JOIN v ON v.u = g.uuid "
         f"WHERE g.node_id = %s) x "
         f"WHERE {table}.id = x.gid "
         f"RETURNING {table}.id, {table}.uuid, {table}.desired_power_cap_w"
     )
-    params = [p for row in values for p in row]
     params += [connection.ops.adapt_datetimefield_value(now), node_id]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -122,41 +140,27 @@ def update_rows(
     columns: Sequence[tuple[str, str]],
     rows: Sequence[tuple],
     *,
-    constants: dict | None = None,
     where: str = "",
     where_params: Sequence = (),
 ) -> int:
     """UPDATE many rows, each to its own values, in one statement: `rows` are (pk, *values).
 
     Django's bulk_update builds a CASE per field and row, which costs more Python time than the
-    rest of a heartbeat together; a VALUES list joined on the key is cheap for both sides. The
-    CASTs type the VALUES columns (a column of NULLs would otherwise be text on PostgreSQL);
-    the same SQL runs on SQLite (3.33+) for the embedded mode.
+    rest of a heartbeat together; a list of rows joined on the key is cheap for both sides.
+    `columns` are (name, SQL type); the CASTs type them where the driver cannot (SQLite).
     """
     if not rows:
         return 0
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
     pk = qn(model._meta.pk.column)
-    names = [name for name, _ in columns]
-    width = 1 + len(names)
-    values_sql = ", ".join(["(" + ", ".join(["%s"] * width) + ")"] * len(rows))
-    assignments = [f"{qn(name)} = CAST(v.{qn(name)} AS {cast})" for name, cast in columns]
-    assignments.extend(f"{qn(name)} = %s" for name in constants or {})
-    params: list = []
-    for row in rows:
-        params.extend(row)
-    constant_params = [
-        connection.ops.adapt_datetimefield_value(v) if isinstance(v, dt.datetime) else v
-        for v in (constants or {}).values()
-    ]
-    sql = (
-        f"WITH v(k, {', '.join(qn(n) for n in names)}) AS (VALUES {values_sql}) "
-        f"UPDATE {table} SET {', '.join(assignments)} FROM v WHERE {table}.{pk} = v.k"
-        + (f" AND {where}" if where else "")
+    cte, params = rows_cte("v", [("k", "bigint"), *columns], rows)
+    assignments = ", ".join(f"{qn(name)} = CAST(v.{name} AS {cast})" for name, cast in columns)
+    sql = f"WITH {cte} UPDATE {table} SET {assignments} FROM v WHERE {table}.{pk} = v.k" + (
+        f" AND {where}" if where else ""
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, params + constant_params + list(where_params))
+        cursor.execute(sql, params + list(where_params))
         return cursor.rowcount
 
 
@@ -168,32 +172,34 @@ def record_history(
     Raw SQL because the ORM's upsert can only overwrite, and a bucket keeps a running mean:
     new = (old * samples + sample) / (samples + 1). A null sample leaves the mean alone.
     """
-    rows = list(pairs)
+    rows = [
+        (gpu_id, *(getattr(sample, f) for f in MEAN_FIELDS), sample.power_cap_w)
+        for gpu_id, sample in pairs
+    ]
     if not rows:
         return 0
     table = connection.ops.quote_name(GpuTelemetry._meta.db_table)
-    bucket = connection.ops.adapt_datetimefield_value(bucket_start(now, bucket_s))
-    columns = ("gpu_id", "bucket_at", *MEAN_FIELDS, "power_cap_w", "samples")
-    values_sql = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
-    params: list = []
-    for gpu_id, sample in rows:
-        params.extend(
-            [gpu_id, bucket, *(getattr(sample, f) for f in MEAN_FIELDS), sample.power_cap_w, 1]
-        )
+    values = ("gpu_id", *MEAN_FIELDS, "power_cap_w")
+    cte, params = rows_cte(
+        "v", [("gpu_id", "bigint"), *((f, "double precision") for f in values[1:])], rows
+    )
     mean_updates = ", ".join(
         f"{f} = CASE WHEN excluded.{f} IS NULL THEN {table}.{f} "
         f"WHEN {table}.{f} IS NULL THEN excluded.{f} "
         f"ELSE ({table}.{f} * {table}.samples + excluded.{f}) / ({table}.samples + 1) END"
         for f in MEAN_FIELDS
     )
+    # "WHERE true": SQLite needs it to tell the upsert's ON CONFLICT from a join's ON.
     sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values_sql} "
+        f"WITH {cte} INSERT INTO {table} (bucket_at, samples, {', '.join(values)}) "
+        f"SELECT %s, 1, {', '.join(values)} FROM v WHERE true "
         f"ON CONFLICT (gpu_id, bucket_at) DO UPDATE SET {mean_updates}, "
         f"power_cap_w = COALESCE(excluded.power_cap_w, {table}.power_cap_w), "
         f"samples = {table}.samples + 1"
     )
+    bucket = connection.ops.adapt_datetimefield_value(bucket_start(now, bucket_s))
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*params, bucket])
     return len(rows)
 
 

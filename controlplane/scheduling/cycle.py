@@ -97,7 +97,10 @@ def run_scheduling_cycle(
         "slowest_step": slowest,
         "step_ms": cycle.step_ms,
     }
-    log.info(
+    # A cycle that changed nothing is routine; one that did is worth a line in the log.
+    level = logging.INFO if summary["starts"] or summary["preemptions"] else logging.DEBUG
+    log.log(
+        level,
         "scheduling cycle %s (%s): %d starts, %d preemptions, %d pending, %d skipped in %.0f ms",
         cycle.pk,
         trigger,

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -18,3 +19,45 @@ class SchedulingCycle(models.Model):
 
     class Meta:
         ordering = ["-started_at", "-id"]
+
+
+class WhatIfState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class WhatIfRun(models.Model):
+    """A replay of the cluster's own history under a changed config, launched by an admin.
+
+    params is what controlplane.scheduling.whatif.WhatIfParams.to_json() writes; summary holds
+    the figures of every row of the report (what really happened, and the simulated runs).
+    """
+
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="whatif_runs",
+    )
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    params = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=WhatIfState.choices, default=WhatIfState.QUEUED)
+    progress = models.FloatField(default=0.0)  # fraction of the replays done, 0..1
+    report_markdown = models.TextField(blank=True, default="")
+    summary = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"what-if {self.pk} ({self.state})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (WhatIfState.DONE, WhatIfState.FAILED)

@@ -172,14 +172,18 @@ def step_average(
     for k, t in enumerate(times_s):
         seg_end = times_s[k + 1] if k + 1 < len(times_s) else end_s
         a, b = max(t, start_s), min(seg_end, end_s)
+        if a >= b:
+            continue
         v = values[k]
-        while a < b:
-            i = min(int((a - start_s) // bucket_s), buckets - 1)
-            edge = min(start_s + (i + 1) * bucket_s, b)
-            if i == buckets - 1:
-                edge = b
-            sums[i] += v * (edge - a)
-            a = edge
+        first = min(int((a - start_s) // bucket_s), buckets - 1)
+        last = min(int((b - start_s) // bucket_s), buckets - 1)
+        # Walk bucket indices, not times, so rounding at an edge cannot stall the walk.
+        for i in range(first, last + 1):
+            lo = start_s + i * bucket_s
+            hi = end_s if i == buckets - 1 else lo + bucket_s
+            overlap = min(b, hi) - max(a, lo)
+            if overlap > 0:
+                sums[i] += v * overlap
     mids = [start_s + (i + 0.5) * bucket_s for i in range(buckets)]
     widths = [min(bucket_s, end_s - (start_s + i * bucket_s)) for i in range(buckets)]
     return mids, [s / w if w > 0 else 0.0 for s, w in zip(sums, widths, strict=True)]

@@ -209,3 +209,11 @@ def test_someone_in_no_tenant_is_told_what_to_do(client, make_user):
     response = client.get(reverse("home"))
     assert response.status_code == 200
     assert "not in a tenant yet" in response.content.decode()
+
+
+def test_every_page_has_one_polite_live_region_for_updates(client, alice):
+    client.force_login(alice)
+    html = client.get(reverse("job-list")).content.decode()
+    assert html.count('id="announce"') == 1
+    assert 'id="announce" class="visually-hidden" role="status" aria-live="polite"' in html
+    assert '<a class="skip-link" href="#main">' in html

@@ -387,3 +387,18 @@ def test_pool_power_history_sums_gpus_per_bucket(running_job, pool):
     assert power.gpus == 4
     assert power.draw_now_w == 960.0  # two GPUs report 480 W; two report nothing
     assert [round(v) for _, v in power.draw_w][:3] == [900, 910, 920]
+
+
+def test_the_overview_counts_each_allocated_gpu_once_however_many_jobs_it_held(
+    admin, vision, alice, make_job, node
+):
+    from controlplane.jobs import actions
+
+    gpu = node.gpus.get(index=0)
+    for name in ("first", "second"):
+        job = make_job(vision, alice, name=name, gpus=1)
+        attempt = actions.admit_job(job, node=node, gpus=[gpu], borrowed=False)
+        if name == "first":
+            actions.finish_attempt(attempt, exit_code=0)
+    page = text_of(admin.get(reverse("cluster-overview")))
+    assert "1 / 4 GPUs allocated" in page

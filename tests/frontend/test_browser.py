@@ -105,12 +105,14 @@ def job_state(page):
 
 
 def test_a_researcher_fixes_a_form_error_submits_and_watches_the_job_succeed(
-    page, system, alice, vision
+    page, system, alice, vision, tmp_path
 ):
     from playwright.sync_api import expect
 
     from controlplane.jobs.models import Job
 
+    # The job waits for this file, so the test decides when it ends, not a clock.
+    go = tmp_path / "go"
     system.start_agent("sim-node-1")
     sign_in(page, system, "alice")
     shoot(page, "dashboard", phone=True)
@@ -119,7 +121,8 @@ def test_a_researcher_fixes_a_form_error_submits_and_watches_the_job_succeed(
     page.get_by_label("Name", exact=True).fill("hello-gpus")
     page.get_by_label("Image").fill("train-without-registry")
     page.get_by_label("Command").fill(
-        "sh -c 'for i in 1 2 3; do echo step $i of 3; sleep 1; done; echo all done'"
+        f"sh -c 'echo waiting; while [ ! -e {go} ]; do sleep 0.2; done; "
+        "for i in 1 2 3; do echo step $i of 3; done; echo all done'"
     )
     page.get_by_label("GPUs", exact=True).fill("2")
     page.get_by_role("button", name="Submit job").click()
@@ -137,19 +140,37 @@ def test_a_researcher_fixes_a_form_error_submits_and_watches_the_job_succeed(
     expect(page.locator("h1")).to_contain_text("hello-gpus")
     job = Job.objects.get()
     assert page.url.endswith(f"/jobs/{job.pk}/")
-    # The page follows the job by itself: no reload from here on.
+    # The page follows the job by itself: PENDING, then RUNNING with its first output.
     expect(job_state(page)).to_have_text("RUNNING", timeout=STATE_TIMEOUT_MS)
     expect(page.locator("#job-live")).to_contain_text("sim-node-1")
+    expect(page.locator("pre.log")).to_contain_text("waiting", timeout=STATE_TIMEOUT_MS)
     shoot(page, "job-running", phone=True)
-    expect(job_state(page)).to_have_text("SUCCEEDED", timeout=STATE_TIMEOUT_MS)
-    expect(page.locator("pre.log")).to_contain_text("step 3 of 3")
-    expect(page.locator("pre.log")).to_contain_text("all done")
-    shoot(page, "job-succeeded")
 
     nav(page, "Jobs").click()
-    row = page.locator("#job-results tbody tr", has_text="hello-gpus")
-    expect(row.locator(".badge")).to_have_text("SUCCEEDED")
+    badge = page.locator("#job-results tbody tr", has_text="hello-gpus").locator(".badge")
+    expect(badge).to_have_text("RUNNING")
+    page.evaluate("window.notReloaded = true")
+    go.touch()
+    expect(badge).to_have_text("SUCCEEDED", timeout=STATE_TIMEOUT_MS)
+    assert page.evaluate("window.notReloaded === true")  # htmx swapped it in; no reload
     shoot(page, "job-list", phone=True)
+
+    page.get_by_role("link", name="hello-gpus").click()
+    expect(job_state(page)).to_have_text("SUCCEEDED")
+    expect(page.locator("pre.log")).to_contain_text("step 3 of 3")
+    expect(page.locator("pre.log")).to_contain_text("all done")
+    expect(page.locator("#job-attempts")).to_contain_text("SUCCEEDED")
+    shoot(page, "job-succeeded")
+
+    nav(page, "API tokens").click()
+    page.get_by_label("Name").fill("laptop")
+    page.get_by_role("button", name="Create token").click()
+    secret = page.locator("#new-token").inner_text()
+    assert secret.startswith("gcp_")
+    shoot(page, "tokens", phone=True)
+    nav(page, "API tokens").click()
+    expect(page.get_by_role("table")).to_contain_text("laptop")
+    assert secret not in page.content()
 
 
 def test_a_researcher_cancels_a_running_job_after_confirming(page, system, alice, vision):
@@ -219,3 +240,10 @@ def test_an_admin_changes_a_quota_and_the_dashboard_follows(page, system, cluste
     expect(page.locator("#gpus-h")).to_be_visible()
     expect(page.locator("#dashboard-live")).to_contain_text("guaranteed 20 · limit 24")
     shoot(page, "tenant-dashboard-as-admin")
+
+    page.get_by_role("link", name="Members", exact=True).click()
+    expect(page.locator("h1")).to_contain_text("Members of Vision lab")
+    shoot(page, "members")
+    nav(page, "Pools").click()
+    expect(page.get_by_label("Power budget (W)")).to_be_visible()
+    shoot(page, "pools")

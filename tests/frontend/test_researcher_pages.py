@@ -100,7 +100,8 @@ def many_jobs(vision, alice, make_job, make_user, node):
 
 def job_names(response) -> list[str]:
     return re.findall(
-        r'<td class="nowrap"><a href="/jobs/\d+/">([^<]+)</a></td>', response.content.decode()
+        r'<td class="nowrap"><a id="job-link-\d+" href="/jobs/\d+/">([^<]+)</a></td>',
+        response.content.decode(),
     )
 
 
@@ -195,7 +196,7 @@ def test_a_running_job_page_shows_node_gpus_caps_usage_log_and_charts(client, al
     assert html.count('class="line series-0"') == 2
     assert 'class="line series-cap dashed"' in html
     assert "GPU 0 latest 90 %" in html  # the chart's text alternative: the last bucket
-    assert 'hx-trigger="every 3s"' in html
+    assert 'hx-trigger="every 3s [' in html
 
 
 def test_the_job_chart_covers_only_the_attempts_own_gpus_and_time(client, alice, running_job, node):
@@ -346,3 +347,14 @@ def test_nobody_sees_or_revokes_another_persons_tokens(client, alice, cluster_ad
     assert client.post(reverse("token-revoke", args=[token.pk])).status_code == 404
     token.refresh_from_db()
     assert token.revoked_at is None
+
+
+def test_many_alike_gpus_are_summed_up_in_one_line(client, alice, vision, make_job, node):
+    from controlplane.jobs import actions
+
+    node.gpus.update(power_cap_w=550.0)
+    job = make_job(vision, alice, name="wide", gpus=4)
+    actions.admit_job(job, node=node, gpus=list(node.gpus.all()), borrowed=False)
+    client.force_login(alice)
+    page = text_of(client.get(reverse("job-detail", args=[job.pk])))
+    assert "4 × H100-SXM-80GB (GPU 0, 1, 2, 3), cap 550 W each" in page

@@ -209,3 +209,25 @@ def test_a_copy_of_another_tenants_job_prefills_nothing(client, bob, running_job
     client.force_login(bob)
     html = client.get(reverse("job-submit") + f"?copy={running_job.pk}").content.decode()
     assert "resnet" not in html
+
+
+def test_choosing_another_tenant_shows_that_tenants_limits_and_keeps_the_input(
+    client, alice, nlp, node
+):
+    from controlplane.tenancy.models import Membership, Quota
+
+    Membership.objects.create(user=alice, tenant=nlp, role="member")
+    Quota.objects.filter(tenant=nlp).update(guaranteed_gpus=1, limit_gpus=3)
+    client.force_login(alice)
+    response = client.get(
+        reverse("job-submit"),
+        {"fragment": "limits", "tenant": "nlp", "image": "registry.local/x/y:1", "gpus": "2"},
+        HTTP_HX_REQUEST="true",
+    )
+    html = response.content.decode()
+    assert html.lstrip().startswith('<form method="post" action="/jobs/new/" id="submit-form"')
+    assert "Quota of nlp: H100-SXM-80GB: limit 3 (guaranteed 1, 0 in use now)." in html
+    assert 'value="registry.local/x/y:1"' in html
+    assert '<option value="nlp" selected>' in html
+    # Unticked boxes are not sent by a browser: the round trip keeps them unticked.
+    assert " checked" not in re.search(r'<input[^>]*name="preemptible"[^>]*>', html).group(0)

@@ -27,14 +27,44 @@ TYPES = ("H100", "A100")
 TENANTS = ("vision", "nlp", "speech", "ops")
 
 
+# Strategies are built once: building them inside the composite per draw costs more than plan().
+INT = {k: st.integers(0, k) for k in (2, 4, 5, 6, 7, 8, 12, 14)}
+NODE_COUNT = st.integers(2, 8)
+NODE_GPUS = st.sampled_from([1, 2, 4, 8, 8, 8])
+JOB_GPUS = st.sampled_from([0, 1, 1, 1, 2, 2, 3, 4, 4, 8, 8, 12, 16])
+BOOL = st.booleans()
+GPU_TYPE = st.sampled_from(TYPES)
+QUOTA_TYPES = st.sets(st.sampled_from((ANY_GPU_TYPE, *TYPES)), min_size=1)
+WEIGHT = st.sampled_from([0.5, 1.0, 2.0])
+MAX_JOBS = st.sampled_from([None, None, None, None, 1, 3])
+BUDGET = st.sampled_from([None] * 8 + ["hold", "no_borrowing", "throttle"])
+NODE_CPUS = st.sampled_from([0.0, 0.0, 16.0, 64.0])
+NODE_MEM = st.sampled_from([0, 64_000])
+USER = st.sampled_from(["u1", "u2"])
+NAME = st.sampled_from(["train-1", "train-2", "eval"])
+JOB_TYPE = st.sampled_from((ANY_GPU_TYPE,) * 3 + TYPES * 2 + ("B200",))
+PRIORITY = st.sampled_from([50, 100, 200])
+AGO = st.floats(0, 20_000)
+DURATION = st.one_of(st.none(), st.floats(1, 20_000))
+SERVICE = st.sampled_from([0.0, 5000.0, 90_000.0])
+JOB_CPUS = st.sampled_from([0.0, 0.0, 0.0, 4.0, 32.0])
+JOB_MEM = st.sampled_from([0, 8000])
+RAN = st.floats(0, 10_000)
+END = st.one_of(st.none(), st.floats(NOW - 100, NOW + 20_000))
+REMAINING = st.one_of(st.none(), st.floats(0, 20_000))
+RUN_CPUS = st.sampled_from([0.0, 8.0])
+TENANT_COUNT = st.integers(0, len(TENANTS) - 1)
+EXTRA = st.sampled_from([0, 4, 8, 16, 32])
+
+
 @st.composite
 def snapshots(draw) -> Snapshot:
     nodes = []
-    for i in range(draw(st.integers(1, 6))):
-        n_gpus = draw(st.integers(1, 8))
-        gpu_type = draw(st.sampled_from(TYPES))
-        unhealthy = draw(st.sets(st.integers(0, n_gpus - 1), max_size=2))
-        draining = draw(st.integers(0, 5)) == 0
+    for i in range(draw(NODE_COUNT)):
+        n_gpus = draw(NODE_GPUS)
+        gpu_type = draw(GPU_TYPE)
+        unhealthy = {j for j in range(n_gpus) if draw(INT[8]) == 0}
+        draining = draw(INT[5]) == 0
         nodes.append(
             Node(
                 name=f"n{i}",
@@ -43,55 +73,55 @@ def snapshots(draw) -> Snapshot:
                     Gpu(f"n{i}-g{j}", j, gpu_type, 100, 700, 700, healthy=j not in unhealthy)
                     for j in range(n_gpus)
                 ),
-                schedulable=not draining and draw(st.integers(0, 7)) > 0,
+                schedulable=not draining and draw(INT[7]) > 0,
                 draining=draining,
-                cpus=draw(st.sampled_from([0.0, 16.0, 64.0])),
-                memory_mib=draw(st.sampled_from([0, 64_000])),
+                cpus=draw(NODE_CPUS),
+                memory_mib=draw(NODE_MEM),
             )
         )
     tenants = []
-    for name in TENANTS[: draw(st.integers(1, len(TENANTS)))]:
+    for name in TENANTS[: 1 + draw(TENANT_COUNT)]:
         quotas = []
-        for gpu_type in draw(st.sets(st.sampled_from((ANY_GPU_TYPE, *TYPES)), min_size=1)):
-            g = draw(st.integers(0, 12))
-            quotas.append(Quota(gpu_type, g, g + draw(st.integers(0, 12))))
+        for gpu_type in sorted(draw(QUOTA_TYPES) | ({ANY_GPU_TYPE} if draw(INT[2]) else set())):
+            g = draw(INT[8])
+            quotas.append(Quota(gpu_type, g, g + draw(EXTRA)))
         tenants.append(
             Tenant(
                 name,
-                weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
-                quotas=tuple(sorted(quotas, key=lambda q: q.gpu_type)),
-                max_running_jobs=draw(st.sampled_from([None, None, 1, 3])),
-                budget_action=draw(st.sampled_from([None, None, None, "hold", "no_borrowing"])),
+                weight=draw(WEIGHT),
+                quotas=tuple(quotas),
+                max_running_jobs=draw(MAX_JOBS),
+                budget_action=draw(BUDGET),
             )
         )
-    names = [t.name for t in tenants] + ["stranger"]
+    names = st.sampled_from([t.name for t in tenants] * 4 + ["stranger"])
     running = []
     job_id = 1
     for node in nodes:
         uuids = [g.uuid for g in node.gpus]
-        while uuids and draw(st.booleans()):
-            k = draw(st.integers(1, len(uuids)))
+        while uuids and draw(BOOL):
+            k = 1 + draw(INT[8]) % len(uuids)
             held, uuids = uuids[:k], uuids[k:]
             running.append(_running(draw, job_id, names, tuple(held), node.gpus[0].gpu_type))
             job_id += 1
     pending = []
-    for _ in range(draw(st.integers(0, 14))):
+    for _ in range(draw(INT[14])):
         pending.append(
             Pending(
                 job_id=job_id,
-                tenant=draw(st.sampled_from(names)),
-                user=draw(st.sampled_from(["u1", "u2"])),
-                name=draw(st.sampled_from(["train-1", "train-2", "eval"])),
-                gpus=draw(st.integers(0, 12)),
-                gpu_type=draw(st.sampled_from((ANY_GPU_TYPE, *TYPES, "B200"))),
-                priority=draw(st.sampled_from([50, 100, 200])),
-                preemptible=draw(st.integers(0, 5)) > 0,
-                submitted_at_s=NOW - draw(st.floats(0, 20_000)),
-                predicted_duration_s=draw(st.one_of(st.none(), st.floats(1, 20_000))),
-                estimated_duration_s=draw(st.one_of(st.none(), st.floats(1, 20_000))),
-                attained_service_s=draw(st.sampled_from([0.0, 5000.0, 90_000.0])),
-                cpus=draw(st.sampled_from([0.0, 4.0, 32.0])),
-                memory_mib=draw(st.sampled_from([0, 8000])),
+                tenant=draw(names),
+                user=draw(USER),
+                name=draw(NAME),
+                gpus=draw(JOB_GPUS),
+                gpu_type=draw(JOB_TYPE),
+                priority=draw(PRIORITY),
+                preemptible=draw(INT[5]) > 0,
+                submitted_at_s=NOW - draw(AGO),
+                predicted_duration_s=draw(DURATION),
+                estimated_duration_s=draw(DURATION),
+                attained_service_s=draw(SERVICE),
+                cpus=draw(JOB_CPUS),
+                memory_mib=draw(JOB_MEM),
             )
         )
         job_id += 1
@@ -105,22 +135,21 @@ def snapshots(draw) -> Snapshot:
 
 
 def _running(draw, job_id, names, gpus, gpu_type) -> Running:
-    started_s = NOW - draw(st.floats(0, 10_000))
     return Running(
         attempt_id=job_id,
         job_id=job_id,
-        tenant=draw(st.sampled_from(names)),
+        tenant=draw(names),
         user="u1",
-        priority=draw(st.sampled_from([50, 100, 200])),
-        preemptible=draw(st.integers(0, 4)) > 0,
-        started_at_s=started_s,
+        priority=draw(PRIORITY),
+        preemptible=draw(INT[4]) > 0,
+        started_at_s=NOW - draw(RAN),
         gpus=gpus,
         gpu_type=gpu_type,
-        predicted_end_s=draw(st.one_of(st.none(), st.floats(NOW - 100, NOW + 20_000))),
-        stopping=draw(st.integers(0, 6)) == 0,
-        remaining_s=draw(st.one_of(st.none(), st.floats(0, 20_000))),
-        attained_service_s=draw(st.sampled_from([0.0, 5000.0, 90_000.0])),
-        cpus=draw(st.sampled_from([0.0, 8.0])),
+        predicted_end_s=draw(END),
+        stopping=draw(INT[6]) == 0,
+        remaining_s=draw(REMAINING),
+        attained_service_s=draw(SERVICE),
+        cpus=draw(RUN_CPUS),
     )
 
 

@@ -10,7 +10,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-DEBOUNCE_KEY = "gpucp:cycle-requested"
+from controlplane.scheduling.trigger import REQUEST_KEY
+
 WORKER_READY_TIMEOUT_S = 90.0
 
 
@@ -21,7 +22,7 @@ def redis_conn():
     if not settings.REDIS_URL:
         pytest.fail("REDIS_URL must point at a real Redis for the scheduling-loop tests")
     conn = get_redis()
-    conn.delete(DEBOUNCE_KEY)
+    conn.delete(REQUEST_KEY)
     return conn
 
 
@@ -30,7 +31,7 @@ def purge_queue(conn) -> None:
     # kombu's Redis transport keeps a queue as a list per priority step, named after the queue.
     for key in conn.scan_iter(match=f"{queue}*"):
         conn.delete(key)
-    conn.delete(DEBOUNCE_KEY, "unacked", "unacked_index")
+    conn.delete(REQUEST_KEY, "unacked", "unacked_index")
 
 
 def queued_messages(conn) -> int:
@@ -107,10 +108,42 @@ def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
 
 
 def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.2):
-    """Poll predicate until it returns something truthy; fail with the last value otherwise."""
+    """Poll predicate until it returns something truthy; return its last value either way."""
     deadline = time.monotonic() + timeout_s
     value = predicate()
     while not value and time.monotonic() < deadline:
         time.sleep(interval_s)
         value = predicate()
     return value
+
+
+def submit(client, token, **fields):
+    payload = {
+        "tenant": "vision",
+        "name": "train",
+        "image": "registry.local/team/train:1",
+        "command": ["python", "train.py"],
+        **fields,
+    }
+    response = client.post(
+        "/api/v1/jobs/",
+        payload,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def read(client, token, job_id):
+    response = client.get(f"/api/v1/jobs/{job_id}/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+@pytest.fixture
+def alice_token(alice):
+    """A real API token of alice (member of vision), for requests as a script would send them."""
+    from controlplane.tenancy.models import ApiToken
+
+    return ApiToken.issue(alice, "tests")[1]

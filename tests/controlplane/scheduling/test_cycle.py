@@ -11,19 +11,22 @@ from controlplane.jobs import actions
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobState
 from controlplane.scheduling.cycle import run_scheduling_cycle
 from controlplane.scheduling.models import SchedulingCycle
+from tests.controlplane.scheduling.conftest import read, submit
 
 pytestmark = pytest.mark.django_db
 
 
-def test_a_cycle_admits_a_submitted_job_onto_free_gpus_and_records_itself(
-    make_node, make_job, vision, alice
+def test_a_job_submitted_through_the_api_is_admitted_by_a_cycle_with_its_allocations(
+    client, alice_token, make_node
 ):
     make_node("n1", gpus=8)
-    job = make_job(vision, alice, gpus=4, gpu_type="H100-SXM-80GB")
+    job_id = submit(client, alice_token, gpus=4, gpu_type="H100-SXM-80GB")
+    assert read(client, alice_token, job_id)["state"] == JobState.PENDING
     summary = run_scheduling_cycle(trigger="test")
-    job.refresh_from_db()
-    assert job.state == JobState.ADMITTED
-    attempt = job.attempts.get()
+    shown = read(client, alice_token, job_id)
+    assert shown["state"] == JobState.ADMITTED
+    assert shown["attempt_count"] == 1
+    attempt = JobAttempt.objects.get(job_id=job_id)
     assert attempt.allocations.filter(active=True).count() == 4
     assert attempt.node.name == "n1"
     assert summary["starts"] == 1 and summary["skipped"] is False
@@ -32,23 +35,26 @@ def test_a_cycle_admits_a_submitted_job_onto_free_gpus_and_records_itself(
     assert {"load", "plan", "apply"} <= set(cycle.step_ms)
     assert cycle.slowest_step
     assert cycle.duration_ms > 0
-    assert cycle.decisions["starts"][0]["job"] == job.pk
+    assert cycle.decisions["starts"][0]["job"] == job_id
 
 
-def test_a_job_that_cannot_start_gets_a_reason_a_person_can_read(
-    make_node, make_job, vision, alice
+def test_a_job_that_cannot_start_shows_a_reason_a_person_can_read_in_the_api(
+    client, alice_token, make_node, make_job, nlp, bob
 ):
-    make_node("n1", gpus=2)
-    job = make_job(vision, alice, gpus=4, gpu_type="H100-SXM-80GB")
+    make_node("n1", gpus=8)
+    make_job(nlp, bob, name="holds-six", gpus=6)
+    run_scheduling_cycle()
+    job_id = submit(client, alice_token, gpus=4, gpu_type="H100-SXM-80GB")
     summary = run_scheduling_cycle()
-    job.refresh_from_db()
-    assert job.state == JobState.PENDING
-    assert job.pending_reason_code
-    assert "4" in job.pending_reason
-    assert job.queue_position == 1
+    shown = read(client, alice_token, job_id)
+    assert shown["state"] == JobState.PENDING
+    assert shown["pending_reason_code"]
+    assert "4" in shown["pending_reason"]
+    assert shown["queue_position"] == 1
+    assert shown["predicted_duration_s"] is not None
     assert summary["pending"] == 1
     assert SchedulingCycle.objects.get(pk=summary["cycle"]).decisions["pending_by_reason"] == {
-        job.pending_reason_code: 1
+        shown["pending_reason_code"]: 1
     }
 
 

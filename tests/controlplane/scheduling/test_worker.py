@@ -7,22 +7,22 @@ import pytest
 
 from controlplane.jobs.models import Job, JobState
 from controlplane.scheduling.models import SchedulingCycle
-from tests.controlplane.scheduling.conftest import purge_queue, wait_until
+from tests.controlplane.scheduling.conftest import purge_queue, read, submit, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def test_a_submitted_job_is_admitted_by_the_celery_worker_without_waiting_for_a_tick(
-    celery_worker, redis_conn, make_node, make_job, vision, alice
+def test_a_job_submitted_through_the_api_is_admitted_by_the_celery_worker_without_waiting_for_a_tick(
+    celery_worker, redis_conn, client, alice_token, make_node
 ):
     purge_queue(redis_conn)
     make_node("n1", gpus=8)
-    job = make_job(vision, alice, gpus=2)
+    job_id = submit(client, alice_token, gpus=2)
     admitted = wait_until(
-        lambda: Job.objects.filter(pk=job.pk, state=JobState.ADMITTED).exists(), timeout_s=60
+        lambda: read(client, alice_token, job_id)["state"] == JobState.ADMITTED, timeout_s=60
     )
     assert admitted, celery_worker.log_path.read_text()[-3000:]
-    job.refresh_from_db()
+    job = Job.objects.get(pk=job_id)
     assert job.attempts.get().allocations.filter(active=True).count() == 2
     # The cycle records itself just after its commit.
     assert wait_until(lambda: SchedulingCycle.objects.exists(), timeout_s=30)

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -21,7 +22,8 @@ from django.core.management.base import BaseCommand
 from django.db import connections
 from django.utils import timezone
 
-AGENT_GPU_MODEL = "H100-SXM-80GB"
+# The demo tenants have quotas on both types: every third node has A100s, the others H100s.
+AGENT_GPU_MODELS = ("H100-SXM-80GB", "H100-SXM-80GB", "A100-SXM4-80GB")
 AGENT_GPUS = 8
 SERVER_WAIT_S = 60.0
 
@@ -42,6 +44,8 @@ def agent_command(*, name: str, server_url: str, state_dir: str, gpus: int, mode
         f"simulated:{model}:{gpus}",
         "--runtime",
         "process",
+        # A laptop demo: stopping `make run` stops its jobs too, instead of leaving them behind.
+        "--stop-jobs-on-exit",
     ]
 
 
@@ -62,8 +66,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--addr", default="127.0.0.1:8000")
         parser.add_argument("--agents", type=int, default=3, help="simulated GPU nodes to start")
+        parser.add_argument(
+            "--agents-dir",
+            default=None,
+            help="where the agents keep their state and logs (default: var/agents)",
+        )
 
-    def handle(self, *args, addr: str, agents: int, **options):
+    def handle(self, *args, addr: str, agents: int, agents_dir: str | None, **options):
         # Before anything can ask for a cycle: requests wake the loop below, not a Celery worker.
         settings.SCHEDULER_EMBEDDED = True
         os.environ["SCHEDULER_EMBEDDED"] = "1"
@@ -91,7 +100,9 @@ class Command(BaseCommand):
         loop = SchedulingLoop().start()
         children: list[subprocess.Popen] = []
         launcher = threading.Thread(
-            target=self._launch_agents, args=(addr, agents, children), daemon=True
+            target=self._launch_agents,
+            args=(addr, agents, agents_dir, children),
+            daemon=True,
         )
         launcher.start()
         # A plain `kill` must stop the agents too, not only Ctrl-C.
@@ -108,7 +119,7 @@ class Command(BaseCommand):
     def _raise_interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    def _launch_agents(self, addr: str, count: int, children: list) -> None:
+    def _launch_agents(self, addr: str, count: int, agents_dir: str | None, children: list) -> None:
         if count <= 0:
             return
         host, _, port = addr.rpartition(":")
@@ -126,17 +137,17 @@ class Command(BaseCommand):
         )
         connections.close_all()
         env = {**os.environ, "GPUCP_JOIN_TOKEN": raw}
-        agents_dir = settings.BASE_DIR / "var" / "agents"
+        root = Path(agents_dir) if agents_dir else settings.BASE_DIR / "var" / "agents"
         for i in range(1, count + 1):
             name = f"sim-node-{i}"
-            state_dir = agents_dir / name
+            state_dir = root / name
             state_dir.mkdir(parents=True, exist_ok=True)
             cmd = agent_command(
                 name=name,
                 server_url=f"http://{host}:{port}",
                 state_dir=str(state_dir),
                 gpus=AGENT_GPUS,
-                model=AGENT_GPU_MODEL,
+                model=AGENT_GPU_MODELS[(i - 1) % len(AGENT_GPU_MODELS)],
             )
             with open(state_dir / "agent.log", "ab") as log_file:
                 children.append(
