@@ -131,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop every attempt when the agent stops (for a laptop demo; on a real node "
         "jobs outlive the agent and are adopted) [GPUCP_STOP_JOBS_ON_EXIT=1]",
     )
+    p.add_argument(
+        "--job-path-prepend",
+        default=_env("GPUCP_JOB_PATH_PREPEND", ""),
+        metavar="DIR[:DIR...]",
+        help="absolute folders put first on every process-runtime job's PATH, e.g. the agent's "
+        "virtualenv bin so that a job's `python` is the agent's [GPUCP_JOB_PATH_PREPEND, none]",
+    )
     p.add_argument("--cpus", type=int, default=None, help="CPUs to report (default: all)")
     p.add_argument(
         "--memory-mib", type=int, default=None, help="memory to report (default: the host's)"
@@ -202,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             node_name=args.node_name,
             docker_url=args.docker_url,
             gpu_device_requests=gpu.real_devices,
+            job_path_prepend=tuple(d for d in args.job_path_prepend.split(os.pathsep) if d),
         )
     except (RuntimeError, ValueError) as exc:
         log.error("runtime %s: %s", args.runtime, exc)

@@ -281,6 +281,42 @@ def client_process(
     out.put((latencies, errors[0]))
 
 
+def cpu_s(pids: list[int]) -> float:
+    """utime + stime of these processes, in seconds (processes gone since count as 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def process_group(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                pids.append(int(entry.name))
+    return pids
+
+
+def database_backends(name: str) -> list[int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [name],
+        )
+        return [pid for (pid,) in cursor.fetchall()]
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -361,7 +397,11 @@ def main() -> None:
 
         if args.warmup_s > 0:
             run(args.warmup_s, args.rate)
+        server_pids = process_group(server.pid)
+        backends = database_backends(name)
+        cpu_before = (cpu_s(server_pids), cpu_s(backends))
         latencies, errors, duration_s = run(args.duration_s, args.rate)
+        cpu_after = (cpu_s(server_pids), cpu_s(database_backends(name)))
     finally:
         stop(server)
 
@@ -379,6 +419,13 @@ def main() -> None:
             f"  latency             : p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
             f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, "
             f"max {latencies[-1] * 1000:.1f} ms, mean {statistics.fmean(latencies) * 1000:.1f} ms"
+        )
+    if latencies:
+        web_ms = (cpu_after[0] - cpu_before[0]) / len(latencies) * 1000
+        pg_ms = (cpu_after[1] - cpu_before[1]) / len(latencies) * 1000
+        print(
+            f"  server CPU per hb   : {web_ms:.2f} ms gunicorn + {pg_ms:.2f} ms PostgreSQL "
+            f"-> {1000 / (web_ms + pg_ms):.0f} heartbeats per CPU-second"
         )
     print(
         f"  goal                : >= 1000/s with p99 < 200 ms -> "

@@ -17,24 +17,22 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import Count, ProtectedError, Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
-from rest_framework.exceptions import APIException
 
 from controlplane import queries
 from controlplane.cluster.api.node_state import set_node_state
 from controlplane.cluster.api.serializers import NODE_ACTION_STATES
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
 from controlplane.jobs import actions, validation
-from controlplane.jobs.api.views import read_log
+from controlplane.jobs.logs import read_log
 from controlplane.jobs.models import ACTIVE_JOB_STATES, Job, JobState
 from controlplane.permissions import is_cluster_admin, require_role, tenant_roles, visible_tenants
-from controlplane.tenancy.api.views import MembershipViewSet
+from controlplane.tenancy import actions as tenancy_actions
 from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Role, Tenant
 from frontend import charts
 from frontend.forms import (
@@ -778,14 +776,6 @@ def _members_tenant(request, slug: str) -> Tenant:
     return tenant
 
 
-def _refuse_leaving_no_admin(request, membership: Membership) -> None:
-    # The API's rule (a tenant admin may not remove the tenant's last admin), applied as the API
-    # applies it, so the two can never disagree.
-    view = MembershipViewSet()
-    view.request = request
-    view._refuse_leaving_no_admin(membership)
-
-
 @login_required
 def tenant_members(request, slug: str):
     tenant = _members_tenant(request, slug)
@@ -821,27 +811,24 @@ def membership_change(request, pk: int):
     tenant = _members_tenant(request, membership.tenant.slug)
     back = reverse("tenant-members", args=[tenant.slug])
     try:
-        with transaction.atomic():
-            if request.POST.get("remove"):
-                _refuse_leaving_no_admin(request, membership)
-                membership.delete()
-                messages.success(request, f"{membership.user.username} removed from {tenant.slug}.")
-                return redirect(back)
-            form = MembershipForm(
-                request.POST,
-                instance=membership,
-                context=_serializer_context(request),
-                extra={"tenant": tenant.slug},
-            )
-            if not form.is_valid():
-                for error in form.errors.values():
-                    messages.error(request, " ".join(error))
-                return redirect(back)
-            if form.serializer.validated_data.get("role") != Role.ADMIN:
-                _refuse_leaving_no_admin(request, membership)
-            m = form.save()
-    except APIException as exc:
-        messages.error(request, str(exc.detail))
+        if request.POST.get("remove"):
+            tenancy_actions.remove_membership(membership, actor=request.user)
+            messages.success(request, f"{membership.user.username} removed from {tenant.slug}.")
+            return redirect(back)
+        form = MembershipForm(
+            request.POST,
+            instance=membership,
+            context=_serializer_context(request),
+            extra={"tenant": tenant.slug},
+        )
+        if not form.is_valid():
+            for error in form.errors.values():
+                messages.error(request, " ".join(error))
+            return redirect(back)
+        role = form.serializer.validated_data.get("role", membership.role)
+        m = tenancy_actions.change_membership_role(membership, role, actor=request.user)
+    except tenancy_actions.LastTenantAdmin as exc:
+        messages.error(request, str(exc))
         return redirect(back)
     messages.success(
         request, f"{m.user.username} is now {m.get_role_display().lower()} of {tenant.slug}."

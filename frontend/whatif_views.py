@@ -247,7 +247,7 @@ def render_markdown(text: str) -> SafeString:
 
 def _table(header: list[str], numeric: list[bool], rows: list[list[str]]) -> str:
     def css(k: int) -> str:
-        return ' class="num"' if k < len(numeric) and numeric[k] else ""
+        return ' class="num nowrap"' if k < len(numeric) and numeric[k] else ""
 
     head = "".join(f'<th scope="col"{css(k)}>{_inline(c)}</th>' for k, c in enumerate(header))
     body = []

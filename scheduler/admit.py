@@ -36,6 +36,14 @@ from scheduler.reasons import Waiting
 RC = ReasonCode
 
 
+def _preference(option) -> tuple[bool, bool]:
+    return (not option[1].ok, option[1].borrowed)
+
+
+def _blocked_preference(option) -> tuple[bool, bool]:
+    return (not option[1].ok, not option[1].wait)
+
+
 class Admission:
     """The mutable state of one cycle's admission, and the decisions it made."""
 
@@ -69,6 +77,9 @@ class Admission:
         self._max_resources: dict[str, tuple[float, int]] = {}
         # type -> (TypeIndex.version, most GPUs any node could give from stopping attempts)
         self._claim_memo: dict[str, tuple[int, int]] = {}
+        # what a capacity-blocked job got, by what decided it (see _blocked)
+        self._hopeless: dict[tuple, tuple] = {}
+        self._own_rule = config.preemption and config.ordering is Ordering.FAIR
 
     @property
     def borrowed(self) -> set[int]:
@@ -144,26 +155,31 @@ class Admission:
                 return
             self._blocked(job, ti, book, verdict)
             return
-        big_enough = [ti for ti in (types[t] for t in self.types) if ti.total_cap >= n]
-        if not big_enough:
-            biggest = max((ti.total_cap for ti in types.values()), default=0)
-            detail = "too_big" if biggest else "no_type"
-            self._wait(job, RC.NO_MATCHING_GPUS, "", detail).count = biggest
-            return
-        options = [
-            (ti, quota.check(book, ti.gpu_type, n, job.preemptible, self.config))
-            for ti in big_enough
-            if self._resources_possible(job, ti)
-        ]
+        options = []
+        biggest = 0
+        for t in self.types:
+            ti = types[t]
+            if ti.total_cap < n:
+                biggest = max(biggest, ti.total_cap)
+            elif self._resources_possible(job, ti):
+                options.append((ti, quota.check(book, t, n, job.preemptible, self.config)))
+            else:
+                biggest = -1
         if not options:
-            self._wait(job, RC.NO_MATCHING_GPUS, "", "resources")
+            if biggest < 0:
+                self._wait(job, RC.NO_MATCHING_GPUS, "", "resources")
+            else:
+                self._wait(
+                    job, RC.NO_MATCHING_GPUS, "", "too_big" if biggest else "no_type"
+                ).count = biggest
             return
         # Within the guarantee beats borrowing; then the type's name, so the choice is stable.
-        options.sort(key=lambda o: (not o[1].ok, o[1].borrowed))
+        if len(options) > 1:
+            options.sort(key=_preference)
         for ti, verdict in options:
             if verdict.ok and self._place(job, ti, book, verdict.borrowed):
                 return
-        ti, verdict = min(options, key=lambda o: (not o[1].ok, not o[1].wait))
+        ti, verdict = min(options, key=_blocked_preference)
         self._blocked(job, ti, book, verdict)
 
     def _blocked(self, job: Pending, ti: TypeIndex, book: Book, verdict: quota.Verdict) -> None:
@@ -191,6 +207,27 @@ class Admission:
                     return
             self._wait(job, verdict.code, t, verdict.detail)
             return
+        # Jobs alike in what the steps below look at get the same answer while nothing of the
+        # type changed: a long queue behind a full cluster is then decided in O(1) per job.
+        memo_key = None
+        if self.config.ordering not in (Ordering.SRTF, Ordering.LAS):
+            res = self.reservations.get(t)
+            memo_key = (
+                t,
+                n,
+                job.cpus,
+                job.memory_mib,
+                book.within_guarantee(t, n),
+                job.tenant if self._may_preempt_own(job, t) else None,
+                job.priority,
+                None if res is None else res.job_id,
+                t in self.unreservable,
+            )
+            hit = self._hopeless.get(memo_key)
+            if hit is not None and hit[0] == ti.version:
+                w = self._wait(job, hit[1], t)
+                w.head, w.count = hit[2], hit[3]
+                return
         search = self._capacity_search(job, ti, book)
         if search is not None:
             if self._claim_stopping(job, ti, book):
@@ -215,11 +252,14 @@ class Admission:
             and n <= ti.total_free
             and placement.find(ti, n, self.index.fits_for(job)) is not None
         ):
-            self._reserved_for(self._wait(job, RC.RESERVED, t), ti, res)
-            return
-        w = self._wait(job, self._capacity_code(job, ti), t)
-        if res is not None and res.job_id != job.job_id:
+            w = self._wait(job, RC.RESERVED, t)
             self._reserved_for(w, ti, res)
+        else:
+            w = self._wait(job, self._capacity_code(job, ti), t)
+            if res is not None and res.job_id != job.job_id:
+                self._reserved_for(w, ti, res)
+        if memo_key is not None:
+            self._hopeless[memo_key] = (ti.version, w.code, w.head, w.count)
 
     def _reserved_for(self, w: Waiting, ti: TypeIndex, res: Reservation) -> None:
         """Note which of the free GPUs a reservation holds, for the reason."""
@@ -306,9 +346,9 @@ class Admission:
         )
 
     def _may_preempt_own(self, job: Pending, gpu_type: str) -> bool:
-        if not self.config.preemption or self.config.ordering is not Ordering.FAIR:
+        if not self._own_rule:
             return False
-        lowest = self.victims.lowest_own_priority(job.tenant, gpu_type)
+        lowest = self.books[job.tenant].lowest_preemptible.get(gpu_type)
         return lowest is not None and lowest < job.priority
 
     def _capacity_search(self, job: Pending, ti: TypeIndex, book: Book) -> Search | None:

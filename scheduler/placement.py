@@ -179,7 +179,10 @@ class ClusterIndex:
             free_by_node = ti.free
             total = 0
             for i in sorted(per_node):
-                free = [u for u in per_node[i] if u not in held]
+                uuids = per_node[i]
+                free = (
+                    list(uuids) if held.isdisjoint(uuids) else [u for u in uuids if u not in held]
+                )
                 if free:
                     free_by_node[i] = free
                     buckets[len(free)].append(i)
@@ -332,15 +335,16 @@ def multi_node(
     used = {node for node, _ in chosen}
     best = (last_room, last_node)
     for k in range(rest, ti.max_node_cap + 1):
+        if best[0] <= k:
+            break  # no node in this bucket or a later one fits the remainder more tightly
         for node in buckets[k]:
             if node in used:
                 continue
             r = room(node, k)
-            if r >= rest and (r, node) < best:
-                best = (r, node)
+            if r >= rest:
+                if (r, node) < best:
+                    best = (r, node)
                 break
-        if best[0] <= k:
-            break
     chosen.append((best[1], rest))
     return chosen
 

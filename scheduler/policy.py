@@ -21,11 +21,12 @@ dictionary or set order, and the core reads no clock but the snapshot's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from time import perf_counter
 
 from scheduler import fairness, predict, priority, quota, reasons
 from scheduler.admit import Admission
-from scheduler.model import Config, Plan, Snapshot
+from scheduler.model import Config, Ordering, Plan, Snapshot
 from scheduler.placement import ClusterIndex
 
 _DEFAULT_CONFIG = Config()
@@ -33,13 +34,16 @@ _DEFAULT_CONFIG = Config()
 
 def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
     """Decide which pending jobs start where, what is preempted, and why the rest wait."""
+    if not isinstance(config.ordering, Ordering):
+        # Settings and JSON give the ordering as its name; the steps compare enum members.
+        config = replace(config, ordering=Ordering(config.ordering))
     steps: dict[str, float] = {}
     t0 = perf_counter()
     index = ClusterIndex(snapshot.nodes, snapshot.running)
     t1 = perf_counter()
     steps["index"] = t1 - t0
 
-    books = quota.build_books(snapshot)
+    books = quota.build_books(snapshot, config)
     capacity = {t: ti.total_cap for t, ti in index.types.items()}
     for book in books.values():
         fairness.refresh(book, capacity)

@@ -66,7 +66,6 @@ class Victims:
         self._now_s = now_s
         self._by_type: dict[str, list[Running]] | None = None
         self._by_owner: dict[tuple[str, str], list[Running]] = {}
-        self._lowest: dict[tuple[str, str], int] = {}
         self._candidates: dict[int, Candidate] = {}
         self._cross: dict[str, list[Candidate]] = {}
         self._own: dict[tuple[str, str], list[Candidate]] = {}
@@ -82,15 +81,12 @@ class Victims:
             by_type: dict[str, list[Running]] = {}
             min_runtime_s = self._config.min_runtime_s
             now_s = self._now_s
-            by_owner, lowest = self._by_owner, self._lowest
+            by_owner = self._by_owner
             for r in self._running:
                 if r.stopping or not r.preemptible or now_s - r.started_at_s < min_runtime_s:
                     continue
                 by_type.setdefault(r.gpu_type, []).append(r)
-                key = (r.tenant, r.gpu_type)
-                by_owner.setdefault(key, []).append(r)
-                if r.priority < lowest.get(key, r.priority + 1):
-                    lowest[key] = r.priority
+                by_owner.setdefault((r.tenant, r.gpu_type), []).append(r)
             self._by_type = by_type
         return self._by_type
 
@@ -107,11 +103,6 @@ class Victims:
                 )
             c = self._candidates[r.attempt_id] = Candidate(r, self._index.nodes_of(r), remaining_s)
         return c
-
-    def lowest_own_priority(self, tenant: str, gpu_type: str) -> int | None:
-        """The lowest priority among a tenant's preemptible attempts of a type, if any."""
-        self._group()
-        return self._lowest.get((tenant, gpu_type))
 
     def cross(self, gpu_type: str) -> list[Candidate]:
         """Borrowed attempts of a type, youngest first."""

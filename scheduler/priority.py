@@ -86,9 +86,18 @@ def guaranteed_jobs(jobs: list[Pending], book: Book) -> set[int]:
     g = book.guaranteed
     if not g:
         return set()
-    room = {key: g[key] - book.active.get(key, 0) for key in g}
-    typed = sorted(k for k in g if k != ANY)
+    active = book.active
+    room = {key: g[key] - active.get(key, 0) for key in g}
     out: set[int] = set()
+    if len(room) == 1 and ANY in room:
+        # The common case, one quota for all types: a running sum is enough.
+        left = room[ANY]
+        for p in jobs:
+            if p.gpus <= left:
+                left -= p.gpus
+                out.add(p.job_id)
+        return out
+    typed = sorted(k for k in g if k != ANY)
     for p in jobs:
         n = p.gpus
         if p.gpu_type == ANY_GPU_TYPE:
@@ -113,48 +122,50 @@ def _fair(
     books: dict[str, Book],
     predicted_s: dict[int, float],
 ) -> Iterator[Pending]:
+    period_s = config.aging_period_s
     per_tenant: dict[str, list[tuple]] = {}
     for p in pending:
-        per_tenant.setdefault(p.tenant, []).append(
-            (-aged_priority(p, now_s, config), predicted_s[p.job_id], p.submitted_at_s, p.job_id, p)
-        )
+        priority = p.priority
+        if period_s > 0:
+            waited_s = now_s - p.submitted_at_s
+            if waited_s > 0:
+                priority += math.floor(waited_s / period_s)
+        # Job ids are unique, so tuples never compare the Pending at their end.
+        row = (-priority, predicted_s[p.job_id], p.submitted_at_s, p.job_id, p)
+        rows = per_tenant.get(p.tenant)
+        if rows is None:
+            per_tenant[p.tenant] = [row]
+        else:
+            rows.append(row)
     queues: dict[str, list[tuple]] = {}
-    for tenant, rows in per_tenant.items():
-        rows.sort(key=lambda row: row[:4])
-        guaranteed = guaranteed_jobs([row[4] for row in rows], books[tenant])
-        keyed = [(0 if row[3] in guaranteed else 1, *row) for row in rows]
-        keyed.sort(key=lambda row: row[:5])
-        queues[tenant] = keyed
     heap: list[tuple] = []
-    position = dict.fromkeys(queues, 0)
-    for tenant, rows in queues.items():
-        heap.append(_entry(rows[0], books[tenant], tenant))
+    for tenant, rows in per_tenant.items():
+        rows.sort()
+        guaranteed = guaranteed_jobs([row[4] for row in rows], books[tenant])
+        if guaranteed:
+            rows = [(0, *r) for r in rows if r[3] in guaranteed] + [
+                (1, *r) for r in rows if r[3] not in guaranteed
+            ]
+        else:
+            rows = [(1, *r) for r in rows]
+        queues[tenant] = rows
+        book = books[tenant]
+        first = rows[0]
+        heap.append((*first[:2], book.share, *first[2:5], book.version, tenant, 0))
     heapq.heapify(heap)
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        entry = heapq.heappop(heap)
+        entry = pop(heap)
         tenant = entry[7]
         book = books[tenant]
+        i = entry[8]
         rows = queues[tenant]
-        i = position[tenant]
         if entry[6] != book.version:
-            heapq.heappush(heap, _entry(rows[i], book, tenant))
+            row = rows[i]
+            push(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))
             continue
         yield rows[i][5]
         i += 1
-        position[tenant] = i
         if i < len(rows):
-            heapq.heappush(heap, _entry(rows[i], book, tenant))
-
-
-def _entry(row: tuple, book: Book, tenant: str) -> tuple:
-    guaranteed, neg_priority, predicted, submitted, job_id, _ = row
-    return (
-        guaranteed,
-        neg_priority,
-        book.share,
-        predicted,
-        submitted,
-        job_id,
-        book.version,
-        tenant,
-    )
+            row = rows[i]
+            push(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))

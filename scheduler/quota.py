@@ -35,11 +35,14 @@ class Book:
         "share",
         "version",
         "known",
+        "lowest_preemptible",
     )
 
     def __init__(self, tenant: Tenant, known: bool = True):
         self.name = tenant.name
         self.known = known  # False: named by a job or attempt but not among snapshot.tenants
+        # type -> lowest priority among attempts that may be preempted now (own-tenant rule)
+        self.lowest_preemptible: dict[str, int] = {}
         self.weight = tenant.weight if tenant.weight > 0 else 1.0
         self.guaranteed: dict[str, int] = {}
         self.limit: dict[str, int] = {}
@@ -133,9 +136,10 @@ _BUDGET = Verdict(False, False, ReasonCode.BUDGET_NO_BORROWING, False)
 _NOT_PREEMPTIBLE = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "not_preemptible")
 
 
-def build_books(snapshot: Snapshot) -> dict[str, Book]:
+def build_books(snapshot: Snapshot, config: Config) -> dict[str, Book]:
     """A book per tenant named anywhere in the snapshot, with what its attempts use now."""
     books = {t.name: Book(t) for t in snapshot.tenants}
+    old_enough_s = snapshot.now_s - config.min_runtime_s
     for r in snapshot.running:
         book = books.get(r.tenant)
         if book is None:
@@ -144,6 +148,10 @@ def build_books(snapshot: Snapshot) -> dict[str, Book]:
         book.add(r.gpu_type, n, active=not r.stopping)
         if not r.stopping:
             book.running_jobs += 1
+            if r.preemptible and r.started_at_s <= old_enough_s:
+                lowest = book.lowest_preemptible
+                if r.priority < lowest.get(r.gpu_type, r.priority + 1):
+                    lowest[r.gpu_type] = r.priority
     for p in snapshot.pending:
         if p.tenant not in books:
             books[p.tenant] = Book(Tenant(name=p.tenant), known=False)

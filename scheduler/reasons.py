@@ -13,36 +13,22 @@ RC = ReasonCode
 
 
 class Waiting:
-    """The facts behind one pending decision."""
+    """The facts behind one pending decision (class attributes are the defaults)."""
 
-    __slots__ = (
-        "job",
-        "code",
-        "gpu_type",
-        "quota_type",
-        "free",
-        "used",
-        "guaranteed",
-        "limit",
-        "head",
-        "start_s",
-        "detail",
-        "count",
-    )
+    quota_type = ""  # the type of the quota that binds ("" for the ANY one)
+    free = 0
+    used = 0
+    guaranteed = 0
+    limit = 0
+    head: int | None = None  # the job the free GPUs are reserved for
+    start_s: float | None = None
+    count = 0
 
     def __init__(self, job, code: ReasonCode, gpu_type: str = "", detail: str = ""):
         self.job = job
         self.code = code
         self.gpu_type = gpu_type  # the type the facts are about (for any-type jobs: the best one)
         self.detail = detail
-        self.quota_type = gpu_type  # the type of the quota that binds ("" for the ANY one)
-        self.free = 0
-        self.used = 0
-        self.guaranteed = 0
-        self.limit = 0
-        self.head: int | None = None  # the job the free GPUs are reserved for
-        self.start_s: float | None = None
-        self.count = 0
 
 
 def decisions(waiting: list[Waiting], now_s: float) -> tuple[PendingDecision, ...]:

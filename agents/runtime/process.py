@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,10 +89,27 @@ class ProcessRuntime(Runtime):
 
     name = "process"
 
-    def __init__(self, state_dir: str | os.PathLike, *, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        *,
+        python: str = sys.executable,
+        job_path_prepend: Sequence[str] = (),
+    ) -> None:
+        """Keep attempt folders under state_dir; job_path_prepend goes first on every job's PATH.
+
+        The job inherits the agent's PATH unless the operator asks for more: a host whose jobs
+        should find the agent's own interpreter first (the embedded demo's `python -m
+        agents.simjob`) names its bin folder here. Only absolute folders are accepted: the job
+        runs in its own work folder, where a relative entry would resolve to what the job wrote.
+        """
+        relative = [d for d in job_path_prepend if not os.path.isabs(d)]
+        if relative:
+            raise ValueError(f"job PATH folders must be absolute, got {', '.join(relative)}")
         self._root = Path(state_dir) / "process"
         self._root.mkdir(parents=True, exist_ok=True)
         self._python = python
+        self._job_path_prepend = tuple(job_path_prepend)
         self._procs: dict[int, _Proc] = {}
         self._lock = threading.Lock()
 
@@ -130,6 +148,9 @@ class ProcessRuntime(Runtime):
         env.update(spec.env)
         env.update(visible_devices_env(spec.gpu_uuids))
         env.update(extra_env or {})
+        if self._job_path_prepend:
+            # An empty or missing PATH means the system default to exec, so that is what follows.
+            env["PATH"] = os.pathsep.join([*self._job_path_prepend, env.get("PATH") or os.defpath])
         env["GPUCP_ATTEMPT_ID"] = str(spec.attempt_id)
         if spec.job_id is not None:
             env["GPUCP_JOB_ID"] = str(spec.job_id)

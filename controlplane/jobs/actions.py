@@ -8,12 +8,14 @@ there first), writes a JobEvent, and asks for a scheduling cycle once the transa
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from django.db import transaction
-from django.db.models import F
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
+from controlplane.cluster.models import GPU, Node
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
     Allocation,
@@ -182,6 +184,150 @@ def admit_job(
         },
     )
     return attempt
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """One start for admit_jobs: the job as the caller read it, and where it goes."""
+
+    job: Job
+    node: Node
+    gpus: Sequence[GPU]
+    borrowed: bool
+    reason: str = ""
+
+
+GPU_TAKEN = "one of its GPUs is already allocated"
+JOB_CHANGED = "the job changed since it was read"
+
+
+@transaction.atomic
+def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
+    """admit_job for a scheduling cycle's starts, in a handful of statements instead of ~9 each.
+
+    Writes for every admission exactly what admit_job writes (the attempt, its allocations, the
+    job's move to ADMITTED and its JobEvent) under the same guards: the jobs are locked, and one
+    that is no longer PENDING with the attempt_count the caller read is left alone; a GPU that is
+    already held, or asked for twice, refuses that admission only. Returns, per job id, the new
+    attempt or the reason it was refused. Should the unique index still refuse the batch (a writer
+    that bypassed the pre-check), every admission is retried one by one through admit_job.
+    """
+    if not is_allowed(JobState.PENDING, JobState.ADMITTED):
+        raise IllegalTransition(admissions[0].job, JobState.PENDING, JobState.ADMITTED)
+    results: dict[int, JobAttempt | str] = {}
+    if not admissions:
+        return results
+    current = {
+        pk: (state, count)
+        for pk, state, count in Job.objects.select_for_update()
+        .filter(pk__in=[a.job.pk for a in admissions])
+        .values_list("pk", "state", "attempt_count")
+    }
+    wanted = [g.pk for a in admissions for g in a.gpus]
+    held = set(
+        Allocation.objects.filter(active=True, gpu_id__in=wanted).values_list("gpu_id", flat=True)
+    )
+    accepted: list[Admission] = []
+    for admission in admissions:
+        job = admission.job
+        gpu_ids = [g.pk for g in admission.gpus]
+        if current.get(job.pk) != (JobState.PENDING, job.attempt_count):
+            log.info("job %s changed since the snapshot; not admitting it", job.pk)
+            results[job.pk] = JOB_CHANGED
+        elif held.intersection(gpu_ids) or len(set(gpu_ids)) != len(gpu_ids):
+            results[job.pk] = GPU_TAKEN
+        else:
+            held.update(gpu_ids)
+            accepted.append(admission)
+    if not accepted:
+        return results
+    try:
+        with transaction.atomic():
+            results.update(_admit_batch(accepted))
+    except IntegrityError:
+        log.warning("a GPU of the batch was taken meanwhile; admitting its jobs one by one")
+        for admission in accepted:
+            try:
+                attempt = admit_job(
+                    admission.job,
+                    node=admission.node,
+                    gpus=admission.gpus,
+                    borrowed=admission.borrowed,
+                    reason=admission.reason,
+                )
+            except IntegrityError:
+                results[admission.job.pk] = GPU_TAKEN
+            else:
+                results[admission.job.pk] = attempt if attempt is not None else JOB_CHANGED
+    return results
+
+
+def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
+    now = timezone.now()
+    reasons = {a.job.pk: a.reason or f"Admitted to {a.node.name}" for a in accepted}
+    cleared = {
+        "pending_reason_code": "",
+        "pending_reason": "",
+        "queue_position": None,
+        "estimated_start_at": None,
+    }
+    for i in range(0, len(accepted), 500):
+        chunk = accepted[i : i + 500]
+        # The rows are locked: no condition beyond the ids is needed, unlike admit_job's.
+        Job.objects.filter(pk__in=[a.job.pk for a in chunk]).update(
+            state=JobState.ADMITTED,
+            attempt_count=F("attempt_count") + 1,
+            state_reason=Case(
+                *(When(pk=a.job.pk, then=Value(reasons[a.job.pk])) for a in chunk),
+                output_field=Job._meta.get_field("state_reason"),
+            ),
+            **cleared,
+        )
+    attempts = JobAttempt.objects.bulk_create(
+        [
+            JobAttempt(
+                job=a.job,
+                number=a.job.attempt_count + 1,
+                node=a.node,
+                borrowed=a.borrowed,
+                created_at=now,
+            )
+            for a in accepted
+        ]
+    )
+    Allocation.objects.bulk_create(
+        [
+            Allocation(attempt=attempt, gpu=gpu, created_at=now)
+            for attempt, a in zip(attempts, accepted, strict=True)
+            for gpu in a.gpus
+        ]
+    )
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(
+                job=a.job,
+                at=now,
+                kind="admitted",
+                from_state=JobState.PENDING,
+                to_state=JobState.ADMITTED,
+                message=reasons[a.job.pk],
+                data={
+                    "attempt": attempt.pk,
+                    "node": a.node.name,
+                    "gpus": [g.uuid for g in a.gpus],
+                    "borrowed": a.borrowed,
+                },
+            )
+            for attempt, a in zip(attempts, accepted, strict=True)
+        ]
+    )
+    for a in accepted:
+        a.job.attempt_count += 1
+        a.job.state = JobState.ADMITTED
+        a.job.state_reason = reasons[a.job.pk]
+        for key, value in cleared.items():
+            setattr(a.job, key, value)
+    return {a.job.pk: attempt for attempt, a in zip(attempts, accepted, strict=True)}
 
 
 @transaction.atomic

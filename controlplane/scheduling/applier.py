@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 
 from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import actions
@@ -135,28 +135,33 @@ def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: App
     for chunk in _chunks(node_names):
         nodes.update(Node.objects.in_bulk(chunk, field_name="name"))
 
+    admissions: list[actions.Admission] = []
+    planned: dict[int, m.Start] = {}
     for start in starts:
         why = _why_not_startable(start, jobs.get(start.job_id), loaded.pending_rows, nodes, gpus)
         if why:
             _skip(result, "start", start.job_id, why)
             continue
-        job = jobs[start.job_id]
-        job_gpus = [gpus[u] for u in start.gpu_uuids]
         where = ", ".join(f"{name} ({len(uuids)})" for name, uuids in start.placements)
-        reason = f"Admitted to {where}" + (" on borrowed GPUs" if start.borrowed else "")
-        try:
-            # admit_job is atomic, so inside this transaction it runs in its own savepoint: the
-            # unique index refusing one GPU undoes this job's admission only.
-            attempt = actions.admit_job(
-                job, node=nodes[start.node], gpus=job_gpus, borrowed=start.borrowed, reason=reason
+        admissions.append(
+            actions.Admission(
+                job=jobs[start.job_id],
+                node=nodes[start.node],
+                gpus=[gpus[u] for u in start.gpu_uuids],
+                borrowed=start.borrowed,
+                reason=f"Admitted to {where}" + (" on borrowed GPUs" if start.borrowed else ""),
             )
-        except IntegrityError:
-            _skip(result, "start", start.job_id, "one of its GPUs is already allocated")
+        )
+        planned[start.job_id] = start
+    # One batch for the whole plan: per job it is guarded as admit_job is (a job that changed
+    # is left alone, a GPU already held refuses that job only), at a few statements in all.
+    outcome = actions.admit_jobs(admissions)
+    for job_id, start in planned.items():
+        attempt = outcome.get(job_id, actions.JOB_CHANGED)
+        if isinstance(attempt, str):
+            _skip(result, "start", job_id, attempt)
             continue
-        if attempt is None:
-            _skip(result, "start", start.job_id, "the job changed since the snapshot")
-            continue
-        result.started.append(start.job_id)
+        result.started.append(job_id)
         result.nodes_changed.update(name for name, _ in start.placements)
 
 

@@ -140,7 +140,7 @@ def parse_time(text: str, argument: str) -> dt.datetime:
         raise WhatIfError(
             argument, f"{text!r} is not a date (YYYY-MM-DD) or an ISO 8601 time"
         ) from None
-    return value if timezone.is_aware(value) else value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC) if timezone.is_aware(value) else value.replace(tzinfo=dt.UTC)
 
 
 _WEIGHT = re.compile(r"^\s*([\w.-]+)\s*=\s*([0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*$")
@@ -303,7 +303,7 @@ def load_cluster() -> Cluster:
 
 
 def load_history(since: dt.datetime, until: dt.datetime, cluster: Cluster) -> History:
-    """Finished jobs submitted in [since, until), in three queries."""
+    """Finished jobs submitted in [since, until), in two queries."""
     job_rows = raw_rows(
         Job.objects.filter(submitted_at__gte=since, submitted_at__lt=until)
         .order_by("submitted_at", "id")
@@ -424,7 +424,7 @@ def load_history(since: dt.datetime, until: dt.datetime, cluster: Cluster) -> Hi
 
     times, busy = _busy_timeline(intervals)
     first_submit_s = jobs[0].submit_s if jobs else 0.0
-    real = Result(
+    real = _real_result(
         outcomes=outcomes,
         unfinished_job_ids=[],
         tenants=tuple(t.name for t in cluster.tenants),
@@ -439,16 +439,10 @@ def load_history(since: dt.datetime, until: dt.datetime, cluster: Cluster) -> Hi
         over_budget_s=math.nan,
         preemptions=preemptions,
         preempted_gpu_s_lost=preempted_gpu_s,
-        plan_calls=0,
-        cycles_skipped=0,
-        events=0,
-        wall_s=0.0,
-        plan_wall_s=0.0,
-        power_wall_s=0.0,
         first_submit_s=first_submit_s,
     )
     notes = [
-        f"{len(jobs):,} finished jobs submitted from {since.isoformat()} to {until.isoformat()} "
+        f"{len(jobs):,} finished jobs submitted from {since:%Y-%m-%d %H:%M} to {until:%Y-%m-%d %H:%M} UTC "
         f"({succeeded:,} succeeded, {failed:,} failed) on today's {len(cluster.nodes):,} node{'' if len(cluster.nodes) == 1 else 's'} "
         f"with {cluster.total_gpus:,} GPUs."
     ]
@@ -456,6 +450,15 @@ def load_history(since: dt.datetime, until: dt.datetime, cluster: Cluster) -> Hi
         left_out = ", ".join(f"{n:,} {why}" for why, n in sorted(skipped.items()))
         notes.append(f"Left out: {left_out}.")
     return History(jobs=tuple(jobs), real=real, notes=notes)
+
+
+def _real_result(**known) -> Result:
+    """A Result for what really happened. The fields it leaves out measure a replay's own run
+    (wall and CPU time, plan calls, events): nothing happened there, so they are zero."""
+    for f in dataclasses.fields(Result):
+        if f.name not in known:
+            known[f.name] = [] if "list" in str(f.type) else 0
+    return Result(**known)
 
 
 def _final_attempt(state: str, rows: Sequence[tuple]) -> tuple | None:
@@ -575,7 +578,7 @@ class WhatIfReport:
         """report.md and its plots in out_dir; returns the report's path."""
         out = Path(out_dir)
         # The simulator's report draws the plots; its own tables are replaced by ours, which leave
-        # out what the real row cannot have (wall time, events per second).
+        # out what the real row cannot have (wall time, CPU time, events per second).
         path = write_report(
             out, self.summaries, self.results, title=_title(self.params), plots=plots
         )
@@ -661,7 +664,23 @@ def _title(params: WhatIfParams) -> str:
     return f"What-if on {params.since:%Y-%m-%d %H:%M} to {params.until:%Y-%m-%d %H:%M} UTC"
 
 
-_DROPPED_COLUMNS = {"wall (s)", "events/s"}
+# The simulator's columns that mean something for what really happened too; the others
+# (wall time, CPU time, events per second) measure a replay.
+_SHARED_COLUMNS = (
+    "mean JCT (s)",
+    "median JCT (s)",
+    "p99 JCT (s)",
+    "mean queue (s)",
+    "p99 queue (s)",
+    "waited",
+    "makespan (d)",
+    "util",
+    "preempt",
+    "GPU-h lost",
+    "max rho",
+    "Jain(rho)",
+    "jobs",
+)
 
 
 def _fixed(value: float, scale: float = 1.0, digits: int = 1) -> str:
@@ -670,7 +689,7 @@ def _fixed(value: float, scale: float = 1.0, digits: int = 1) -> str:
     return f"{value / scale:,.{digits}f}"
 
 
-COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c[0] not in _DROPPED_COLUMNS) + (
+COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c[0] in _SHARED_COLUMNS) + (
     ("energy (kWh)", lambda s: _fixed(s.energy_j, 3.6e6)),
     ("peak (kW)", lambda s: _fixed(s.peak_power_w, 1000.0)),
     ("over budget (s)", lambda s: _fixed(s.over_budget_s, digits=0)),

@@ -152,6 +152,7 @@ class Result:
     cycles_skipped: int
     events: int
     wall_s: float
+    cpu_s: float  # process CPU time of the replay (the machine may be shared; wall time lies)
     plan_wall_s: float
     power_wall_s: float
     first_submit_s: float
@@ -268,6 +269,9 @@ class _Engine:
         self.state: dict[int, _Job] = {}
         self.pending: dict[int, _Job] = {}
         self.running: dict[int, _Attempt] = {}
+        # The snapshot's objects, kept beside the state so a tuple of them is one C-level copy.
+        self.pending_objs: dict[int, Pending] = {}
+        self.running_objs: dict[int, Running] = {}
         self.pending_tuple: tuple[Pending, ...] | None = ()
         self.running_tuple: tuple[Running, ...] | None = ()
         self.next_attempt_id = 1
@@ -400,6 +404,7 @@ class _Engine:
     def _enqueue(self, job: _Job) -> None:
         job.pending = self._make_pending(job)
         self.pending[job.trace.job_id] = job
+        self.pending_objs[job.trace.job_id] = job.pending
         self.pending_tuple = None
 
     def _make_running(self, a: _Attempt, now_s: float) -> Running:
@@ -432,12 +437,12 @@ class _Engine:
 
     def _snapshot(self, now_s: float) -> Snapshot:
         if self.pending_tuple is None:
-            self.pending_tuple = tuple(j.pending for j in self.pending.values())
+            self.pending_tuple = tuple(self.pending_objs.values())
         if self.time_dependent_order:
             running = tuple(self._make_running(a, now_s) for a in self.running.values())
         else:
             if self.running_tuple is None:
-                self.running_tuple = tuple(a.running for a in self.running.values())
+                self.running_tuple = tuple(self.running_objs.values())
             running = self.running_tuple
         history: tuple[HistoryRecord, ...] = ()
         if self.uses_history and self.history:
@@ -506,6 +511,7 @@ class _Engine:
         """Free an attempt's GPUs and book what it received."""
         job = a.job
         del self.running[a.attempt_id]
+        del self.running_objs[a.attempt_id]
         self.running_tuple = None
         for uuid in a.gpus:
             del self.gpu_owner[uuid]
@@ -619,6 +625,7 @@ class _Engine:
             self.usage[key] = self.usage.get(key, 0) + count
 
         del self.pending[t.job_id]
+        del self.pending_objs[t.job_id]
         self.pending_tuple = None
         a = _Attempt()
         a.attempt_id = self.next_attempt_id
@@ -649,6 +656,7 @@ class _Engine:
         self.busy_gpus += n
         a.running = self._make_running(a, now_s)
         self.running[a.attempt_id] = a
+        self.running_objs[a.attempt_id] = a.running
         self.running_tuple = None
         self.last_start_s = now_s
         self._schedule_completion(a)
@@ -677,6 +685,7 @@ class _Engine:
                 if self.options.oracle is not Oracle.NONE:
                     a.predicted_end_s = a.end_s
                     a.running = self._make_running(a, now_s)
+                    self.running_objs[a.attempt_id] = a.running
                     self.running_tuple = None
                 self._schedule_completion(a)
         for i in changed_nodes:
@@ -742,6 +751,7 @@ class _Engine:
 
     def run(self) -> Result:
         wall0 = time.perf_counter()
+        cpu0 = time.process_time()
         jobs = self.jobs
         n_jobs = len(jobs)
         i = 0
@@ -809,6 +819,7 @@ class _Engine:
             cycles_skipped=self.cycles_skipped,
             events=self.events,
             wall_s=time.perf_counter() - wall0,
+            cpu_s=time.process_time() - cpu0,
             plan_wall_s=self.plan_wall_s,
             power_wall_s=self.power_wall_s,
             first_submit_s=jobs[0].submit_s if jobs else 0.0,

@@ -84,6 +84,7 @@ class Summary:
     power_budget_w: float | None
     over_budget_s: float
     wall_s: float
+    cpu_s: float
     events: int
     plan_calls: int
     plan_wall_s: float
@@ -154,6 +155,7 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         power_budget_w=result.power_budget_w,
         over_budget_s=result.over_budget_s,
         wall_s=result.wall_s,
+        cpu_s=result.cpu_s,
         events=result.events,
         plan_calls=result.plan_calls,
         plan_wall_s=result.plan_wall_s,

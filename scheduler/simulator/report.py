@@ -28,6 +28,7 @@ SUMMARY_COLUMNS = (
     ("Jain(rho)", lambda s: _num(s.jain_rho)),
     ("jobs", lambda s: f"{s.jobs:,}" + (f" (+{s.unfinished} unfinished)" if s.unfinished else "")),
     ("wall (s)", lambda s: f"{s.wall_s:.1f}"),
+    ("CPU (s)", lambda s: f"{s.cpu_s:.1f}"),
     ("events/s", lambda s: f"{s.events_per_s:,.0f}"),
 )
 POWER_COLUMNS = (

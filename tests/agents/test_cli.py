@@ -35,6 +35,27 @@ def test_flags_default_to_the_environment(monkeypatch):
     assert args.label == ["rack=a1,zone=eu", "row=3"]
 
 
+def test_a_job_path_prepend_comes_from_the_environment_and_is_refused_for_containers(
+    monkeypatch, state_dir, caplog
+):
+    monkeypatch.setenv("GPUCP_JOB_PATH_PREPEND", "/opt/agent/bin")
+    assert build_parser().parse_args([]).job_path_prepend == "/opt/agent/bin"
+    code = main(
+        [
+            "--url",
+            "http://127.0.0.1:1",
+            "--runtime",
+            "docker",
+            "--gpu-backend",
+            "simulated:A100-SXM4-80GB:1",
+            "--state-dir",
+            str(state_dir),
+        ]
+    )
+    assert code == 2
+    assert "process runtime only" in caplog.text
+
+
 def test_the_short_spellings_of_the_url_and_the_name_are_accepted():
     args = build_parser().parse_args(["--server", "http://cp:8000", "--name", "sim-node-1"])
     assert (args.url, args.node_name) == ("http://cp:8000", "sim-node-1")
@@ -96,6 +117,48 @@ def start_agent(control_plane, state_dir, *extra):
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+SIMJOB_ATTEMPT = {
+    "attempt_id": 41,
+    "job_id": 4,
+    "image": "",
+    "command": ["python", "-m", "agents.simjob", "--work-s", "0.1", "--step-s", "0.05"],
+    "env": {},
+    "gpu_uuids": [],
+    "cpus": 1.0,
+    "memory_mib": 64,
+    "max_runtime_s": None,
+}
+
+
+@pytest.mark.slow
+def test_an_agent_told_to_put_its_bin_first_runs_the_demo_job_on_a_system_path(
+    control_plane, state_dir, monkeypatch
+):
+    # `make run` starts agents with the venv's python but a PATH without the venv on it.
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    control_plane.heartbeat_interval_s = 0.3
+    control_plane.set_desired([SIMJOB_ATTEMPT])
+    agent = start_agent(
+        control_plane, state_dir, "--job-path-prepend", os.path.dirname(sys.executable)
+    )
+    try:
+        ended = wait_until(
+            lambda: [r for r in control_plane.reported(41) if r["state"] != "running"],
+            timeout_s=60,
+            what="the demo job to end",
+        )
+        assert (ended[-1]["state"], ended[-1]["exit_code"]) == ("exited", 0), ended[-1]
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+        if agent.stdout is not None:
+            agent.stdout.close()
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import sys
 
 import pytest
 
@@ -66,6 +67,40 @@ def test_the_agents_own_secrets_do_not_reach_the_job(state_dir, monkeypatch):
     output = runtime.read_logs(1, 0, 100_000).decode()
     assert "gcpj_secret" not in output and "GPUCP_URL" not in output
     assert "GPUCP_ATTEMPT_ID=1" in output
+
+
+SYSTEM_PATH = "/usr/bin:/bin"  # what `make run` and a systemd unit give an agent: no virtualenv
+
+
+def test_a_job_runs_the_agents_own_python_when_the_operator_puts_its_bin_first(
+    state_dir, monkeypatch
+):
+    monkeypatch.setenv("PATH", SYSTEM_PATH)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    agent_bin = os.path.dirname(sys.executable)
+    runtime = ProcessRuntime(state_dir, job_path_prepend=(agent_bin,))
+    runtime.start(spec(1, "python", "-m", "agents.simjob", "--work-s", "0.1", "--step-s", "0.05"))
+    status = ended(runtime, 1)
+    output = runtime.read_logs(1, 0, 100_000).decode()
+    assert (status.state, status.exit_code) == (AttemptState.EXITED, 0), output
+    assert "done: 0.1 s of work" in output
+    runtime.start(spec(2, "sh", "-c", 'echo "$PATH"'))
+    ended(runtime, 2)
+    assert runtime.read_logs(2, 0, 1000).decode() == f"{agent_bin}:{SYSTEM_PATH}\n"
+
+
+def test_without_a_path_prepend_a_job_gets_the_agents_path_unchanged(state_dir, monkeypatch):
+    monkeypatch.setenv("PATH", SYSTEM_PATH)
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(spec(1, "sh", "-c", 'echo "$PATH"'))
+    ended(runtime, 1)
+    assert runtime.read_logs(1, 0, 1000).decode() == f"{SYSTEM_PATH}\n"
+
+
+def test_a_relative_path_prepend_is_refused(state_dir):
+    # The job runs in its own work folder: a relative entry would run what the job wrote there.
+    with pytest.raises(ValueError, match="must be absolute"):
+        ProcessRuntime(state_dir, job_path_prepend=("bin",))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The entry point: named, timed steps, and a plan that leaves power to the power step."""
 
-from scheduler.model import Snapshot
+from scheduler.model import Config, Ordering, Snapshot
 from scheduler.policy import plan
 from tests.scheduler.builders import cluster
 
@@ -34,3 +34,11 @@ def test_a_job_without_gpus_starts_on_a_schedulable_node():
     c = cluster().node("a", schedulable=False).node("b").tenant("ops", 0, 0).pending(1, "ops", 0)
     (start,) = c.plan().starts
     assert start.placements == (("b", ()),)
+
+
+def test_an_ordering_given_by_name_plans_like_the_enum_member():
+    c = cluster().node("n1", gpus=1).tenant("v", 0, 4)
+    c.pending(1, "v", 1, predicted_s=9000, waited_s=500).pending(2, "v", 1, predicted_s=60)
+    by_name = plan(c.snapshot(), Config(ordering="sjf"))
+    assert by_name == plan(c.snapshot(), Config(ordering=Ordering.SJF))
+    assert [s.job_id for s in by_name.starts] == [2]

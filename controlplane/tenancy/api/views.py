@@ -1,6 +1,5 @@
 """Tenancy endpoints. Who may do what is declared here and enforced in controlplane.permissions."""
 
-from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_view
@@ -16,8 +15,8 @@ from controlplane.permissions import (
     ScopedDestroyMixin,
     ScopedViewSet,
     TenantScope,
-    is_cluster_admin,
 )
+from controlplane.tenancy import actions
 from controlplane.tenancy.api import schema  # noqa: F401  (registers the bearer scheme)
 from controlplane.tenancy.api.serializers import (
     ApiTokenCreatedSerializer,
@@ -83,31 +82,19 @@ class MembershipViewSet(
     read_need = Need(Role.VIEWER)
     write_need = Need(Role.ADMIN)
 
-    def _refuse_leaving_no_admin(self, membership: Membership) -> None:
-        # A tenant admin who demotes or removes the last admin locks the tenant out of managing
-        # itself; a cluster admin may still do it on purpose.
-        if is_cluster_admin(self.request.user) or membership.role != Role.ADMIN:
-            return
-        others = Membership.objects.filter(tenant_id=membership.tenant_id, role=Role.ADMIN).exclude(
-            pk=membership.pk
-        )
-        if not others.exists():
-            raise Conflict(
-                f"{membership.user.username} is the last tenant admin of "
-                f"{membership.tenant.slug}; make someone else admin first."
-            )
-
-    @transaction.atomic
     def perform_update(self, serializer):
-        new_role = serializer.validated_data.get("role", serializer.instance.role)
-        if new_role != Role.ADMIN:
-            self._refuse_leaving_no_admin(serializer.instance)
-        serializer.save()
+        # Only the role may change after creation (tenant and user are fixed).
+        role = serializer.validated_data.get("role", serializer.instance.role)
+        try:
+            actions.change_membership_role(serializer.instance, role, actor=self.request.user)
+        except actions.LastTenantAdmin as exc:
+            raise Conflict(str(exc)) from None
 
-    @transaction.atomic
     def perform_destroy(self, instance):
-        self._refuse_leaving_no_admin(instance)
-        super().perform_destroy(instance)
+        try:
+            actions.remove_membership(instance, actor=self.request.user)
+        except actions.LastTenantAdmin as exc:
+            raise Conflict(str(exc)) from None
 
 
 class QuotaViewSet(

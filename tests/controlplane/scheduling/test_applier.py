@@ -1,13 +1,15 @@
 """The applier against plans built by hand, so each rule is shown on exactly the rows it names."""
 
 import logging
+import threading
+import time
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from controlplane.cluster.models import GPU, NodeState
 from controlplane.jobs import actions
-from controlplane.jobs.models import Allocation, Job, JobAttempt, JobState
+from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobState
 from controlplane.scheduling import notify
 from controlplane.scheduling.applier import apply_plan
 from controlplane.scheduling.loader import load_snapshot
@@ -155,16 +157,14 @@ def test_an_apply_that_dies_half_way_leaves_nothing_applied(
     first = make_job(vision, alice, name="first")
     second = make_job(vision, alice, name="second")
     waiting_job = make_job(vision, alice, name="third")
-    real_admit = actions.admit_job
-    calls = []
+    real_admit_jobs = actions.admit_jobs
+    admitted = []
 
-    def admit_then_die(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("worker killed")
-        return real_admit(*args, **kwargs)
+    def admit_then_die(admissions):
+        admitted.append(real_admit_jobs(admissions))
+        raise RuntimeError("worker killed after the admissions")
 
-    monkeypatch.setattr(actions, "admit_job", admit_then_die)
+    monkeypatch.setattr(actions, "admit_jobs", admit_then_die)
     plan = m.Plan(
         starts=(start(first, ("n1", ["GPU-n1-0"])), start(second, ("n1", ["GPU-n1-1"]))),
         pending=(waiting(waiting_job, reason="no room"),),
@@ -172,11 +172,109 @@ def test_an_apply_that_dies_half_way_leaves_nothing_applied(
     )
     with pytest.raises(RuntimeError), transaction.atomic():
         apply_plan(plan, load_snapshot())
+    assert len(admitted[0]) == 2  # both admissions were written, then rolled back
     assert not JobAttempt.objects.exists()
     assert not Allocation.objects.exists()
     assert set(Job.objects.values_list("state", flat=True)) == {JobState.PENDING}
+    assert not JobEvent.objects.filter(kind="admitted").exists()
     assert Job.objects.get(pk=waiting_job.pk).pending_reason == ""
     assert GPU.objects.get(uuid="GPU-n1-0").desired_power_cap_w is None
+
+
+def _admission_rows(job):
+    job.refresh_from_db()
+    attempt = job.attempts.get()
+    event = job.events.get(kind="admitted")
+    data = dict(event.data, attempt=None)
+    return (
+        (job.state, job.state_reason, job.attempt_count, job.pending_reason, job.queue_position),
+        (attempt.number, attempt.node.name, attempt.borrowed, attempt.state),
+        sorted(a.gpu.uuid for a in attempt.allocations.filter(active=True)),
+        (event.from_state, event.to_state, event.message, data),
+    )
+
+
+def test_a_batch_admission_writes_what_one_admission_at_a_time_writes(
+    make_node, make_job, vision, alice
+):
+    node = make_node("n1", gpus=2)
+    gpu0, gpu1 = node.gpus.order_by("index")
+    one = make_job(vision, alice, name="one")
+    batched = make_job(vision, alice, name="batched")
+    for job in (one, batched):
+        Job.objects.filter(pk=job.pk).update(pending_reason="was waiting", queue_position=1)
+        job.refresh_from_db()
+    actions.admit_job(one, node=node, gpus=[gpu0], borrowed=True, reason="Admitted to n1 (1)")
+    outcome = actions.admit_jobs(
+        [actions.Admission(batched, node, [gpu1], borrowed=True, reason="Admitted to n1 (1)")]
+    )
+    assert isinstance(outcome[batched.pk], JobAttempt)
+    alone, together = _admission_rows(one), _admission_rows(batched)
+    assert alone[0] == together[0] == (JobState.ADMITTED, "Admitted to n1 (1)", 1, "", None)
+    assert alone[1] == together[1]
+    assert (alone[2], together[2]) == (["GPU-n1-0"], ["GPU-n1-1"])
+    assert alone[3][:3] == together[3][:3]
+    assert {**alone[3][3], "gpus": None} == {**together[3][3], "gpus": None}
+
+
+def _release_once_someone_waits_on_a_lock(release: threading.Event) -> None:
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                if cursor.fetchone()[0]:
+                    break
+            time.sleep(0.05)
+    finally:
+        release.set()
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gpu_taken_by_a_concurrent_writer_mid_batch_refuses_only_that_job(
+    make_node, make_job, vision, alice
+):
+    node = make_node("n1", gpus=2)
+    gpu0, gpu1 = node.gpus.order_by("index")
+    intruder = make_job(vision, alice, name="intruder")
+    wanted = make_job(vision, alice, name="wanted")
+    other = make_job(vision, alice, name="other")
+    inserted = threading.Event()
+    release = threading.Event()
+
+    def concurrent_admission():
+        try:
+            with transaction.atomic():
+                actions.admit_job(intruder, node=node, gpus=[gpu0], borrowed=False)
+                inserted.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=concurrent_admission)
+    writer.start()
+    assert inserted.wait(timeout=30)
+    # The batch cannot see the uncommitted allocation; its insert waits on the unique index,
+    # which refuses it once the other transaction commits.
+    watcher = threading.Thread(target=_release_once_someone_waits_on_a_lock, args=(release,))
+    watcher.start()
+    outcome = actions.admit_jobs(
+        [
+            actions.Admission(wanted, node, [gpu0], borrowed=False),
+            actions.Admission(other, node, [gpu1], borrowed=False),
+        ]
+    )
+    writer.join(timeout=30)
+    watcher.join(timeout=30)
+    assert outcome[wanted.pk] == actions.GPU_TAKEN
+    assert isinstance(outcome[other.pk], JobAttempt)
+    wanted.refresh_from_db()
+    assert (wanted.state, wanted.attempt_count) == (JobState.PENDING, 0)
+    assert Allocation.objects.get(gpu=gpu0, active=True).attempt.job_id == intruder.pk
 
 
 def test_pending_reasons_positions_and_estimates_are_stored_on_the_job(

@@ -73,26 +73,23 @@ def test_a_cycle_killed_half_way_leaves_no_partial_plan_applied(
     make_node("n1", gpus=8)
     jobs = [make_job(vision, alice, name=f"j{i}", gpus=2) for i in range(3)]
     make_job(vision, alice, name="too-big", gpus=16)
-    real_admit = actions.admit_job
+    real_admit_jobs = actions.admit_jobs
     admitted = []
 
-    def admit_then_die(*args, **kwargs):
-        if admitted:
-            raise RuntimeError("worker killed in the middle of apply")
-        attempt = real_admit(*args, **kwargs)
-        admitted.append(attempt)
-        return attempt
+    def admit_then_die(admissions):
+        admitted.append(real_admit_jobs(admissions))
+        raise RuntimeError("worker killed in the middle of apply")
 
-    monkeypatch.setattr(actions, "admit_job", admit_then_die)
+    monkeypatch.setattr(actions, "admit_jobs", admit_then_die)
     with pytest.raises(RuntimeError):
         run_scheduling_cycle()
-    assert len(admitted) == 1  # the first admission really happened, then was rolled back
+    assert len(admitted[0]) == 3  # the admissions really happened, then were rolled back
     assert not JobAttempt.objects.exists()
     assert not Allocation.objects.exists()
     assert set(Job.objects.values_list("state", flat=True)) == {JobState.PENDING}
     assert not Job.objects.exclude(pending_reason="").exists()
     assert not SchedulingCycle.objects.exists()
-    monkeypatch.setattr(actions, "admit_job", real_admit)
+    monkeypatch.setattr(actions, "admit_jobs", real_admit_jobs)
     summary = run_scheduling_cycle()
     assert summary["starts"] == 3
     assert {j.pk for j in jobs} == set(

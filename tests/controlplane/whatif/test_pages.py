@@ -139,7 +139,7 @@ def test_the_report_renderer_escapes_html_in_the_report():
     assert "<script>" not in html and "<b>" not in html and "<i>" not in html
     assert "<h2>&lt;script&gt;alert(1)&lt;/script&gt;</h2>" in html
     assert "<li>a &lt;b&gt;tenant&lt;/b&gt;</li>" in html
-    assert '<th scope="row">&lt;i&gt;r&lt;/i&gt;</th><td class="num">1</td>' in html
+    assert '<th scope="row">&lt;i&gt;r&lt;/i&gt;</th><td class="num nowrap">1</td>' in html
 
 
 def test_the_report_renderer_keeps_code_and_paragraphs():

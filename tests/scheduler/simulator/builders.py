@@ -37,4 +37,3 @@ def by_id(result: Result) -> dict[int, JobOutcome]:
 def mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
-

@@ -208,5 +208,7 @@ def test_a_plan_that_takes_a_tenant_past_its_limit_is_an_error():
     t = trace([job(1, "a", 0, 100), job(2, "a", 0, 100)], {"a": (1, 1), "b": (1, 1)})
     jobs, nodes, tenants = cluster_for(t, Sharing.SHARED)
     tenants = tuple(replace(x, quotas=(replace(x.quotas[0], limit_gpus=1),)) for x in tenants)
-    with pytest.raises(PlanError, match="takes tenant a to 2 GPUs of any type, past its limit of 1"):
+    with pytest.raises(
+        PlanError, match="takes tenant a to 2 GPUs of any type, past its limit of 1"
+    ):
         replay(jobs, nodes, tenants, Config(ordering=Ordering.FIFO), policy=ignores_quota)

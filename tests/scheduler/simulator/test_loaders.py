@@ -86,7 +86,9 @@ def test_a_missing_column_is_an_error_naming_it(tmp_path):
     jobs.write_text("timestamp,duration,cluster\n2017-10-01 00:00:00,1,vc1\n")
     nodes = tmp_path / "philly-vc-nodes.csv"
     nodes.write_text(VC_NODES)
-    with pytest.raises(TraceError, match=r"philly-jobs.csv line 1, field 'num_gpus': column missing"):
+    with pytest.raises(
+        TraceError, match=r"philly-jobs.csv line 1, field 'num_gpus': column missing"
+    ):
         load_philly(jobs, nodes)
 
 
@@ -104,7 +106,9 @@ def test_jobs_of_vcs_without_nodes_are_dropped_and_counted_not_lost_in_silence(t
     )
     dropped = load_philly(jobs, nodes)
     assert [j.tenant for j in dropped.jobs] == ["vc1"]
-    assert any("2 jobs of 1 VCs without nodes dropped" in n and "tiny (2)" in n for n in dropped.notes)
+    assert any(
+        "2 jobs of 1 VCs without nodes dropped" in n and "tiny (2)" in n for n in dropped.notes
+    )
 
     kept = load_philly(jobs, nodes, vcs_without_nodes="borrow")
     assert [j.tenant for j in kept.jobs] == ["vc1", "tiny", "tiny"]
@@ -135,7 +139,10 @@ def test_openb_tasks_load_with_fractions_rounded_up_and_skips_counted(tmp_path):
     assert "1 tasks with num_gpu 0 skipped" in notes
     assert "1 tasks never scheduled in the trace skipped" in notes
     assert "1 tasks allowed several GPU types" in notes
-    assert {n.gpu_type for n in trace.nodes} == {"V100M32", "T4"}  # the GPU-less node is no GPU node
+    assert {n.gpu_type for n in trace.nodes} == {
+        "V100M32",
+        "T4",
+    }  # the GPU-less node is no GPU node
     assert {t.name for t in trace.tenants} == {"LS", "BE", "Burstable"}
     assert sum(t.guaranteed_gpus for t in trace.tenants) <= trace.total_gpus
 
@@ -178,9 +185,7 @@ def test_a_load_factor_divides_the_time_since_the_first_submit():
     jobs = synthetic_trace(1, jobs=5).jobs
     fast = compress_arrivals(jobs, 2.0)
     t0 = jobs[0].submit_s
-    assert [f.submit_s for f in fast] == pytest.approx(
-        [t0 + (j.submit_s - t0) / 2 for j in jobs]
-    )
+    assert [f.submit_s for f in fast] == pytest.approx([t0 + (j.submit_s - t0) / 2 for j in jobs])
     assert [f.duration_s for f in fast] == [j.duration_s for j in jobs]
     with pytest.raises(ValueError):
         compress_arrivals(jobs, 0)

@@ -1,0 +1,191 @@
+"""Replay the full Philly trace under every policy preset and print the figures issue 6 asks for.
+
+    .venv/bin/python benchmarks/bench_simulator.py                  # L = 1, all presets
+    .venv/bin/python benchmarks/bench_simulator.py --high-load      # L = 1, 2 and 4
+    .venv/bin/python benchmarks/bench_simulator.py --loads 2 --policies fifo-static,srtf,ours
+
+Prints, per load factor: the policies x metrics table, the per-tenant table, wall and CPU time
+and events per second of every replay, how our baselines compare with the published simulators'
+figures on the same file (../shared/data/philly/ANCHORS.md), and whether our default policy
+meets its targets. Each full replay takes a minute or more; the machine may be shared, so CPU
+time is printed beside wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler.simulator.compare import compare  # noqa: E402
+from scheduler.simulator.engine import SimOptions  # noqa: E402
+from scheduler.simulator.loaders import load_philly  # noqa: E402
+from scheduler.simulator.metrics import Summary  # noqa: E402
+from scheduler.simulator.policies import PRESETS  # noqa: E402
+from scheduler.simulator.report import summary_table, tenant_table, write_report  # noqa: E402
+
+# ANCHORS.md: (mean JCT, mean queue, p99 JCT, p99 queue) of the Helios / Lucid simulators.
+ANCHORS: dict[float, dict[str, tuple[float, float, float, float]]] = {
+    1.0: {
+        "fifo-static": (13207.2, 98.0, 257530, 341.5),
+        "sjf": (13168.3, 59.1, 257131, 117.0),
+        "srtf": (13159.2, 48.9, 257531, 0.0),
+        "qssf": (13170.4, 61.1, 257204, 137.5),
+        "tiresias": (13203.3, 92.9, 257085, 254.5),
+    },
+    2.0: {
+        "fifo-static": (15012.6, 1903.4, 270470, 77543),
+        "sjf": (13639.9, 530.7, 271155, 6559),
+        "qssf": (13680.2, 570.9, 269561, 7967),
+        "srtf": (13466.2, 355.2, 270209, 2794),
+        "tiresias": (13748.8, 636.9, 269611, 11792),
+    },
+    4.0: {
+        "fifo-static": (39315.7, 26206.5, 711759, 647705),
+        "sjf": (17040.8, 3931.6, 343745, 38011),
+        "srtf": (15764.2, 2650.6, 315201, 19523),
+        "qssf": (18341.7, 5232.4, 371943, 61353),
+        "tiresias": (22346.2, 9228.6, 618803, 307191),
+    },
+}
+ALL = ",".join(PRESETS)
+
+
+def _diff(ours: float, theirs: float) -> str:
+    if theirs == 0:
+        return "n/a" if ours else "="
+    return f"{100 * (ours - theirs) / theirs:+.1f} %"
+
+
+def anchors_table(load: float, summaries: list[Summary]) -> str:
+    published = ANCHORS.get(load, {})
+    lines = [
+        "| policy | mean JCT ours / published | mean queue ours / published | "
+        "p99 JCT ours / published | p99 queue ours / published |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for s in summaries:
+        if s.policy not in published:
+            continue
+        jct, queue, p99_jct, p99_queue = published[s.policy]
+        lines.append(
+            f"| {s.policy} | {s.mean_jct_s:,.1f} / {jct:,.1f} ({_diff(s.mean_jct_s, jct)}) "
+            f"| {s.mean_queue_s:,.1f} / {queue:,.1f} ({_diff(s.mean_queue_s, queue)}) "
+            f"| {s.p99_jct_s:,.0f} / {p99_jct:,.0f} ({_diff(s.p99_jct_s, p99_jct)}) "
+            f"| {s.p99_queue_s:,.1f} / {p99_queue:,.1f} ({_diff(s.p99_queue_s, p99_queue)}) |"
+        )
+    return "\n".join(lines)
+
+
+def targets(load: float, summaries: list[Summary]) -> list[str]:
+    """Issue 6's targets for our default policy, each with met / missed and by how much."""
+    by = {s.policy: s for s in summaries}
+    ours = by.get("ours")
+    if ours is None:
+        return []
+    out = []
+    srtf_published = ANCHORS.get(load, {}).get("srtf")
+    srtf = by.get("srtf")
+    if load == 1.0:
+        goal = 0.5 * 48.9
+        out.append(
+            f"mean queue {ours.mean_queue_s:.1f} s <= half of published SRTF's 48.9 s "
+            f"({goal:.2f} s): {'met' if ours.mean_queue_s <= goal else 'MISSED'}"
+        )
+        ref = (
+            {t.tenant: t.mean_queue_s for t in by["fifo-static"].tenants}
+            if ("fifo-static" in by)
+            else None
+        )
+        if ref is not None:
+            worse = [
+                f"{t.tenant} {t.mean_queue_s:.1f} > {ref[t.tenant]:.1f}"
+                for t in ours.tenants
+                if t.mean_queue_s > ref.get(t.tenant, math.inf) + 1e-9
+            ]
+            out.append(
+                "no tenant's mean queue worse than FIFO on its own partition: "
+                + ("met" if not worse else "MISSED (" + ", ".join(worse) + ")")
+            )
+    else:
+        for label, value in (
+            ("our SRTF baseline", srtf.mean_jct_s if srtf else None),
+            ("published SRTF", srtf_published[0] if srtf_published else None),
+        ):
+            if value is not None:
+                verdict = "met" if ours.mean_jct_s < value else "MISSED"
+                out.append(
+                    f"mean JCT {ours.mean_jct_s:,.1f} s < {label} {value:,.1f} s: {verdict} "
+                    f"({_diff(ours.mean_jct_s, value)})"
+                )
+        over = [f"{t.tenant} {t.rho:.3f}" for t in ours.tenants if t.rho > 1.0 + 1e-9]
+        out.append(
+            "rho <= 1 for every tenant: "
+            + ("met" if not over else "MISSED (" + ", ".join(over) + ")")
+        )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policies", default=ALL, help=f"comma-separated (default {ALL})")
+    parser.add_argument("--loads", default=None, help="comma-separated load factors (default 1)")
+    parser.add_argument("--high-load", action="store_true", help="also L = 2 and 4")
+    parser.add_argument("--cycle-s", type=float, default=60.0)
+    parser.add_argument("--limit", type=int, default=None, help="first N jobs only")
+    parser.add_argument("--out", default=None, help="write report.md and plots per load here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args()
+
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    loads = [float(x) for x in args.loads.split(",")] if args.loads else [1.0]
+    if args.high_load:
+        loads = sorted(set(loads) | {1.0, 2.0, 4.0})
+
+    t0 = time.perf_counter()
+    trace = load_philly().limited(args.limit)
+    print(f"loaded {len(trace.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
+    for note in trace.notes:
+        print(f"  {note}")
+    options = SimOptions(cycle_s=args.cycle_s)
+    for load in loads:
+        print(f"\n## Philly, load factor L = {load:g}, cycle {args.cycle_s:g} s\n")
+        result = compare(trace, names, options, load_factor=load, progress=not args.quiet)
+        print(summary_table(result.summaries))
+        print()
+        print(tenant_table(result.summaries))
+        print("\nreplays:")
+        for s in result.summaries:
+            print(
+                f"  {s.policy:12} wall {s.wall_s:7.1f} s  CPU {s.cpu_s:7.1f} s  "
+                f"{s.events:,} events ({s.events / max(s.cpu_s, 1e-9):,.0f}/CPU-s)  "
+                f"{s.plan_calls:,} plan calls, {s.plan_wall_s:.1f} s wall in plan()"
+            )
+        if args.limit is None:
+            print("\nagainst ANCHORS.md (published simulators on the same file):\n")
+            print(anchors_table(load, result.summaries))
+            lines = targets(load, result.summaries)
+            if lines:
+                print("\ntargets of our default policy:")
+                for line in lines:
+                    print(f"  - {line}")
+        if args.out:
+            out = Path(args.out) / f"L{load:g}"
+            write_report(
+                out,
+                result.summaries,
+                result.results,
+                title=f"Philly, {len(trace.jobs):,} jobs, load factor {load:g}",
+                notes=trace.notes,
+                command=" ".join(sys.argv),
+            )
+            print(f"\nreport: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
