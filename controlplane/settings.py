@@ -122,7 +122,10 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "var" / "static"))
+# WhiteNoise scans STATIC_ROOT at start and warns on every request when it is missing; before
+# the first collectstatic an empty folder is the honest state.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     # Hashed, compressed names (cached for good by browsers) need collectstatic first, which the

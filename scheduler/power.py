@@ -537,6 +537,10 @@ def plan_power_caps(
         floor_w = _clamp(_energy_optimal(profile, min_w, max_w), min_w, max_w)
         if unit.throttled:
             unit.top_w = floor_w
+        elif config.eco_max_slowdown is not None and attempt.power_profile.samples == 0:
+            # Nothing seen of it yet: one uncapped cycle shows its own demand and how busy it
+            # keeps the SMs, which a guess from the default profile could get badly wrong.
+            unit.top_w = max_w
         elif config.eco_max_slowdown is not None:
             unit.top_w = max(_eco(profile, min_w, max_w, config.eco_max_slowdown), floor_w)
         else:

@@ -335,3 +335,31 @@ def _can_hold(snap: Snapshot, p, job: Pending, at_s: float, config: Config) -> b
         elif sum(free for _, free in per_node.values()) >= job.gpus:
             return True
     return False
+
+
+class _Forgets(dict):
+    """A memo that never recalls anything: the plan must then be worked out in full."""
+
+    def get(self, key, default=None):
+        return default
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(snapshots(), configs)
+def test_remembering_failed_searches_never_changes_a_plan(snap, config):
+    import scheduler.admit as admit
+    import scheduler.policy as policy
+
+    class Forgetful(admit.Admission):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._hopeless = _Forgets()
+            self._claim_memo = _Forgets()
+            self.search_failed_at = _Forgets()
+
+    remembered = plan(snap, config)
+    policy.Admission = Forgetful
+    try:
+        assert plan(snap, config) == remembered
+    finally:
+        policy.Admission = admit.Admission
