@@ -13,11 +13,14 @@ nodes and history tuples every time, as the simulator passes them. Goal: about 2
 Prints the median wall time over the runs (and the median CPU time, which a busy shared
 machine inflates less), the median of each named step, and the peak memory traced during one
 more run (tracemalloc slows Python down, so that run is not timed) beside the process's RSS.
+The first line gives the load average and a yardstick (CPU nanoseconds per iteration of a fixed
+loop), because on a shared machine the wall time says as much about the neighbours as the code.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import resource
 import statistics
@@ -195,10 +198,26 @@ def _fresh(snap: Snapshot) -> Snapshot:
     )
 
 
+def machine_speed_ns() -> float:
+    """CPU nanoseconds per iteration of a fixed loop of dictionary reads: a yardstick for how
+    fast this machine runs Python right now (a quiet modern core does it in about 40-60 ns)."""
+    table = {i: i for i in range(1024)}
+    start = time.process_time()
+    total = 0
+    for i in range(500_000):
+        total += table.get(i & 1023, 0)
+    return (time.process_time() - start) / 500_000 * 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="timed runs of the large case")
     args = parser.parse_args()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load}; yardstick loop "
+        f"{machine_speed_ns():.0f} ns per iteration"
+    )
     large = build(2000, 1000, 10_000, busy_fraction=0.85, seed=1)
     measure("large", large, args.runs, fresh=True, config=Config())
     small = build(350, 20, 20, busy_fraction=0.95, seed=2, n_running=300)

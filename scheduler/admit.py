@@ -2,7 +2,8 @@
 
 For every job, in the order scheduler.priority gives:
 
-1. a tenant on budget hold, or at its maximum of running jobs, starts nothing;
+1. a tenant unknown to the snapshot, on budget hold, or at its maximum of running jobs, starts
+   nothing;
 2. the GPU type must exist in a size that can ever hold the job;
 3. the tenant's quota must allow it (scheduler.quota): within its limit, or only its guarantee
    when it may not borrow; a job blocked by its own tenant may preempt that tenant's lower-
@@ -15,9 +16,12 @@ For every job, in the order scheduler.priority gives:
 6. otherwise the first such job of its GPU type gets the reservation, and the job waits with a
    reason (scheduler.reasons).
 
-Once a type has fewer free GPUs than a job asks for, steps 4 and 6 cost nothing for it, and a
-failed preemption search is remembered per type, so a long queue behind a full cluster is
-marked in bulk instead of searched job by job.
+A long queue behind a full cluster must not cost a search per job: once a type has fewer free
+GPUs than a job asks for, step 4 costs nothing; a failed preemption search is remembered per
+type (what it could not find, a larger job cannot either); and what a job blocked on capacity
+got is remembered by everything that decided it (type, size, resources, whether it is within
+its guarantee, its tenant's own lower-priority work, the reservation) until anything of its GPU
+type changes, so the jobs behind it that look the same are decided by one lookup.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class Admission:
 
     @property
     def victims(self) -> Victims:
+        """The preemption candidates of this cycle, built when a job first needs them."""
         if self._victims is None:
             self._victims = Victims(
                 tuple(r for r in self.snapshot.running if r.attempt_id not in self.preempted),
@@ -486,7 +491,13 @@ class Admission:
                 if not need:
                     break
             if need:
-                rest = placement.find(ti, need, None) or placement.multi_node(ti, need, None)
+                res = self.reservations.get(ti.gpu_type)
+                _, slack = res.limits(job.job_id, self._end(job)) if res else (False, None)
+                rest = (
+                    placement.find(ti, need, None, slack)
+                    or placement.multi_node(ti, need, None, slack)
+                    or placement.multi_node(ti, need, None)
+                )
                 for node, count in rest or ():
                     ti.take(node, count)
                     where.append((node, count))

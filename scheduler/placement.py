@@ -116,6 +116,7 @@ class TypeIndex:
         self.changed: list[int] = []  # nodes whose free or soon-free count changed (see preemption)
 
     def free_on(self, node: int) -> int:
+        """Free GPUs of this type on a node."""
         free = self.free.get(node)
         return len(free) if free else 0
 
@@ -135,12 +136,14 @@ class TypeIndex:
         return taken
 
     def add_soon(self, node: int, count: int) -> None:
+        """Count GPUs of a node as freeing up soon."""
         self.version += 1
         self.changed.append(node)
         self.soon[node] = self.soon.get(node, 0) + count
         self.soon_total += count
 
     def claim_soon(self, node: int, count: int) -> None:
+        """Set soon-free GPUs of a node aside for a waiting job."""
         self.version += 1
         self.changed.append(node)
         left = self.soon[node] - count
@@ -194,21 +197,26 @@ class ClusterIndex:
                 self.add_soon(r)
 
     def _charge_running(self, r: Running, gpu_node: dict[str, int]) -> None:
-        nodes = [gpu_node.get(u) for u in r.gpus]
+        nodes = list(map(gpu_node.get, r.gpus))
         if not nodes:
             return
-        share = {nodes[0]: len(nodes)} if nodes.count(nodes[0]) == len(nodes) else {}
-        if not share:
+        first = nodes[0]
+        if nodes.count(first) == len(nodes):
+            share = {first: len(nodes)}
+        else:
+            share = {}
             for i in nodes:
                 share[i] = share.get(i, 0) + 1
         total = len(nodes)
+        cpus_free, mem_free = self.cpus_free, self.mem_free
+        node_cpus, node_mem = self.topo.node_cpus, self.topo.node_mem
         for i, count in share.items():
             if i is None:
                 continue
-            if self.cpus_free is not None and self.topo.node_cpus[i]:
-                self.cpus_free[i] -= r.cpus * count / total
-            if self.mem_free is not None and self.topo.node_mem[i]:
-                self.mem_free[i] -= r.memory_mib * count / total
+            if cpus_free is not None and r.cpus and node_cpus[i]:
+                cpus_free[i] -= r.cpus * count / total
+            if mem_free is not None and r.memory_mib and node_mem[i]:
+                mem_free[i] -= r.memory_mib * count / total
 
     def add_soon(self, r: Running) -> None:
         """Count an attempt's GPUs as soon free: it was told to stop, or is preempted now."""

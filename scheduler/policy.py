@@ -12,8 +12,11 @@ is timed into Plan.step_seconds (a measurement only: it never changes a decision
               .preemption)
 7. reasons    a reason, queue position and estimated start for every job left pending
               (scheduler.reasons)
-
-The power step (scheduler.power) runs after this one on the plan; it is not part of plan().
+8. power      a power cap for every GPU, on the cluster as this plan leaves it
+              (scheduler.power), when anything asks for caps: a pool power budget, a tenant's
+              energy pace or throttle, or the eco setting. Otherwise Plan.power_caps_w stays
+              empty, which means "uncapped": the control plane puts every GPU back to its
+              default limit.
 
 Same snapshot and config, same plan: every choice breaks ties on names and ids, never on
 dictionary or set order, and the core reads no clock but the snapshot's.
@@ -24,9 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 from time import perf_counter
 
-from scheduler import fairness, predict, priority, quota, reasons
+from scheduler import fairness, power, predict, priority, quota, reasons
 from scheduler.admit import Admission
-from scheduler.model import Config, Ordering, Plan, Snapshot
+from scheduler.model import Config, Ordering, Plan, Running, Snapshot, Start
 from scheduler.placement import ClusterIndex
 
 _DEFAULT_CONFIG = Config()
@@ -71,10 +74,63 @@ def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
     t7 = perf_counter()
     steps["reasons"] = t7 - t6
 
+    caps_w: dict[str, float] = {}
+    if config.power_planning and _power_is_asked_for(snapshot, config):
+        busy = _busy_after(snapshot, admission.starts)
+        caps_w = power.plan_power_caps(snapshot, config, busy)
+        steps["power"] = perf_counter() - t7
+
     return Plan(
         starts=tuple(admission.starts),
         preemptions=tuple(admission.preemptions),
         pending=pending,
+        power_caps_w=caps_w,
         predicted_duration_s=predicted_s,
         step_seconds=steps,
     )
+
+
+def _power_is_asked_for(snapshot: Snapshot, config: Config) -> bool:
+    # Planning caps for every GPU costs time the trace simulator would pay on every cycle; with
+    # no budget, pace, throttle or eco setting its answer would be "uncapped" anyway.
+    return (
+        config.eco_max_slowdown is not None
+        or any(p.power_budget_w is not None for p in snapshot.pools)
+        or any(
+            t.power_pace_w is not None or t.budget_action == "throttle" for t in snapshot.tenants
+        )
+    )
+
+
+def _busy_after(snapshot: Snapshot, starts: list[Start]) -> dict[str, Running]:
+    """GPU uuid -> the attempt on it once this plan is applied.
+
+    Preempted attempts still draw power until their agent has stopped them, so they count as
+    busy this cycle; a new start is an attempt that has not run yet (no profile learned).
+    """
+    busy: dict[str, Running] = {}
+    for attempt in snapshot.running:
+        for uuid in attempt.gpus:
+            busy[uuid] = attempt
+    if not starts:
+        return busy
+    pending = {p.job_id: p for p in snapshot.pending}
+    gpu_types = {g.uuid: g.gpu_type for n in snapshot.nodes for g in n.gpus}
+    for start in starts:
+        job = pending[start.job_id]
+        uuids = start.gpu_uuids
+        attempt = Running(
+            attempt_id=-job.job_id,  # not created yet; negative ids never collide with real ones
+            job_id=job.job_id,
+            tenant=job.tenant,
+            user=job.user,
+            priority=job.priority,
+            preemptible=job.preemptible,
+            started_at_s=snapshot.now_s,
+            gpus=uuids,
+            gpu_type=gpu_types[uuids[0]],
+            submitted_at_s=job.submitted_at_s,
+        )
+        for uuid in uuids:
+            busy[uuid] = attempt
+    return busy

@@ -12,9 +12,11 @@ already stopping:
   while they are borrowed, so a guarantee is never taken away by a baseline either.
 
 The victims are chosen on one node the job fits on (a gang larger than any node: over the whole
-type), in the preference order above, until enough GPUs (and, for a job blocked by its own
-tenant's limit, enough of the tenant's quota) would be free; then every chosen victim that is
-not needed after all is given back, last chosen first, so no more is evicted than needed.
+type), in the preference order above (other tenants' borrowed work first, unless the job must
+first win back some of its own tenant's quota, which only its own attempts can give), until
+enough GPUs and quota would be free; then every chosen victim that is not needed after all is
+given back, last chosen first, so no more is evicted than needed. A tenant brought back to its
+guarantee stays out of the searches for the rest of the cycle.
 GPUs of attempts already stopping count as free soon and are used before anything new is
 evicted, so a job never causes a second preemption for GPUs it is already owed.
 """
@@ -69,9 +71,10 @@ class Victims:
         self._candidates: dict[int, Candidate] = {}
         self._cross: dict[str, list[Candidate]] = {}
         self._own: dict[tuple[str, str], list[Candidate]] = {}
-        self._baseline: dict[str, list[Candidate]] = {}
+        self._baseline: dict[tuple[str, str | None], list[Candidate]] = {}
         self._cross_ids: set[int] = set()
-        self.cross_start: dict[str, int] = {}  # type -> index of the first cross candidate left
+        # (rule, type) -> index of the first candidate of that list still worth looking at
+        self.start: dict[tuple[str, str], int] = {}
         # type -> max-heap of (-potential, node), stale entries dropped when met; see most()
         self._potential: dict[str, list[tuple[int, int]]] = {}
         self.cross_gpus: dict[str, dict[int, int]] = {}  # type -> node -> borrowed GPUs there
@@ -135,16 +138,20 @@ class Victims:
             self._own[key] = found
         return found
 
-    def baseline(self, gpu_type: str) -> list[Candidate]:
-        """SRTF: longest remaining first; LAS: latest attained-service queue first."""
-        found = self._baseline.get(gpu_type)
+    def baseline(self, gpu_type: str, tenant: str | None = None) -> list[Candidate]:
+        """The SRTF / LAS candidates: borrowed ones of any tenant (tenant None) or a tenant's own.
+
+        SRTF sorts the longest remaining time first; LAS the latest attained-service queue.
+        """
+        key = (gpu_type, tenant)
+        found = self._baseline.get(key)
         if found is None:
-            found = [self._candidate(r) for r in self._group().get(gpu_type, ())]
+            found = list(self.cross(gpu_type) if tenant is None else self.own(tenant, gpu_type))
             if self._config.ordering is Ordering.SRTF:
                 found.sort(key=lambda c: (-c.remaining_s, *_youngest(c)))
             else:
                 found.sort(key=lambda c: (-c.queue, -c.run.attained_service_s, *_youngest(c)))
-            self._baseline[gpu_type] = found
+            self._baseline[key] = found
         return found
 
     def most(self, ti: TypeIndex) -> int:
@@ -247,7 +254,7 @@ def find_victims(
     own_given = 0
     target = s.free_node
     freed_total = 0
-    if s.cross:
+    if s.cross or s.baseline is not None:
         victims.cross(s.gpu_type)
     cross_gpus = victims.cross_gpus.get(s.gpu_type, {})
 
@@ -261,18 +268,30 @@ def find_victims(
     def potential(node: int) -> int:
         return ti.free_on(node) + ti.soon.get(node, 0) + cross_gpus.get(node, 0)
 
+    sources = _sources(s, victims, ti, need_capacity)
+    if s.need_quota:
+        # Only the tenant's own attempts give quota back: without enough of them, stop here.
+        own_gpus = sum(
+            c.size
+            for source, cands, key in sources
+            if key is None
+            for c in cands
+            if c.run.attempt_id not in done and _qualifies(s, source, c)
+        )
+        if own_gpus < s.need_quota:
+            return None
     satisfied = False
-    for source, cands in _sources(s, victims):
+    for source, cands, skip_key in sources:
         # Borrowed attempts already preempted, or whose tenant is back at its guarantee, stay
         # out for the rest of the cycle: skip them for good instead of for every job again.
-        first = victims.cross_start.get(s.gpu_type, 0) if source == "cross" else 0
-        leading = source == "cross"
+        first = victims.start.get(skip_key, 0) if skip_key else 0
+        leading = skip_key is not None
         for i in range(first, len(cands)):
             c = cands[i]
             aid = c.run.attempt_id
             if aid in done or aid in seen:
                 if leading and aid in done:
-                    victims.cross_start[s.gpu_type] = i + 1
+                    victims.start[skip_key] = i + 1
                 continue
             if (
                 leading
@@ -280,25 +299,15 @@ def find_victims(
                 and c.tenant not in tentative
                 and not books[c.tenant].over_guarantee(s.gpu_type)
             ):
-                victims.cross_start[s.gpu_type] = i + 1
+                victims.start[skip_key] = i + 1
                 continue
             leading = False
-            if source == "baseline":
-                if s.baseline is Ordering.SRTF and not c.remaining_s > s.predicted_s:
-                    break  # sorted longest first: none further is longer
-                if s.baseline is Ordering.LAS and not c.queue > s.queue:
-                    break
-            elif source == "own" and not c.run.priority < s.priority:
-                break  # sorted lowest first
+            if not _qualifies(s, source, c):
+                break  # each list is sorted so that none further qualifies either
             if c.tenant != s.tenant:
                 if not books[c.tenant].over_guarantee(s.gpu_type, tentative.get(c.tenant, 0)):
                     continue
-                if (
-                    need_capacity
-                    and single
-                    and source == "cross"
-                    and not any(potential(node) >= n for node in c.nodes)
-                ):
+                if need_capacity and single and not any(potential(node) >= n for node in c.nodes):
                     continue
             seen.add(aid)
             chosen.append((c, source))
@@ -361,13 +370,37 @@ def find_victims(
     return [(c, rules[source]) for c, source in kept], (target if single else None)
 
 
-def _sources(s: Search, victims: Victims):
-    if s.cross:
-        yield "cross", victims.cross(s.gpu_type)
+def _sources(s: Search, victims: Victims, ti: TypeIndex, need_capacity: bool):
+    """The candidate lists to walk, in order, each with the key its skipped prefix is kept by.
+
+    Borrowed work of other tenants goes first, unless the job must first get some of its own
+    tenant's quota back: only its own attempts can give that, so they go first then.
+    """
+    t = s.gpu_type
+    # Borrowed work of other tenants is walked only where it could make room on a node.
+    others_help = not (need_capacity and s.gpus <= ti.max_node_cap) or victims.most(ti) >= s.gpus
+    others = []
+    own = []
+    if s.cross and others_help:
+        others.append(("cross", victims.cross(t), ("cross", t)))
     if s.baseline is not None:
-        yield "baseline", victims.baseline(s.gpu_type)
+        if others_help:
+            others.append(("baseline", victims.baseline(t), ("baseline", t)))
+        own.append(("baseline", victims.baseline(t, s.tenant), None))
     if s.own:
-        yield "own", victims.own(s.tenant, s.gpu_type)
+        own.append(("own", victims.own(s.tenant, t), None))
+    return own + others if s.need_quota else others + own
+
+
+def _qualifies(s: Search, source: str, c: Candidate) -> bool:
+    """Whether the rule of a list lets this job take this candidate."""
+    if source == "baseline":
+        if s.baseline is Ordering.SRTF:
+            return c.remaining_s > s.predicted_s
+        return c.queue > s.queue
+    if source == "own":
+        return c.run.priority < s.priority
+    return True
 
 
 def reason_for(source_rule: str, for_job_id: int) -> str:

@@ -59,6 +59,7 @@ class Book:
         self.version = 0  # bumped whenever share changes, so stale queue entries are noticed
 
     def has_quota(self, gpu_type: str) -> bool:
+        """Whether any quota (of the type or ANY) lets the tenant use this type at all."""
         return gpu_type in self.limit or ANY in self.limit
 
     def add(self, gpu_type: str, n: int, *, active: bool = True, total: bool = True) -> None:

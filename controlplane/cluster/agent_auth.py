@@ -7,8 +7,10 @@ token or a session opens nothing, because only a `gcpn_` bearer token is looked 
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+from datetime import UTC, datetime
 
+from django.db import connection
 from django.db.models import F
 from django.http import HttpRequest
 from django.utils import timezone
@@ -39,15 +41,48 @@ def authenticate_node(request: HttpRequest) -> Node:
         raise AgentAuthError("A node token is required (Authorization: Bearer gcpn_...).")
     if not raw.startswith(NODE_TOKEN_PREFIX + "_"):
         raise AgentAuthError("Only node tokens may call the agent API.")
-    node = (
-        Node.objects.filter(token_hash=hash_token(raw))
-        .only("id", "name", "ready", "last_heartbeat_at", "heartbeat_interval_s", "conditions")
-        .first()
-    )
+    node = node_by_token_hash(hash_token(raw))
     if node is None:
         # Rotated, revoked, or never issued: all look the same from outside.
         raise AgentAuthError("Invalid node token.")
     return node
+
+
+def node_by_token_hash(digest: str) -> Node | None:
+    """The fields of the node a heartbeat needs, by one indexed read.
+
+    Raw SQL because every agent call starts here (a thousand a second in a large cluster), and
+    building the ORM query costs more than the database's work for it.
+    """
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, name, ready, last_heartbeat_at, heartbeat_interval_s, conditions "
+            f"FROM {qn(Node._meta.db_table)} WHERE token_hash = %s",
+            [digest],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    node_id, name, ready, last_heartbeat_at, interval_s, conditions = row
+    return Node(
+        id=node_id,
+        name=name,
+        ready=bool(ready),
+        last_heartbeat_at=db_datetime(last_heartbeat_at),
+        heartbeat_interval_s=interval_s,
+        conditions=json.loads(conditions) if isinstance(conditions, str | bytes) else conditions,
+        token_hash=digest,
+    )
+
+
+def db_datetime(value) -> datetime | None:
+    """A timestamp column read by raw SQL: PostgreSQL gives an aware datetime, SQLite naive UTC
+    or text."""
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def issue_join_token(

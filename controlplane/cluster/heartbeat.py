@@ -2,9 +2,10 @@
 
 A heartbeat is level-triggered: it carries everything the agent observes and the answer carries
 everything the node should be doing, so a repeated or lost heartbeat changes nothing. The work
-per heartbeat is a fixed handful of queries whatever the number of GPUs or attempts (one UPDATE
-for all GPU rows, one upsert for all history rows, two reads for the desired state); only state
-changes of attempts (rare: a start, an exit) cost more, through controlplane.jobs.actions.
+per heartbeat is a fixed handful of statements whatever the number of GPUs or attempts (the
+node row, one read of its work, one of its caps; its telemetry joins a batch written for many
+nodes at once); only state changes of attempts (rare: a start, an exit) cost more, through
+controlplane.jobs.actions.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.cluster import telemetry
+from controlplane.cluster.agent_auth import db_datetime
 from controlplane.cluster.models import GPU, Node
 from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs import actions
@@ -137,14 +139,6 @@ def _json(value):
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def _datetime(value) -> dt.datetime | None:
-    # PostgreSQL hands back an aware datetime; SQLite text or a naive datetime, in UTC.
-    if value is None:
-        return None
-    parsed = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
 def load_work(node_id: int) -> dict[int, Work]:
     """The node's active attempts with their local GPUs: one query, whatever their number.
 
@@ -170,7 +164,7 @@ def load_work(node_id: int) -> dict[int, Work]:
                 job_id=job_id,
                 state=state,
                 stop_requested=stop_at is not None,
-                started_at=_datetime(started_at),
+                started_at=db_datetime(started_at),
                 energy_j=energy_j,
                 job_gpus=gpus,
                 image=image,
@@ -211,11 +205,14 @@ def desired_state(
 
 
 def desired_caps(node_id: int) -> dict[str, float]:
-    return dict(
-        GPU.objects.filter(node_id=node_id, desired_power_cap_w__isnull=False)
-        .order_by("index")
-        .values_list("uuid", "desired_power_cap_w")
-    )
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT uuid, desired_power_cap_w FROM {qn(GPU._meta.db_table)} "
+            'WHERE node_id = %s AND desired_power_cap_w IS NOT NULL ORDER BY "index"',
+            [node_id],
+        )
+        return dict(cursor.fetchall())
 
 
 def current_desired_state(node: Node) -> dict:
@@ -283,9 +280,10 @@ def _merge_conditions(old: list, reported: tuple[ConditionReport, ...], now_ts: 
 
 
 def _record(node: Node, hb: Heartbeat, now: dt.datetime) -> tuple[dict[int, Work], dict]:
-    """One transaction: the node is alive, its attempts' energy so far, its GPUs' readings.
+    """The node is alive; returns its work and its GPUs' desired caps.
 
-    Returns the node's work and its GPUs' desired caps.
+    Its GPUs' readings and its attempts' energy go to the telemetry batch (see
+    controlplane.cluster.telemetry).
     """
     conditions = _merge_conditions(node.conditions, hb.conditions, now.timestamp())
     samples = {s.uuid: s for s in hb.gpus}
@@ -294,28 +292,32 @@ def _record(node: Node, hb: Heartbeat, now: dt.datetime) -> tuple[dict[int, Work
         # be declaring the node lost right now (see controlplane.cluster.tasks). The work is
         # read under it: attempts the sweep declared lost before we got the lock are no longer
         # active, so they are not in the answer.
-        Node.objects.filter(pk=node.pk).update(
-            last_heartbeat_at=now, ready=True, conditions=conditions
-        )
+        _mark_alive(node.pk, now, conditions)
         work = load_work(node.pk)
-        # Attempt rows before GPU rows, the order the scheduler's plan applier takes them in.
-        _record_energy(work, hb, samples)
-        gpus = telemetry.write_latest(node.pk, samples, now)
-        telemetry.record_history(
-            ((gpu_id, samples[uuid]) for gpu_id, uuid, _ in gpus if uuid in samples), now
-        )
+        caps = desired_caps(node.pk)
+        telemetry.record(node.pk, now, samples, _energy(work, hb, samples))
     if not node.ready:
         log.info("node %s answers again after being declared not ready", node.name)
     node.ready = True
     node.last_heartbeat_at = now
     node.conditions = conditions
-    caps = {uuid: cap for _, uuid, cap in sorted(gpus, key=lambda g: g[0]) if cap is not None}
     return work, caps
 
 
-def _record_energy(work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuSample]) -> None:
+def _mark_alive(node_id: int, now: dt.datetime, conditions: list) -> None:
+    # Raw for the same reason as the node's read in agent_auth: this runs on every heartbeat.
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {qn(Node._meta.db_table)} "
+            "SET last_heartbeat_at = %s, ready = %s, conditions = %s WHERE id = %s",
+            [connection.ops.adapt_datetimefield_value(now), True, json.dumps(conditions), node_id],
+        )
+
+
+def _energy(work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuSample]) -> dict:
     """Energy so far of the node's running attempts, and their GPUs' counters, as reported."""
-    rows = []
+    rows = {}
     for r in hb.attempts:
         w = work.get(r.attempt_id)
         if w is None or w.state != AttemptState.RUNNING or r.state != RUNNING:
@@ -327,19 +329,8 @@ def _record_energy(work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuS
             for u in w.gpu_uuids
             if u in samples and samples[u].energy_j is not None
         }
-        rows.append((r.attempt_id, r.energy_j, r.energy_estimated, json.dumps(counters)))
-    # The state condition: an attempt that ended since load_work keeps its final figures.
-    telemetry.update_rows(
-        JobAttempt,
-        [("energy_j", "double precision"), ("energy_estimated", "boolean"), _json_column()],
-        rows,
-        where="state = %s",
-        where_params=(AttemptState.RUNNING,),
-    )
-
-
-def _json_column() -> tuple[str, str]:
-    return ("energy_last_j", "jsonb" if connection.vendor == "postgresql" else "text")
+        rows[r.attempt_id] = (r.energy_j, r.energy_estimated, json.dumps(counters))
+    return rows
 
 
 def _full_attempt(attempt_id: int) -> JobAttempt:

@@ -1,13 +1,22 @@
 """GPU telemetry from heartbeats: the latest values on the GPU rows, and a downsampled history.
 
+Written in batches: a heartbeat leaves its readings (and its attempts' energy so far) in this
+process's buffer, and a background thread writes everything buffered every
+TELEMETRY_FLUSH_INTERVAL_S (1 s) in three statements, however many nodes reported. So 10,000
+nodes heartbeating every 10 s cost PostgreSQL a few statements a second per web process, not
+five per heartbeat. A reading lost with a crashed process is replaced by the next heartbeat's;
+nothing that decides a job's fate travels this way (starts and exits are written at once, by
+controlplane.jobs.actions). TELEMETRY_FLUSH_INTERVAL_S = 0 writes inline instead, in the
+heartbeat's own transaction.
+
 The history keeps one GpuTelemetry row per GPU per bucket (TELEMETRY_BUCKET_S, a minute by
-default): every heartbeat folds its sample into the bucket's running mean with one multi-row
-upsert, so 10,000 nodes heartbeating every 10 s write one row per GPU per minute, not six. Rows
+default): each batch folds its samples into the buckets' running means with one upsert. Rows
 older than TELEMETRY_RETENTION_S are deleted by the liveness sweep.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import logging
 import threading
@@ -87,17 +96,21 @@ def rows_cte(name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple
 
 
 def write_latest(
-    node_id: int, samples: dict[str, GpuSample], now: dt.datetime
-) -> list[tuple[int, str, float | None]]:
-    """Write every GPU row of the node in one UPDATE; returns (id, uuid, desired cap) of each.
+    readings: dict[int, tuple[dt.datetime, dict[str, GpuSample]]],
+) -> list[tuple[int, int, str]]:
+    """Write every GPU row of these nodes in one UPDATE; returns (gpu id, node id, uuid) of each.
 
-    A GPU the agent no longer lists is unhealthy with no readings. RETURNING spares the read
-    the history upsert and the answer's caps would otherwise need.
+    `readings` maps a node id to the time of its heartbeat and its samples by GPU UUID. A GPU
+    its node no longer lists is unhealthy with no readings (and keeps its last reading time).
     """
+    if not readings:
+        return []
     table = connection.ops.quote_name(GPU._meta.db_table)
-    readings = [
+    rows = [
         (
+            node_id,
             s.uuid,
+            connection.ops.adapt_datetimefield_value(at),
             s.healthy,
             s.power_cap_w,
             s.utilization_pct,
@@ -107,31 +120,38 @@ def write_latest(
             s.temperature_c,
             s.sm_clock_mhz,
         )
+        for node_id, (at, samples) in readings.items()
         for s in samples.values()
     ]
     numbers = [f for f in LATEST_FIELDS if f not in ("healthy", "telemetry_at")]
-    cte, params = rows_cte(
+    readings_cte, params = rows_cte(
         "v",
-        [("u", "text"), ("healthy", "boolean"), *((f, "double precision") for f in numbers)],
-        readings,
+        [
+            ("node", "bigint"),
+            ("u", "text"),
+            ("at", "timestamptz"),
+            ("healthy", "boolean"),
+            *((f, "double precision") for f in numbers),
+        ],
+        rows,
     )
+    nodes_cte, node_params = rows_cte("n", [("id", "bigint")], [(n,) for n in readings])
     assignments = ", ".join(
         [
             "healthy = CASE WHEN x.u IS NULL THEN FALSE ELSE CAST(x.healthy AS BOOLEAN) END",
             *(f"{f} = CAST(x.{f} AS DOUBLE PRECISION)" for f in numbers),
-            f"telemetry_at = CASE WHEN x.u IS NULL THEN {table}.telemetry_at ELSE %s END",
+            f"telemetry_at = CASE WHEN x.u IS NULL THEN {table}.telemetry_at ELSE x.at END",
         ]
     )
     sql = (
-        f"WITH {cte} UPDATE {table} SET {assignments} "
-        f"FROM (SELECT g.id AS gid, v.* FROM {table} g LEFT JOIN v ON v.u = g.uuid "
-        f"WHERE g.node_id = %s) x "
+        f"WITH {readings_cte}, {nodes_cte} UPDATE {table} SET {assignments} "
+        f"FROM (SELECT g.id AS gid, v.* FROM {table} g JOIN n ON n.id = g.node_id "
+        f"LEFT JOIN v ON v.node = g.node_id AND v.u = g.uuid) x "
         f"WHERE {table}.id = x.gid "
-        f"RETURNING {table}.id, {table}.uuid, {table}.desired_power_cap_w"
+        f"RETURNING {table}.id, {table}.node_id, {table}.uuid"
     )
-    params += [connection.ops.adapt_datetimefield_value(now), node_id]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, params + node_params)
         return list(cursor.fetchall())
 
 
@@ -165,23 +185,34 @@ def update_rows(
 
 
 def record_history(
-    pairs: Iterable[tuple[int, GpuSample]], now: dt.datetime, bucket_s: float = TELEMETRY_BUCKET_S
+    samples: Iterable[tuple[int, dt.datetime, GpuSample]], bucket_s: float = TELEMETRY_BUCKET_S
 ) -> int:
-    """Fold one sample per GPU into its current bucket with a single upsert; returns rows touched.
+    """Fold (gpu id, time, sample) into the GPUs' buckets with a single upsert; returns the count.
 
     Raw SQL because the ORM's upsert can only overwrite, and a bucket keeps a running mean:
     new = (old * samples + sample) / (samples + 1). A null sample leaves the mean alone.
     """
     rows = [
-        (gpu_id, *(getattr(sample, f) for f in MEAN_FIELDS), sample.power_cap_w)
-        for gpu_id, sample in pairs
+        (
+            gpu_id,
+            connection.ops.adapt_datetimefield_value(bucket_start(at, bucket_s)),
+            *(getattr(sample, f) for f in MEAN_FIELDS),
+            sample.power_cap_w,
+        )
+        for gpu_id, at, sample in samples
     ]
     if not rows:
         return 0
     table = connection.ops.quote_name(GpuTelemetry._meta.db_table)
-    values = ("gpu_id", *MEAN_FIELDS, "power_cap_w")
+    values = ("gpu_id", "bucket_at", *MEAN_FIELDS, "power_cap_w")
     cte, params = rows_cte(
-        "v", [("gpu_id", "bigint"), *((f, "double precision") for f in values[1:])], rows
+        "v",
+        [
+            ("gpu_id", "bigint"),
+            ("bucket_at", "timestamptz"),
+            *((f, "double precision") for f in values[2:]),
+        ],
+        rows,
     )
     mean_updates = ", ".join(
         f"{f} = CASE WHEN excluded.{f} IS NULL THEN {table}.{f} "
@@ -191,16 +222,133 @@ def record_history(
     )
     # "WHERE true": SQLite needs it to tell the upsert's ON CONFLICT from a join's ON.
     sql = (
-        f"WITH {cte} INSERT INTO {table} (bucket_at, samples, {', '.join(values)}) "
-        f"SELECT %s, 1, {', '.join(values)} FROM v WHERE true "
+        f"WITH {cte} INSERT INTO {table} (samples, {', '.join(values)}) "
+        f"SELECT 1, {', '.join(values)} FROM v WHERE true "
         f"ON CONFLICT (gpu_id, bucket_at) DO UPDATE SET {mean_updates}, "
         f"power_cap_w = COALESCE(excluded.power_cap_w, {table}.power_cap_w), "
         f"samples = {table}.samples + 1"
     )
-    bucket = connection.ops.adapt_datetimefield_value(bucket_start(now, bucket_s))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, bucket])
+        cursor.execute(sql, params)
     return len(rows)
+
+
+# --- batching --------------------------------------------------------------------------------
+
+ENERGY_COLUMNS = (("energy_j", "double precision"), ("energy_estimated", "boolean"))
+
+
+def _energy_columns() -> list[tuple[str, str]]:
+    json_type = "jsonb" if connection.vendor == "postgresql" else "text"
+    return [*ENERGY_COLUMNS, ("energy_last_j", json_type)]
+
+
+def write_batch(
+    readings: dict[int, tuple[dt.datetime, dict[str, GpuSample]]], energy: dict[int, tuple]
+) -> None:
+    """Write one batch: energy of running attempts, GPU rows, history. At most three statements.
+
+    `energy` maps an attempt id to (energy_j, energy_estimated, GPU counters as JSON); an
+    attempt that ended meanwhile keeps its final figures (the state condition).
+    """
+    from controlplane.jobs.models import AttemptState, JobAttempt
+
+    # Attempt rows before GPU rows: the order the scheduler's plan applier takes them in.
+    update_rows(
+        JobAttempt,
+        _energy_columns(),
+        [(aid, *row) for aid, row in sorted(energy.items())],
+        where="state = %s",
+        where_params=(AttemptState.RUNNING,),
+    )
+    gpus = write_latest(readings)
+    record_history(
+        (gpu_id, readings[node_id][0], readings[node_id][1][uuid])
+        for gpu_id, node_id, uuid in gpus
+        if uuid in readings[node_id][1]
+    )
+
+
+class TelemetryBuffer:
+    """What this process's heartbeats reported since the last flush, latest per node."""
+
+    def __init__(self, *, background: bool = True) -> None:
+        # background=False: nothing is written until flush() is called.
+        self._background = background
+        self._lock = threading.Lock()
+        self._readings: dict[int, tuple[dt.datetime, dict[str, GpuSample]]] = {}
+        self._energy: dict[int, tuple] = {}
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def add(
+        self,
+        node_id: int,
+        at: dt.datetime,
+        samples: dict[str, GpuSample],
+        energy: dict[int, tuple],
+    ) -> None:
+        with self._lock:
+            self._readings[node_id] = (at, samples)
+            self._energy.update(energy)
+            if self._background and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(
+                    target=self._run, name="telemetry-flush", daemon=True
+                )
+                self._thread.start()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._readings)
+
+    def flush(self) -> int:
+        """Write what is buffered now; returns how many nodes' readings were written."""
+        from django.db import transaction
+
+        with self._lock:
+            readings, self._readings = self._readings, {}
+            energy, self._energy = self._energy, {}
+        if not readings and not energy:
+            return 0
+        try:
+            with transaction.atomic():
+                write_batch(readings, energy)
+        except Exception:
+            # Telemetry only: the next heartbeats bring fresh readings, so drop, don't pile up.
+            log.exception("could not write telemetry of %d nodes; dropped", len(readings))
+            return 0
+        return len(readings)
+
+    def _run(self) -> None:
+        from django.db import connection as thread_connection
+
+        try:
+            while True:
+                self._wake.wait(flush_interval_s() or 1.0)
+                self._wake.clear()
+                self.flush()
+                # This thread's own connection: let Django recycle it like a request's.
+                thread_connection.close_if_unusable_or_obsolete()
+        finally:
+            thread_connection.close()
+
+
+def flush_interval_s() -> float:
+    return float(getattr(settings, "TELEMETRY_FLUSH_INTERVAL_S", 1.0))
+
+
+buffer = TelemetryBuffer()
+atexit.register(buffer.flush)
+
+
+def record(
+    node_id: int, at: dt.datetime, samples: dict[str, GpuSample], energy: dict[int, tuple]
+) -> None:
+    """A heartbeat's readings: buffered for the next batch, or written now (interval 0)."""
+    if flush_interval_s() > 0:
+        buffer.add(node_id, at, samples, energy)
+    else:
+        write_batch({node_id: (at, samples)}, energy)
 
 
 _last_prune_lock = threading.Lock()

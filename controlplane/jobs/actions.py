@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
 from controlplane.cluster.models import GPU, Node
@@ -265,24 +265,6 @@ def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
 def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
     now = timezone.now()
     reasons = {a.job.pk: a.reason or f"Admitted to {a.node.name}" for a in accepted}
-    cleared = {
-        "pending_reason_code": "",
-        "pending_reason": "",
-        "queue_position": None,
-        "estimated_start_at": None,
-    }
-    for i in range(0, len(accepted), 500):
-        chunk = accepted[i : i + 500]
-        # The rows are locked: no condition beyond the ids is needed, unlike admit_job's.
-        Job.objects.filter(pk__in=[a.job.pk for a in chunk]).update(
-            state=JobState.ADMITTED,
-            attempt_count=F("attempt_count") + 1,
-            state_reason=Case(
-                *(When(pk=a.job.pk, then=Value(reasons[a.job.pk])) for a in chunk),
-                output_field=Job._meta.get_field("state_reason"),
-            ),
-            **cleared,
-        )
     attempts = JobAttempt.objects.bulk_create(
         [
             JobAttempt(
@@ -321,6 +303,28 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
             for attempt, a in zip(attempts, accepted, strict=True)
         ]
     )
+    cleared = {
+        "pending_reason_code": "",
+        "pending_reason": "",
+        "queue_position": None,
+        "estimated_start_at": None,
+    }
+    # Each job's state_reason is the message of the event just written for it: one statement
+    # for the whole batch, where a CASE over thousands of rows costs seconds to build.
+    own_reason = Subquery(
+        JobEvent.objects.filter(job_id=OuterRef("pk"), kind="admitted")
+        .order_by("-id")
+        .values("message")[:1]
+    )
+    ids = [a.job.pk for a in accepted]
+    for i in range(0, len(ids), 5000):
+        # The rows are locked: no condition beyond the ids is needed, unlike admit_job's.
+        Job.objects.filter(pk__in=ids[i : i + 5000]).update(
+            state=JobState.ADMITTED,
+            attempt_count=F("attempt_count") + 1,
+            state_reason=own_reason,
+            **cleared,
+        )
     for a in accepted:
         a.job.attempt_count += 1
         a.job.state = JobState.ADMITTED

@@ -19,6 +19,7 @@ from controlplane.scheduling.loader import from_unix_s, load_snapshot
 from controlplane.scheduling.lock import cycle_transaction
 from controlplane.scheduling.models import SchedulingCycle
 from scheduler import model as m
+from scheduler.policy import plan as make_plan
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ def run_scheduling_cycle(
     trigger: str = "tick", *, config: m.Config | None = None, now_s: float | None = None
 ) -> dict:
     """Run one cycle unless another is running; returns a summary (or {"skipped": True})."""
-    from scheduler.policy import plan as make_plan
-
     config = config or scheduler_config()
     began = time.perf_counter()
     started_at = time.time()

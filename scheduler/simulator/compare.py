@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from scheduler.simulator.engine import PlanFunction, Progress, Result, SimOptions, replay
 from scheduler.simulator.metrics import Summary, summarize
-from scheduler.simulator.policies import REFERENCE_PRESET, cluster_for, preset
+from scheduler.simulator.policies import REFERENCE_PRESET, cluster_for, independent, preset
 from scheduler.simulator.trace import Trace, compress_arrivals
 
 
@@ -31,7 +31,8 @@ def run_preset(
     p = preset(name)
     jobs, nodes, tenants = cluster_for(trace, p.sharing)
     jobs = compress_arrivals(jobs, load_factor)
-    return replay(jobs, nodes, tenants, p.config, replace(options, oracle=p.oracle), policy=policy)
+    opts = replace(options, oracle=p.oracle, partitioned_tenants=independent(trace, p.sharing))
+    return replay(jobs, nodes, tenants, p.config, opts, policy=policy)
 
 
 def compare(

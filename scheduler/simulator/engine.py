@@ -105,6 +105,11 @@ class SimOptions:
     progress_every_events: int = 5000
     # Called with every snapshot and the plan made for it (tests, debugging).
     on_cycle: Callable[[Snapshot, Plan], None] | None = None
+    # Every tenant runs on GPUs of its own type and borrows nothing (static node partitions):
+    # no decision about one tenant can then depend on another tenant's attempts, so a snapshot
+    # carries only the attempts of tenants with jobs pending, which keeps the plan's work
+    # proportional to the partitions in play (ANCHORS' simulators run each VC on its own).
+    partitioned_tenants: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +279,10 @@ class _Engine:
         self.running_objs: dict[int, Running] = {}
         self.pending_tuple: tuple[Pending, ...] | None = ()
         self.running_tuple: tuple[Running, ...] | None = ()
+        self.tenant_running: dict[str, dict[int, _Attempt]] = {t.name: {} for t in self.tenants}
+        self.partitioned = options.partitioned_tenants
+        if self.partitioned:
+            self._check_partitioned()
         self.next_attempt_id = 1
         self.completions: list[tuple[float, int, int, int]] = []  # (end, seq, attempt, version)
         self.seq = 0
@@ -435,10 +444,33 @@ class _Engine:
             memory_mib=t.memory_mib,
         )
 
+    def _check_partitioned(self) -> None:
+        if self.config.borrowing:
+            raise ValueError("partitioned_tenants needs a config without borrowing")
+        owner: dict[str, str] = {}
+        for j in self.jobs:
+            if j.gpu_type == ANY_GPU_TYPE or owner.setdefault(j.gpu_type, j.tenant) != j.tenant:
+                raise ValueError(
+                    f"partitioned_tenants needs a GPU type of its own for every tenant's jobs; "
+                    f"job {j.job_id} of {j.tenant} asks for {j.gpu_type or 'any type'}"
+                )
+
+    def _partition_running(self, now_s: float) -> tuple[Running, ...]:
+        tenants = sorted({j.trace.tenant for j in self.pending.values()})
+        if self.time_dependent_order:
+            return tuple(
+                self._make_running(a, now_s)
+                for t in tenants
+                for a in self.tenant_running[t].values()
+            )
+        return tuple(a.running for t in tenants for a in self.tenant_running[t].values())
+
     def _snapshot(self, now_s: float) -> Snapshot:
         if self.pending_tuple is None:
             self.pending_tuple = tuple(self.pending_objs.values())
-        if self.time_dependent_order:
+        if self.partitioned:
+            running = self._partition_running(now_s)
+        elif self.time_dependent_order:
             running = tuple(self._make_running(a, now_s) for a in self.running.values())
         else:
             if self.running_tuple is None:
@@ -512,6 +544,7 @@ class _Engine:
         job = a.job
         del self.running[a.attempt_id]
         del self.running_objs[a.attempt_id]
+        del self.tenant_running[job.trace.tenant][a.attempt_id]
         self.running_tuple = None
         for uuid in a.gpus:
             del self.gpu_owner[uuid]
@@ -657,6 +690,7 @@ class _Engine:
         a.running = self._make_running(a, now_s)
         self.running[a.attempt_id] = a
         self.running_objs[a.attempt_id] = a.running
+        self.tenant_running[t.tenant][a.attempt_id] = a
         self.running_tuple = None
         self.last_start_s = now_s
         self._schedule_completion(a)

@@ -112,20 +112,32 @@ def preset(name: str) -> Preset:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}") from None
 
 
+def pinned(trace: Trace, sharing: Sharing) -> bool:
+    """Whether a static run keeps every tenant on nodes of its own (a GPU type per partition)."""
+    return sharing is Sharing.STATIC and all(n.owner for n in trace.nodes)
+
+
+def independent(trace: Trace, sharing: Sharing) -> bool:
+    """Whether no tenant's decisions can depend on another's: pinned, and every job's tenant
+    has nodes (a tenant without any would have jobs of no type of its own)."""
+    owners = {n.owner for n in trace.nodes}
+    return pinned(trace, sharing) and all(j.tenant in owners for j in trace.jobs)
+
+
 def cluster_for(
     trace: Trace, sharing: Sharing
 ) -> tuple[tuple[TraceJob, ...], tuple[Node, ...], tuple[Tenant, ...]]:
     """The jobs, nodes and tenants a trace gives under one way of sharing the cluster."""
     total = trace.total_gpus
-    pinned = sharing is Sharing.STATIC and all(n.owner for n in trace.nodes)
+    on_own_nodes = pinned(trace, sharing)
     nodes = []
     for n in trace.nodes:
-        gpu_type = f"{n.gpu_type}{PARTITION_SEPARATOR}{n.owner}" if pinned else n.gpu_type
+        gpu_type = f"{n.gpu_type}{PARTITION_SEPARATOR}{n.owner}" if on_own_nodes else n.gpu_type
         nodes.append(
             make_node(n.name, n.gpus, gpu_type, pool=n.pool, cpus=n.cpus, memory_mib=n.memory_mib)
         )
     jobs = trace.jobs
-    if pinned:
+    if on_own_nodes:
         # A partition has one board type in every trace we load, so the label is unambiguous.
         board = {n.owner: n.gpu_type for n in trace.nodes}
         jobs = tuple(

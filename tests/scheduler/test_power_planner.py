@@ -369,3 +369,11 @@ def test_a_job_no_telemetry_has_seen_is_budgeted_as_drawing_the_boards_maximum()
     assert unknown["g0"] < A100.max_w
     seen = busy_map(job(1, "a", "g0", profile=replace(light, samples=4)))
     assert plan_power_caps(snapshot(gpus, budget_w), Config(), seen)["g0"] == A100.max_w
+
+
+def test_in_eco_mode_a_job_nothing_is_known_about_runs_uncapped_until_telemetry_comes_in():
+    gpus = [gpu("g0")]
+    new = busy_map(job(1, "a", "g0", profile=PowerProfile()))
+    assert plan_power_caps(snapshot(gpus), Config(eco_max_slowdown=0.05), new)["g0"] == A100.max_w
+    seen = busy_map(job(1, "a", "g0", profile=replace(PowerProfile(), samples=3)))
+    assert plan_power_caps(snapshot(gpus), Config(eco_max_slowdown=0.05), seen)["g0"] < A100.max_w

@@ -220,3 +220,40 @@ def test_las_preempts_a_job_that_received_more_service_for_one_that_received_les
     )
     p = c.plan(ordering=Ordering.LAS, borrowing=False, backfill=False, min_runtime_s=0)
     assert preempted(p) == {1}
+
+
+def test_gpus_set_aside_for_a_job_waiting_on_a_preemption_are_not_given_to_a_later_job():
+    # n1: 4 free, 4 held by vision's borrowed job. nlp's 8-GPU job within its guarantee takes
+    # the borrowed 4 back and the 4 free beside them; vision's later 4-GPU job gets neither.
+    c = (
+        cluster()
+        .node("n1", gpus=8)
+        .tenant("vision", 0, 16)
+        .tenant("nlp", 8, 8)
+        .running(1, "vision", 4)
+        .pending(10, "nlp", 8)
+        .pending(11, "vision", 4, predicted_s=60)
+    )
+    p = c.plan()
+    assert preempted(p) == {1}
+    assert started(p) == set()
+    assert decision(p, 10).reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+    assert decision(p, 11).reason_code is ReasonCode.NO_CAPACITY
+
+
+def test_a_job_waits_for_gpus_being_freed_instead_of_preempting_more():
+    c = (
+        cluster()
+        .nodes(2, gpus=8)
+        .tenant("vision", 0, 16)
+        .tenant("nlp", 8, 8)
+        .running(1, "vision", 8, "n1", stopping=True)
+        .running(2, "vision", 8, "n2")
+        .pending(10, "nlp", 8)
+    )
+    p = c.plan()
+    assert p.preemptions == ()
+    assert decision(p, 10).reason == (
+        "waiting for 8 GPUs of any type: GPUs of jobs that are stopping are set aside for it; "
+        "it starts once they are released"
+    )

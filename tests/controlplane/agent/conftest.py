@@ -98,6 +98,13 @@ def _fast_password_hashing(settings):
 
 
 @pytest.fixture(autouse=True)
+def _telemetry_written_inline(settings):
+    # Each heartbeat's readings are on the rows when its answer comes back; the batched path
+    # has its own tests (test_telemetry.py) and runs in the end-to-end suite.
+    settings.TELEMETRY_FLUSH_INTERVAL_S = 0
+
+
+@pytest.fixture(autouse=True)
 def _forget_answers_in_redis(settings):
     """Each test starts with no remembered answers (node names repeat across tests)."""
     if settings.REDIS_URL:

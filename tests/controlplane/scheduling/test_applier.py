@@ -314,6 +314,25 @@ def test_an_unchanged_reason_is_not_written_again(make_node, make_job, vision, a
     assert apply_plan(moved, load_snapshot()).pending_rows_written == 1
 
 
+def test_a_position_deep_in_the_queue_is_rewritten_only_when_it_moved_noticeably(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=1)
+    job = make_job(vision, alice, gpus=4)
+
+    def at(position):
+        plan = m.Plan(pending=(waiting(job, reason="same", position=position),))
+        return apply_plan(plan, load_snapshot()).pending_rows_written
+
+    assert at(500) == 1
+    assert at(510) == 0  # 2 % off: not worth a write every cycle
+    assert at(600) == 1
+    assert at(100) == 1
+    assert at(99) == 1  # near the head every move is shown
+    job.refresh_from_db()
+    assert job.queue_position == 99
+
+
 def test_a_reason_never_lands_on_a_job_that_left_the_queue(make_node, make_job, vision, alice):
     make_node("n1", gpus=1)
     job = make_job(vision, alice, gpus=4)

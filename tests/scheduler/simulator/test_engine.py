@@ -212,3 +212,28 @@ def test_a_plan_that_takes_a_tenant_past_its_limit_is_an_error():
         PlanError, match="takes tenant a to 2 GPUs of any type, past its limit of 1"
     ):
         replay(jobs, nodes, tenants, Config(ordering=Ordering.FIFO), policy=ignores_quota)
+
+
+@pytest.mark.parametrize("name", ["fifo-static", "srtf", "tiresias", "qssf"])
+def test_a_snapshot_of_only_the_partitions_in_play_decides_as_the_whole_cluster_would(name):
+    # Static partitions on nodes of their own: leaving other tenants' attempts out of the
+    # snapshot (the fast path) must change no decision.
+    from scheduler.simulator.trace import synthetic_trace
+
+    t = synthetic_trace(11, jobs=120, tenants=3, nodes_per_tenant=1, mean_interarrival_s=40)
+    p = preset(name)
+    jobs, nodes, tenants = cluster_for(t, p.sharing)
+    runs = [
+        replay(
+            jobs,
+            nodes,
+            tenants,
+            p.config,
+            SimOptions(oracle=p.oracle, partitioned_tenants=fast),
+        )
+        for fast in (False, True)
+    ]
+    full, fast = runs
+    assert full.outcomes == fast.outcomes
+    assert full.preemptions == fast.preemptions
+    assert sum(o.queue_s for o in full.outcomes) > 0  # the partitions were contended
