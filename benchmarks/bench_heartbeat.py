@@ -61,7 +61,19 @@ def setup_django(database_url: str) -> None:
     django.setup()
 
 
+def ensure_free(port: int) -> None:
+    """Refuse to measure somebody else's server: the port must be free before we start ours."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            sys.exit(f"port {port} is in use; pick another with --port")
+
+
 def start_gunicorn(port: int, workers: int, threads: int, env: dict) -> subprocess.Popen:
+    ensure_free(port)
     cmd = [
         str(ROOT / ".venv" / "bin" / "gunicorn"),
         "controlplane.wsgi:application",

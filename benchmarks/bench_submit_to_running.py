@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_heartbeat import (  # noqa: E402 - after the path set-up, like the script it reuses
     bench_database_url,
+    ensure_free,
     percentile,
     recreate_database,
     setup_django,
@@ -109,6 +110,7 @@ def main() -> None:
     )
 
     url = f"http://127.0.0.1:{args.port}"
+    ensure_free(args.port)
     procs = [
         spawn(
             [

@@ -199,6 +199,10 @@ CELERY_BEAT_SCHEDULE = {
         # was down or slow does not replay a backlog of cycles.
         "options": {"expires": SCHEDULER_CYCLE_INTERVAL_S},
     },
+    "budget-warnings": {
+        "task": "controlplane.accounting.tasks.check_budgets_task",
+        "schedule": 60.0,
+    },
     "node-liveness": {
         "task": "controlplane.cluster.tasks.sweep_node_liveness",
         "schedule": AGENT_HEARTBEAT_INTERVAL_S,

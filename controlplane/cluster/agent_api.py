@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -356,13 +358,60 @@ def heartbeat(request: HttpRequest, node: Node) -> JsonResponse:
     return JsonResponse(hb_logic.process_heartbeat(node, report))
 
 
+class WatchSlots:
+    """How many watches this process holds at once.
+
+    A watch holds a server thread for up to 30 s. Were every thread holding one, heartbeats
+    would queue behind them and nodes would be declared not ready for want of a thread; so a
+    process keeps some threads for the rest and answers a watch over its limit with 429 (the
+    agent backs off and keeps its periodic heartbeats). AGENT_WATCH_MAX_PER_PROCESS: the
+    limit, 0 = none; set it a few below gunicorn's --threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    @staticmethod
+    def limit() -> int:
+        configured = getattr(settings, "AGENT_WATCH_MAX_PER_PROCESS", None)
+        if configured is None:
+            configured = os.environ.get("AGENT_WATCH_MAX_PER_PROCESS") or 0
+        return int(configured)
+
+    def try_acquire(self) -> bool:
+        with self._lock:
+            limit = self.limit()
+            if limit and self.held >= limit:
+                return False
+            self.held += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
+watch_slots = WatchSlots()
+
+
 @agent_view()
 def watch(request: HttpRequest, node: Node) -> JsonResponse:
     """Long-poll until this node's desired state changes, or timeout_s (at most 30 s)."""
     body = parse_json(request)
     timeout_s = number(body, "timeout_s", minimum=0)
     timeout_s = min(WATCH_MAX_TIMEOUT_S, 20.0 if timeout_s is None else timeout_s)
-    return JsonResponse({"changed": wait_for_change(node, timeout_s)})
+    if not watch_slots.try_acquire():
+        response = JsonResponse(
+            {"detail": "This server holds all the watches it may; heartbeat periodically."},
+            status=429,
+        )
+        response["Retry-After"] = str(int(WATCH_MAX_TIMEOUT_S))
+        return response
+    try:
+        return JsonResponse({"changed": wait_for_change(node, timeout_s)})
+    finally:
+        watch_slots.release()
 
 
 def wait_for_change(node: Node, timeout_s: float) -> bool:

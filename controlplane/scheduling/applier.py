@@ -74,7 +74,7 @@ def apply_plan(plan: m.Plan, loaded: LoadedSnapshot) -> ApplyResult:
         _apply_preemptions(plan.preemptions, loaded, result)
         _apply_starts(plan.starts, loaded, result)
         _write_pending(plan, loaded, result)
-        _write_power_caps(plan.power_caps_w, loaded, result)
+        _write_power_caps(plan.power_caps_w or _uncapped(loaded), loaded, result)
         changed = sorted(result.nodes_changed)
         if changed:
             transaction.on_commit(lambda: notify.notify_nodes(changed))
@@ -299,6 +299,16 @@ _PG_ARRAY_TYPES = {
 
 def qn(name: str) -> str:
     return connection.ops.quote_name(name)
+
+
+def _uncapped(loaded: LoadedSnapshot) -> dict[str, float]:
+    """A plan with no caps means "uncapped": GPUs an earlier budget capped go back to default."""
+    return {
+        gpu.uuid: gpu.power_default_w
+        for node in loaded.snapshot.nodes
+        for gpu in node.gpus
+        if loaded.desired_power_cap_w.get(gpu.uuid) is not None
+    }
 
 
 def _write_power_caps(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import connections
 
+from controlplane.accounting.tasks import check_budgets
 from controlplane.scheduling.cycle import run_scheduling_cycle
 from controlplane.scheduling.trigger import embedded_wakeup_event
 
@@ -80,8 +81,10 @@ class SchedulingLoop:
             trigger = "request" if requested else "tick"
             self._step(lambda trigger=trigger: run_scheduling_cycle(trigger=trigger))
             self.cycles += 1
-            if self._sweep is not None and time.monotonic() >= next_sweep:
-                self._step(self._sweep)
+            if time.monotonic() >= next_sweep:
+                if self._sweep is not None:
+                    self._step(self._sweep)
+                self._step(check_budgets)
                 next_sweep = time.monotonic() + self.liveness_interval_s
 
     def _step(self, work: Callable[[], object]) -> None:

@@ -106,7 +106,7 @@ def from_unix_s(value: float | None) -> datetime | None:
 
 
 def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
-    """Read the cluster as the scheduler must see it. Ten queries, whatever the row counts."""
+    """Read the cluster as the scheduler must see it. A fixed number of queries whatever the row counts (ten, plus one for budgets and one per budget period in use)."""
     now_s = time.time() if now_s is None else now_s
     pool_rows = list(Pool.objects.order_by("name").values_list("id", "name", "power_budget_w"))
     pools = tuple(m.Pool(name=name, power_budget_w=budget) for _, name, budget in pool_rows)
@@ -129,7 +129,7 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
         nodes=nodes,
         running=running,
         pending=pending,
-        tenants=_load_tenants(),
+        tenants=_load_tenants(now_s),
         pools=pools,
         history=_load_history(now_s),
     )
@@ -402,7 +402,13 @@ def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dic
     return tuple(pending), rows
 
 
-def _load_tenants() -> tuple[m.Tenant, ...]:
+def _load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
+    from controlplane.accounting.budgets import budget_states, scheduler_view
+
+    now = from_unix_s(time.time() if now_s is None else now_s)
+    # Energy and GPU-hour budgets become, per tenant, the action of a spent budget and the power
+    # pace of its energy budget (at most one query per budget period, three in all).
+    budgets = scheduler_view(budget_states(now), now)
     quotas: dict[int, list[tuple[str, int, int, int | None]]] = defaultdict(list)
     for tenant_id, gpu_type, guaranteed, limit, max_jobs in Quota.objects.order_by(
         "tenant_id", "gpu_type"
@@ -425,6 +431,8 @@ def _load_tenants() -> tuple[m.Tenant, ...]:
                     for gpu_type, guaranteed, limit, _ in rows
                 ),
                 max_running_jobs=min(caps) if caps else None,
+                budget_action=budgets[tenant_id].budget_action if tenant_id in budgets else None,
+                power_pace_w=budgets[tenant_id].power_pace_w if tenant_id in budgets else None,
             )
         )
     return tuple(tenants)

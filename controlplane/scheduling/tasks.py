@@ -16,3 +16,7 @@ def run_cycle(trigger: str = TICK) -> dict:
         # committed: ask again (debounced) rather than leave the change to the next tick.
         request_cycle(trigger)
     return result
+
+
+# Celery's autodiscovery reads only `tasks` modules; the what-if task lives beside this one.
+from controlplane.scheduling import whatif_tasks  # noqa: E402, F401

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,8 +29,8 @@ import requests
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-# This suite's ports, inside the range given to it (18400-18499).
-WEB_PORT = int(os.environ.get("GPUCP_E2E_PORT", "18401"))
+# This suite's ports, inside the range given to it (18400-18499; the benchmarks use 184[5-9]x).
+E2E_PORTS = range(18400, 18450)
 HEARTBEAT_INTERVAL_S = 1.0
 NODE_LOST_GRACE_S = 4.0
 IMAGE = "localhost/busybox:latest"
@@ -66,6 +67,18 @@ def processes_with_env(needle: str) -> list[int]:
         if raw in env.split(b"\0"):
             pids.append(int(entry.name))
     return pids
+
+
+def free_port() -> int:
+    """A port of E2E_PORTS nobody listens on (two sessions may run this suite at once)."""
+    for port in E2E_PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {E2E_PORTS.start}..{E2E_PORTS.stop - 1}")
 
 
 def kill_pids(pids: list[int], sig: int = signal.SIGKILL) -> None:
@@ -146,14 +159,15 @@ def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
         "DB_CONN_MAX_AGE": "0",
         RUN_MARKER: run_id,
     }
-    cp = ControlPlane(url=f"http://127.0.0.1:{WEB_PORT}", env=env, log_dir=log_dir)
+    web_port = free_port()
+    cp = ControlPlane(url=f"http://127.0.0.1:{web_port}", env=env, log_dir=log_dir)
     cp.procs.append(
         _spawn(
             "web",
             [
                 str(BIN / "gunicorn"),
                 "controlplane.wsgi:application",
-                f"--bind=127.0.0.1:{WEB_PORT}",
+                f"--bind=127.0.0.1:{web_port}",
                 "--worker-class=gthread",
                 "--workers=2",
                 "--threads=16",
@@ -185,6 +199,8 @@ def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
     try:
 
         def web_answers():
+            if cp.procs[0].poll() is not None:
+                pytest.fail(f"gunicorn exited:\n{cp.log_tail('web')}")
             try:
                 return requests.get(f"{cp.url}/admin/login/", timeout=2).status_code == 200
             except requests.RequestException:

@@ -17,7 +17,9 @@ from controlplane.tenancy.models import Budget, TenantEvent
 pytestmark = pytest.mark.django_db
 
 
-def _finished_attempt(make_job, make_node, tenant, user, *, gpus=1, seconds=3600.0, energy_j=0.0, node="n1"):
+def _finished_attempt(
+    make_job, make_node, tenant, user, *, gpus=1, seconds=3600.0, energy_j=0.0, node="n1"
+):
     node = make_node(node, gpus=gpus)
     job = make_job(tenant, user, gpus=gpus)
     attempt = actions.admit_job(job, node=node, gpus=list(node.gpus.all()), borrowed=False)
@@ -42,17 +44,25 @@ def test_periods_are_utc_days_iso_weeks_and_calendar_months(period, start, end):
     assert [t.strftime("%Y-%m-%dT%H:%M") for t in got] == [start, end]
 
 
-def test_a_finished_attempt_books_its_gpu_hours_and_energy_to_its_tenant(make_job, make_node, vision, alice):
-    _finished_attempt(make_job, make_node, vision, alice, gpus=2, seconds=1800, energy_j=2 * J_PER_KWH)
+def test_a_finished_attempt_books_its_gpu_hours_and_energy_to_its_tenant(
+    make_job, make_node, vision, alice
+):
+    _finished_attempt(
+        make_job, make_node, vision, alice, gpus=2, seconds=1800, energy_j=2 * J_PER_KWH
+    )
     Budget.objects.create(tenant=vision, kind="gpu_hours", period="day", amount=10, action="hold")
-    Budget.objects.create(tenant=vision, kind="energy_kwh", period="day", amount=4, action="throttle")
+    Budget.objects.create(
+        tenant=vision, kind="energy_kwh", period="day", amount=4, action="throttle"
+    )
     states = {s.kind: s for s in budget_states()}
     assert states["gpu_hours"].used == pytest.approx(1.0, rel=0.01)  # 2 GPUs x 30 min
     assert states["energy_kwh"].used == pytest.approx(2.0)
     assert not states["energy_kwh"].exhausted
 
 
-def test_a_spent_budget_gives_its_action_to_its_tenant_only(make_job, make_node, vision, nlp, alice, bob):
+def test_a_spent_budget_gives_its_action_to_its_tenant_only(
+    make_job, make_node, vision, nlp, alice, bob
+):
     _finished_attempt(make_job, make_node, vision, alice, seconds=7200)
     _finished_attempt(make_job, make_node, nlp, bob, seconds=60, node="n2")
     Budget.objects.create(tenant=vision, kind="gpu_hours", period="week", amount=1, action="hold")
@@ -64,13 +74,21 @@ def test_a_spent_budget_gives_its_action_to_its_tenant_only(make_job, make_node,
 
 def test_the_strictest_action_wins_when_two_budgets_are_spent(make_job, make_node, vision, alice):
     _finished_attempt(make_job, make_node, vision, alice, seconds=7200, energy_j=5 * J_PER_KWH)
-    Budget.objects.create(tenant=vision, kind="gpu_hours", period="day", amount=1, action="no_borrowing")
-    Budget.objects.create(tenant=vision, kind="energy_kwh", period="day", amount=1, action="throttle")
-    assert scheduler_view(budget_states(), timezone.now())[vision.pk].budget_action == "no_borrowing"
+    Budget.objects.create(
+        tenant=vision, kind="gpu_hours", period="day", amount=1, action="no_borrowing"
+    )
+    Budget.objects.create(
+        tenant=vision, kind="energy_kwh", period="day", amount=1, action="throttle"
+    )
+    assert (
+        scheduler_view(budget_states(), timezone.now())[vision.pk].budget_action == "no_borrowing"
+    )
 
 
 def test_an_energy_budget_becomes_a_power_pace_for_the_rest_of_the_period(vision):
-    Budget.objects.create(tenant=vision, kind="energy_kwh", period="day", amount=24, action="throttle")
+    Budget.objects.create(
+        tenant=vision, kind="energy_kwh", period="day", amount=24, action="throttle"
+    )
     noon = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
     (state,) = budget_states(noon)
     # 24 kWh left over 12 hours: 2 kW on average.
@@ -79,14 +97,23 @@ def test_an_energy_budget_becomes_a_power_pace_for_the_rest_of_the_period(vision
 
 def test_a_budget_warning_is_written_once_per_period(make_job, make_node, vision, alice):
     _finished_attempt(make_job, make_node, vision, alice, seconds=3600 * 0.9)
-    Budget.objects.create(tenant=vision, kind="gpu_hours", period="month", amount=1, action="hold", warn_at_fraction=0.8)
+    Budget.objects.create(
+        tenant=vision,
+        kind="gpu_hours",
+        period="month",
+        amount=1,
+        action="hold",
+        warn_at_fraction=0.8,
+    )
     assert record_budget_warnings(budget_states()) == 1
     assert record_budget_warnings(budget_states()) == 0
     event = TenantEvent.objects.get(tenant=vision)
     assert event.kind == "budget_warning" and "90%" in event.message
 
 
-def test_usage_csv_lists_only_the_tenants_a_member_belongs_to(make_job, make_node, vision, nlp, alice, bob):
+def test_usage_csv_lists_only_the_tenants_a_member_belongs_to(
+    make_job, make_node, vision, nlp, alice, bob
+):
     _finished_attempt(make_job, make_node, vision, alice, seconds=3600)
     client = APIClient()
     client.force_authenticate(bob)
@@ -120,8 +147,14 @@ def test_metrics_speak_dcgm_names_and_our_own(make_node, vision, alice, cluster_
     client = APIClient()
     assert client.get("/metrics").status_code == 401
     text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secret").content.decode()
-    assert 'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-n1-0",modelName="H100-SXM-80GB",Hostname="n1"} 312.5' in text
-    assert 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",UUID="GPU-n1-0",modelName="H100-SXM-80GB",Hostname="n1"} 1e+06' in text
+    assert (
+        'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-n1-0",modelName="H100-SXM-80GB",Hostname="n1"} 312.5'
+        in text
+    )
+    assert (
+        'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",UUID="GPU-n1-0",modelName="H100-SXM-80GB",Hostname="n1"} 1e+06'
+        in text
+    )
     # A value the GPU does not report is absent, not zero.
     assert "DCGM_FI_DEV_GPU_UTIL{" not in text
     assert 'gpucp_pending_jobs{tenant="vision"} 0' in text

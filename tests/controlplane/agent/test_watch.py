@@ -118,3 +118,23 @@ def test_cancelling_a_job_signals_the_node_that_runs_it(
     if pubsub:
         assert message is not None
         assert message["channel"].decode() == node_channel(node.name)
+
+
+def test_a_watch_over_the_processs_limit_is_turned_away_so_heartbeats_keep_their_threads(
+    agent, node01, settings
+):
+    from controlplane.cluster.agent_api import watch_slots
+
+    node, token = node01
+    settings.AGENT_WATCH_MAX_PER_PROCESS = 2
+    assert watch_slots.try_acquire() and watch_slots.try_acquire()
+    try:
+        response = agent.post("watch", {"timeout_s": 5}, token)
+        assert response.status_code == 429
+        assert response["Retry-After"]
+        # Heartbeats are not limited.
+        agent.heartbeat(token, readings(node))
+    finally:
+        watch_slots.release()
+        watch_slots.release()
+    assert watch(agent, token, 0)[0] is False

@@ -43,11 +43,16 @@ def _populate(make_node, make_job, vision, nlp, alice, bob, *, scale: int):
 def test_the_loader_reads_the_cluster_in_the_same_number_of_queries_however_big_it_is(
     make_node, make_job, vision, nlp, alice, bob, django_assert_num_queries
 ):
+    from controlplane.tenancy.models import Budget
+
+    # Budgets cost one query for the list and one per distinct period they use.
+    Budget.objects.create(tenant=vision, kind="energy_kwh", period="day", amount=100)
+    Budget.objects.create(tenant=nlp, kind="gpu_hours", period="day", amount=100)
     _populate(make_node, make_job, vision, nlp, alice, bob, scale=1)
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(12):
         small = load_snapshot()
     _populate(make_node, make_job, vision, nlp, alice, bob, scale=6)
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(12):
         big = load_snapshot()
     assert len(big.snapshot.nodes) == 7 * 3 > len(small.snapshot.nodes)
     assert len(big.snapshot.pending) == 7 * 2 > len(small.snapshot.pending)
@@ -194,3 +199,23 @@ def test_a_gpu_held_by_a_stale_allocation_is_never_offered(make_node, make_job, 
     Job.objects.filter(pk=job.pk).update(state="SUCCEEDED")
     (loaded_node,) = load_snapshot().snapshot.nodes
     assert [g.healthy for g in loaded_node.gpus] == [False, True]
+
+
+def test_a_spent_budget_reaches_the_scheduler_as_its_tenants_action(
+    make_node, make_job, vision, nlp, alice
+):
+    from controlplane.tenancy.models import Budget
+
+    node = make_node("n1", gpus=1)
+    job = make_job(vision, alice)
+    attempt = actions.admit_job(job, node=node, gpus=list(node.gpus.all()), borrowed=False)
+    actions.mark_attempt_running(attempt, started_at=timezone.now() - timedelta(hours=2))
+    attempt.refresh_from_db()
+    actions.finish_attempt(attempt, exit_code=0)
+    Budget.objects.create(tenant=vision, kind="gpu_hours", period="month", amount=1, action="hold")
+    Budget.objects.create(tenant=nlp, kind="energy_kwh", period="day", amount=24, action="throttle")
+    tenants = {t.name: t for t in load_snapshot().snapshot.tenants}
+    assert tenants["vision"].budget_action == "hold"
+    assert tenants["nlp"].budget_action is None
+    # Nothing used yet: 24 kWh spread over what is left of the day is at least 1 kW.
+    assert tenants["nlp"].power_pace_w >= 1000.0

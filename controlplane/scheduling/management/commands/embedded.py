@@ -46,6 +46,11 @@ def agent_command(*, name: str, server_url: str, state_dir: str, gpus: int, mode
         "process",
         # A laptop demo: stopping `make run` stops its jobs too, instead of leaving them behind.
         "--stop-jobs-on-exit",
+        # Demo jobs run `python -m agents.simjob` (a stand-in that slows down under a power cap):
+        # the venv's interpreter must come first on their PATH. Not resolved: that would be the
+        # system Python the venv links to.
+        "--job-path-prepend",
+        os.path.dirname(sys.executable),
     ]
 
 
