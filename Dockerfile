@@ -22,8 +22,9 @@ COPY controlplane ./controlplane
 COPY scheduler ./scheduler
 COPY agents ./agents
 COPY frontend ./frontend
+# DEBUG=0: production serves hashed, compressed files (WhiteNoise), whose manifest this writes.
 RUN pip install --no-deps . \
- && python manage.py collectstatic --noinput --verbosity 0 \
+ && DEBUG=0 python manage.py collectstatic --noinput --verbosity 0 \
  && mkdir -p /app/var /var/lib/celery \
  && chown -R gpucp:gpucp /app/var /var/lib/celery
 

@@ -66,6 +66,8 @@ def ensure_free(port: int) -> None:
     import socket
 
     with socket.socket() as s:
+        # SO_REUSEADDR, as gunicorn binds: a previous run's closing connections do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -145,7 +145,7 @@ def main() -> None:
     # A fresh database restarts attempt ids; agents must not remember the last run's attempts.
     shutil.rmtree(state_root, ignore_errors=True)
     try:
-        wait_for(lambda: _answers(f"{url}/admin/login/"), 60, f"gunicorn on {url} (see {log_dir})")
+        wait_for(lambda: _answers(url), 60, f"gunicorn on {url} (see {log_dir})")
         for i in range(args.agents):
             procs.append(
                 spawn(
@@ -234,10 +234,12 @@ def main() -> None:
 
 
 def _answers(url: str) -> bool:
+    # The agent API answers a request without a token with 401: the server is up.
     try:
-        return requests.get(url, timeout=2).status_code == 200
+        response = requests.post(f"{url}/api/agent/v1/heartbeat", json={}, timeout=2)
     except requests.RequestException:
         return False
+    return response.status_code == 401
 
 
 def _kill_leftover_jobs(state_root: Path) -> None:

@@ -73,6 +73,8 @@ def free_port() -> int:
     """A port of E2E_PORTS nobody listens on (two sessions may run this suite at once)."""
     for port in E2E_PORTS:
         with socket.socket() as s:
+            # SO_REUSEADDR, as gunicorn binds: closing connections of a past run do not count.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
@@ -202,7 +204,9 @@ def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
             if cp.procs[0].poll() is not None:
                 pytest.fail(f"gunicorn exited:\n{cp.log_tail('web')}")
             try:
-                return requests.get(f"{cp.url}/admin/login/", timeout=2).status_code == 200
+                # Without a token the agent API answers 401: the server is up.
+                response = requests.post(f"{cp.url}/api/agent/v1/heartbeat", json={}, timeout=2)
+                return response.status_code == 401
             except requests.RequestException:
                 return False
 

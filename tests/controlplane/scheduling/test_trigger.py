@@ -7,11 +7,18 @@ from controlplane.scheduling import trigger
 from tests.controlplane.scheduling.conftest import purge_queue, queued_messages
 
 
+# pytest-django runs database-free tests last, after the end-to-end suites whose session-wide
+# Celery worker would consume the queued cycle these tests count; asking for the database puts
+# them first.
+_before_any_worker = pytest.mark.django_db
+
+
 def _queued_triggers(conn, queue):
     bodies = [json.loads(raw) for raw in conn.lrange(queue, 0, -1)]
     return [b["headers"]["task"] for b in bodies]
 
 
+@_before_any_worker
 def test_requests_before_the_requested_cycle_starts_share_it(redis_conn, settings):
     settings.SCHEDULER_DEBOUNCE_S = 0.3
     purge_queue(redis_conn)
@@ -28,6 +35,7 @@ def test_requests_before_the_requested_cycle_starts_share_it(redis_conn, setting
     purge_queue(redis_conn)
 
 
+@_before_any_worker
 def test_a_change_after_the_requested_cycle_started_asks_for_one_more(redis_conn, settings):
     purge_queue(redis_conn)
     trigger.request_cycle("submit")
@@ -38,6 +46,7 @@ def test_a_change_after_the_requested_cycle_started_asks_for_one_more(redis_conn
     purge_queue(redis_conn)
 
 
+@_before_any_worker
 def test_the_embedded_mode_wakes_its_loop_instead_of_calling_celery(redis_conn, settings):
     settings.SCHEDULER_EMBEDDED = True
     purge_queue(redis_conn)
