@@ -111,3 +111,9 @@ def make_job(db):
         return actions.submit_job(tenant=tenant, user=user, **defaults)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # PBKDF2's deliberate slowness buys nothing in tests and costs seconds per created user.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

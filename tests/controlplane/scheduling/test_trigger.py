@@ -6,7 +6,6 @@ import pytest
 from controlplane.scheduling import trigger
 from tests.controlplane.scheduling.conftest import purge_queue, queued_messages
 
-
 # pytest-django runs database-free tests last, after the end-to-end suites whose session-wide
 # Celery worker would consume the queued cycle these tests count; asking for the database puts
 # them first.
