@@ -130,6 +130,50 @@ def targets(load: float, summaries: list[Summary]) -> list[str]:
     return out
 
 
+def profile_plan(rows: int = 30000, min_running: int = 300, repeats: int = 200) -> None:
+    """Time plan() alone on one snapshot the simulator built (the replay's inner loop).
+
+    Replays the first ``rows`` Philly jobs under our default policy until a cycle's snapshot
+    holds ``min_running`` attempts, then calls plan() on it ``repeats`` times.
+    """
+    from scheduler.policy import plan
+    from scheduler.simulator.compare import run_preset
+
+    class Found(Exception):
+        pass
+
+    caught = []
+
+    def grab(snapshot, made):
+        if len(snapshot.running) >= min_running:
+            caught.append(snapshot)
+            raise Found
+
+    try:
+        run_preset(load_philly(max_rows=rows), "ours", SimOptions(on_cycle=grab))
+    except Found:
+        pass
+    if not caught:
+        print(f"no cycle of the first {rows:,} jobs had {min_running} attempts running")
+        return
+    snapshot = caught[0]
+    config = PRESETS["ours"].config
+    steps: dict[str, float] = {}
+    cpu0 = time.process_time()
+    for _ in range(repeats):
+        made = plan(snapshot, config)
+        for step, seconds in made.step_seconds.items():
+            steps[step] = steps.get(step, 0.0) + seconds
+    per_call_ms = 1000 * (time.process_time() - cpu0) / repeats
+    print(
+        f"plan() on a Philly snapshot: {len(snapshot.nodes)} nodes, "
+        f"{len(snapshot.running)} running, {len(snapshot.pending)} pending, "
+        f"{len(snapshot.history)} history records: {per_call_ms:.2f} ms CPU per call"
+    )
+    for step, seconds in sorted(steps.items(), key=lambda kv: -kv[1]):
+        print(f"  {step:10} {1000 * seconds / repeats:.3f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default=ALL, help=f"comma-separated (default {ALL})")
@@ -139,7 +183,13 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N jobs only")
     parser.add_argument("--out", default=None, help="write report.md and plots per load here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--profile-plan", action="store_true", help="only time plan() on one replay snapshot"
+    )
     args = parser.parse_args()
+    if args.profile_plan:
+        profile_plan()
+        return 0
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     loads = [float(x) for x in args.loads.split(",")] if args.loads else [1.0]

@@ -117,8 +117,10 @@ def _busy_after(snapshot: Snapshot, starts: list[Start]) -> dict[str, Running]:
     pending = {p.job_id: p for p in snapshot.pending}
     gpu_types = {g.uuid: g.gpu_type for n in snapshot.nodes for g in n.gpus}
     for start in starts:
-        job = pending[start.job_id]
         uuids = start.gpu_uuids
+        if not uuids:
+            continue  # a CPU-only job draws nothing the GPU caps govern
+        job = pending[start.job_id]
         attempt = Running(
             attempt_id=-job.job_id,  # not created yet; negative ids never collide with real ones
             job_id=job.job_id,

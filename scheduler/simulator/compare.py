@@ -9,7 +9,13 @@ from dataclasses import dataclass, replace
 
 from scheduler.simulator.engine import PlanFunction, Progress, Result, SimOptions, replay
 from scheduler.simulator.metrics import Summary, summarize
-from scheduler.simulator.policies import REFERENCE_PRESET, cluster_for, independent, preset
+from scheduler.simulator.policies import (
+    REFERENCE_PRESET,
+    cluster_for,
+    head_of_line,
+    independent,
+    preset,
+)
 from scheduler.simulator.trace import Trace, compress_arrivals
 
 
@@ -32,6 +38,10 @@ def run_preset(
     jobs, nodes, tenants = cluster_for(trace, p.sharing)
     jobs = compress_arrivals(jobs, load_factor)
     opts = replace(options, oracle=p.oracle, partitioned_tenants=independent(trace, p.sharing))
+    if p.strict:
+        if policy is None:
+            from scheduler.policy import plan as policy
+        policy = head_of_line(policy)
     return replay(jobs, nodes, tenants, p.config, opts, policy=policy)
 
 

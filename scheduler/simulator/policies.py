@@ -9,14 +9,22 @@ on its own nodes where the trace says which those are: each partition's GPUs are
 a type of their own (``P100-PCIE-16GB@6214e9``) and the tenant's jobs ask for it, which the
 plan's type matching honours without any special case in the core. Where the trace has no node
 owners (Alibaba), a static partition is a quota with ``guaranteed == limit``.
+
+The ``-strict`` presets reproduce the published simulators' non-preemptive regime: their FIFO
+and SJF stop at the first job of a partition that does not fit (head-of-line blocking), where
+the plan with ``backfill=False`` starts every job that fits. They take the plan's own decisions
+and keep, per tenant, only the starts before the first job left waiting in the plan's order;
+since the plan walks its queue in that order, the kept placements are the ones it chose.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from scheduler.model import ANY_GPU_TYPE, Config, Node, Ordering, Quota, Tenant
+from scheduler import priority
+from scheduler.model import ANY_GPU_TYPE, Config, Node, Ordering, Plan, Quota, Snapshot, Tenant
 from scheduler.simulator.trace import PARTITION_SEPARATOR, Trace, TraceJob, make_node
 
 
@@ -40,6 +48,7 @@ class Preset:
     config: Config
     oracle: Oracle = Oracle.NONE
     sharing: Sharing = Sharing.SHARED
+    strict: bool = False  # head-of-line blocking per tenant (see the module's docstring)
 
 
 _STATIC = dict(borrowing=False, preemption=False, backfill=False)
@@ -54,6 +63,13 @@ PRESETS: dict[str, Preset] = {
             sharing=Sharing.STATIC,
         ),
         Preset(
+            "fifo-strict",
+            "FIFO with head-of-line blocking, own partitions (the Helios simulator's FIFO)",
+            Config(ordering=Ordering.FIFO, **_STATIC),
+            sharing=Sharing.STATIC,
+            strict=True,
+        ),
+        Preset(
             "fifo-shared",
             "FIFO, guarantees with idle GPUs lent out",
             Config(ordering=Ordering.FIFO, borrowing=True, preemption=False, backfill=False),
@@ -64,6 +80,14 @@ PRESETS: dict[str, Preset] = {
             Config(ordering=Ordering.SJF, **_STATIC),
             oracle=Oracle.DURATION,
             sharing=Sharing.STATIC,
+        ),
+        Preset(
+            "sjf-strict",
+            "SJF with head-of-line blocking, oracle durations (the Helios simulator's SJF)",
+            Config(ordering=Ordering.SJF, **_STATIC),
+            oracle=Oracle.DURATION,
+            sharing=Sharing.STATIC,
+            strict=True,
         ),
         # Helios' SRTF preempts as soon as a shorter job arrives: no minimum run time.
         Preset(
@@ -110,6 +134,36 @@ def preset(name: str) -> Preset:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+PlanFunction = Callable[[Snapshot, Config], Plan]
+
+
+def head_of_line(policy: PlanFunction) -> PlanFunction:
+    """``policy`` with head-of-line blocking: per tenant, no start after its first waiting job."""
+
+    def strict(snapshot: Snapshot, config: Config) -> Plan:
+        made = policy(snapshot, config)
+        started = {s.job_id for s in made.starts}
+        if len(started) == len(snapshot.pending):
+            return made
+        queue = priority.order(
+            snapshot.pending, config, snapshot.now_s, {}, made.predicted_duration_s
+        )
+        blocked: set[str] = set()
+        kept: set[int] = set()
+        for p in queue:
+            if p.tenant in blocked:
+                continue
+            if p.job_id in started:
+                kept.add(p.job_id)
+            else:
+                blocked.add(p.tenant)
+        if len(kept) == len(started):
+            return made
+        return replace(made, starts=tuple(s for s in made.starts if s.job_id in kept))
+
+    return strict
 
 
 def pinned(trace: Trace, sharing: Sharing) -> bool:

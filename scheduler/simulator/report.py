@@ -103,6 +103,9 @@ def write_report(
         parts += ["```", command, "```", ""]
     if notes:
         parts += ["## Trace", ""] + [f"- {n}" for n in notes] + [""]
+    budgets = {s.power_budget_w for s in summaries if s.power_budget_w is not None}
+    if budgets:
+        parts += [f"Pool power budget: {', '.join(f'{b:,.0f} W' for b in sorted(budgets))}.", ""]
     parts += [
         "## Policies x metrics",
         "",

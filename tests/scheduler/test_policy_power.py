@@ -52,3 +52,16 @@ def test_a_pool_budget_caps_the_gpus_the_plan_keeps_and_starts_within_the_budget
 def test_the_eco_setting_alone_is_enough_to_plan_caps():
     result = _busy_cluster().plan(eco_max_slowdown=0.05)
     assert result.power_caps_w
+
+
+def test_a_job_that_asks_for_no_gpu_starts_under_a_throttled_tenant_without_upsetting_the_caps():
+    snap = (
+        cluster()
+        .node("n1", gpus=2)
+        .tenant("vision", guaranteed=2, limit=2, budget_action="throttle")
+        .pending(1, "vision", gpus=0)
+        .snapshot()
+    )
+    result = plan(snap, Config())
+    assert [s.job_id for s in result.starts] == [1]
+    assert set(result.power_caps_w) == {"n1-gpu0", "n1-gpu1"}

@@ -237,3 +237,15 @@ def test_a_snapshot_of_only_the_partitions_in_play_decides_as_the_whole_cluster_
     assert full.outcomes == fast.outcomes
     assert full.preemptions == fast.preemptions
     assert sum(o.queue_s for o in full.outcomes) > 0  # the partitions were contended
+
+
+def test_strict_fifo_blocks_the_queue_behind_a_job_that_does_not_fit_and_greedy_fifo_does_not():
+    # 2 GPUs. Job 1 holds one until t=100; job 2 needs both; job 3 needs one. Greedy FIFO starts
+    # 3 at once beside 1; strict FIFO (the Helios simulator's) holds 3 until 2 has run.
+    t = trace(
+        [job(1, "a", 0, 100), job(2, "a", 1, 50, gpus=2), job(3, "a", 2, 10)],
+        {"a": (1, 2)},
+    )
+    greedy, strict = by_id(run(t, "fifo-static")), by_id(run(t, "fifo-strict"))
+    assert [greedy[i].first_start_s for i in (1, 2, 3)] == [0, 100, 2]
+    assert [strict[i].first_start_s for i in (1, 2, 3)] == [0, 100, 150]
