@@ -55,6 +55,8 @@ PlanFunction = Callable[[Snapshot, Config], Plan]
 _DEFAULT_PROFILE = PowerProfile()
 _INF = math.inf
 # Reasons that say the plan is waiting on time, not on an event.
+# Cycles at one instant that may each preempt before the policy is taken to be thrashing.
+_MAX_PREEMPTING_CYCLES_AT_ONCE = 1000
 _TIME_BOUND_REASONS = frozenset({ReasonCode.RESERVED, ReasonCode.WAITING_FOR_PREEMPTION})
 
 
@@ -296,6 +298,8 @@ class _Engine:
 
         # Cycle control.
         self.cycle_at = _INF
+        self.preempting_at_s = -_INF
+        self.preempting_cycles = 0
         self.dirty = False
         self.last_start_s = -_INF
         self.last_plan: Plan | None = None
@@ -391,7 +395,12 @@ class _Engine:
         if oracle is Oracle.DURATION:
             predicted = t.duration_s
         elif oracle is Oracle.REMAINING:
+            # What it will hold GPUs for once started, restart included, as a running attempt's
+            # remaining_s counts it: were the restart left out, two jobs of nearly equal
+            # remaining time would preempt each other at every cycle and neither progress.
             predicted = job.work_left_s
+            if job.preemptions:
+                predicted += self.options.restart_cost.for_gpus(t.gpus)
         else:
             predicted = None
         return Pending(
@@ -779,6 +788,16 @@ class _Engine:
         self._record(now_s)
         if preempted:
             # The reclaimed GPUs are free now: the jobs waiting for them start in the next cycle.
+            if now_s == self.preempting_at_s:
+                self.preempting_cycles += 1
+                if self.preempting_cycles > _MAX_PREEMPTING_CYCLES_AT_ONCE:
+                    raise PlanError(
+                        f"t={now_s:.0f}: {self.preempting_cycles} cycles in a row at this instant "
+                        f"preempted work (last: {[p.attempt_id for p in plan.preemptions]}); "
+                        "the policy keeps undoing its own decisions"
+                    )
+            else:
+                self.preempting_at_s, self.preempting_cycles = now_s, 1
             self._changed(now_s)
         if self._time_dependent(now_s):
             self._request_cycle(self._next_tick(now_s, strictly_after=True))

@@ -220,7 +220,7 @@ def test_a_snapshot_of_only_the_partitions_in_play_decides_as_the_whole_cluster_
     # snapshot (the fast path) must change no decision.
     from scheduler.simulator.trace import synthetic_trace
 
-    t = synthetic_trace(11, jobs=120, tenants=3, nodes_per_tenant=1, mean_interarrival_s=40)
+    t = synthetic_trace(11, jobs=70, tenants=3, nodes_per_tenant=1, mean_interarrival_s=40)
     p = preset(name)
     jobs, nodes, tenants = cluster_for(t, p.sharing)
     runs = [
@@ -249,3 +249,17 @@ def test_strict_fifo_blocks_the_queue_behind_a_job_that_does_not_fit_and_greedy_
     greedy, strict = by_id(run(t, "fifo-static")), by_id(run(t, "fifo-strict"))
     assert [greedy[i].first_start_s for i in (1, 2, 3)] == [0, 100, 2]
     assert [strict[i].first_start_s for i in (1, 2, 3)] == [0, 100, 150]
+
+
+def test_srtf_counts_the_restart_cost_in_a_preempted_jobs_remaining_time_so_two_never_thrash():
+    # A (1000 s) is preempted at t=2 for B (995 s); both are preempted for C (100 s) at t=4.
+    # At t=104 A has 998 s left and B 993 s: B restarts (993 + 7 = 1000 s to go), and A, which
+    # needs 998 + 7 = 1005 s once restarted, must not take the GPU back at the next cycle
+    # (t=105, when tenant b submits: B then has 999 s to go), nor B again, forever.
+    jobs = [job(1, "a", 0, 1000), job(2, "a", 2, 995), job(3, "a", 4, 100), job(4, "b", 105, 10)]
+    result = run(trace(jobs, {"a": (1, 1), "b": (1, 1)}), "srtf")
+    out = by_id(result)
+    assert out[3].finish_s == 104
+    assert out[2].finish_s == 104 + 7 + 993
+    assert out[1].finish_s == 1104 + 7 + 998
+    assert result.preemptions == 2

@@ -38,6 +38,7 @@ def test_the_first_2000_philly_jobs_load_and_replay_with_every_job_finished():
 
 
 @needs_philly
+@pytest.mark.slow
 def test_the_philly_vcs_without_nodes_are_the_15_jobs_anchors_md_dropped():
     trace = load_philly()
     assert len(trace.jobs) == 74152
