@@ -79,8 +79,6 @@ class Admission:
         self.search_failed_at: dict[str, int] = {}  # type -> fewest GPUs a search failed for
         self._victims: Victims | None = None
         self._max_resources: dict[str, tuple[float, int]] = {}
-        # type -> (TypeIndex.version, most GPUs any node could give from stopping attempts)
-        self._claim_memo: dict[str, tuple[int, int]] = {}
         # what a capacity-blocked job got, by what decided it (see _blocked)
         self._hopeless: dict[tuple, tuple] = {}
         self._own_rule = config.preemption and config.ordering is Ordering.FAIR
@@ -399,25 +397,10 @@ class Admission:
         if protected is None:
             return False
         if n <= ti.max_node_cap:
-            memo = self._claim_memo.get(ti.gpu_type)
-            if memo is not None and memo[0] == ti.version and n > memo[1]:
-                return False  # nothing changed since no node could give more than memo[1]
-            fits = self.index.fits_for(job)
-            best = None
-            most = 0
-            for node, soon in ti.soon.items():
-                if node in protected or ti.node_cap.get(node, 0) < n:
-                    continue
-                have = ti.free_on(node) + soon
-                most = max(most, have)
-                if have >= n and (fits is None or fits(node, n)):
-                    if best is None or (have, node) < best:
-                        best = (have, node)
-            if best is None:
-                if most < n and not protected:
-                    self._claim_memo[ti.gpu_type] = (ti.version, most)
+            node = ti.soon_best_fit(n, protected, self.index.fits_for(job))
+            if node is None:
                 return False
-            self._set_aside(job, ti, book, best[1])
+            self._set_aside(job, ti, book, node)
         else:
             if ti.total_free + ti.soon_total < n:
                 return False

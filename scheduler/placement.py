@@ -97,6 +97,7 @@ class TypeIndex:
         "total_cap",
         "soon",
         "soon_total",
+        "soon_buckets",
         "version",
         "changed",
     )
@@ -112,6 +113,9 @@ class TypeIndex:
         # GPUs held by attempts that were told to stop (or are preempted now), not yet claimed.
         self.soon: dict[int, int] = {}
         self.soon_total = 0
+        # Nodes with soon-free GPUs by what they could give (free + soon-free), each list sorted:
+        # a job waiting for stopping attempts then finds its best node without walking them all.
+        self.soon_buckets: list[list[int]] = [[] for _ in range(self.max_node_cap + 1)]
         self.version = 0  # bumped on every change, so a failed search can be remembered
         self.changed: list[int] = []  # nodes whose free or soon-free count changed (see preemption)
 
@@ -133,14 +137,20 @@ class TypeIndex:
         if k > count:
             insort(self.buckets[k - count], node)
         self.total_free -= count
+        soon = self.soon.get(node)
+        if soon:
+            self._move_soon(node, k + soon, k - count + soon)
         return taken
 
     def add_soon(self, node: int, count: int) -> None:
         """Count GPUs of a node as freeing up soon."""
         self.version += 1
         self.changed.append(node)
-        self.soon[node] = self.soon.get(node, 0) + count
+        before = self.soon.get(node, 0)
+        self.soon[node] = before + count
         self.soon_total += count
+        have = self.free_on(node) + before
+        self._move_soon(node, have if before else None, have + count)
 
     def claim_soon(self, node: int, count: int) -> None:
         """Set soon-free GPUs of a node aside for a waiting job."""
@@ -152,6 +162,35 @@ class TypeIndex:
         else:
             del self.soon[node]
         self.soon_total -= count
+        free = self.free_on(node)
+        self._move_soon(node, free + left + count, free + left if left else None)
+
+    def _move_soon(self, node: int, old: int | None, new: int | None) -> None:
+        """Move a node between soon_buckets (None: it has no soon-free GPUs)."""
+        buckets = self.soon_buckets
+        if old is not None:
+            bucket = buckets[old]
+            del bucket[bisect_left(bucket, node)]
+        if new is not None:
+            if new >= len(buckets):
+                # More GPUs than the node's healthy count (only from inconsistent input).
+                buckets.extend([] for _ in range(new + 1 - len(buckets)))
+            insort(buckets[new], node)
+
+    def soon_best_fit(self, n: int, skip: set[int], fits: Fits | None) -> int | None:
+        """The node with soon-free GPUs that can give n with the fewest to spare (then by name).
+
+        Counts free and soon-free GPUs together; nodes in `skip` are left out.
+        """
+        buckets = self.soon_buckets
+        node_cap = self.node_cap
+        for k in range(n, len(buckets)):
+            for node in buckets[k]:
+                if node in skip or node_cap.get(node, 0) < n:
+                    continue
+                if fits is None or fits(node, n):
+                    return node
+        return None
 
 
 class ClusterIndex:

@@ -257,3 +257,31 @@ def test_a_job_waits_for_gpus_being_freed_instead_of_preempting_more():
         "waiting for 8 GPUs of any type: GPUs of jobs that are stopping are set aside for it; "
         "it starts once they are released"
     )
+
+
+def test_gpus_being_freed_go_to_the_jobs_they_fit_most_tightly_so_each_waiting_job_gets_some():
+    # Stopping attempts free 6 GPUs on n1, 2 + 2 already free on n2 and 2 on n3. Taken best fit,
+    # in queue order (4, then 6, then 2), every job gets a node; taking n1 for the 4-GPU job would
+    # leave the 6-GPU one without.
+    c = (
+        cluster()
+        .nodes(3, gpus=8)
+        .tenant("vision", 16, 32)
+        .tenant("old", 0, 24)
+        .running(1, "old", 6, "n1", stopping=True)
+        .running(2, "old", 2, "n1", ran_s=30)
+        .running(3, "old", 2, "n2", stopping=True)
+        .running(4, "old", 4, "n2", ran_s=30)
+        .running(5, "old", 2, "n3", stopping=True)
+        .running(6, "old", 6, "n3", ran_s=30)
+        .pending(10, "vision", 4, priority=300)
+        .pending(11, "vision", 6, priority=200)
+        .pending(12, "vision", 2, priority=100)
+        .pending(13, "vision", 2, priority=50)
+    )
+    p = c.plan()
+    assert p.starts == () and p.preemptions == ()
+    for job_id in (10, 11, 12):
+        assert decision(p, job_id).reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+    # Everything that frees up is promised: the last job has nothing left to wait for.
+    assert decision(p, 13).reason_code is not ReasonCode.WAITING_FOR_PREEMPTION
