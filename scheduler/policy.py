@@ -24,6 +24,7 @@ dictionary or set order, and the core reads no clock but the snapshot's.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 from time import perf_counter
 
@@ -37,6 +38,21 @@ _DEFAULT_CONFIG = Config()
 
 def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
     """Decide which pending jobs start where, what is preempted, and why the rest wait."""
+    # A large cycle allocates hundreds of thousands of small objects next to a snapshot that is
+    # itself young: the cyclic collector then walks them all again and again (a third of the
+    # time at 10,000 jobs) while finding next to nothing, since the steps build no cycles that
+    # outlive the call. It runs again once the plan is made.
+    collecting = gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        return _plan(snapshot, config)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _plan(snapshot: Snapshot, config: Config) -> Plan:
     if not isinstance(config.ordering, Ordering):
         # Settings and JSON give the ordering as its name; the steps compare enum members.
         config = replace(config, ordering=Ordering(config.ordering))
