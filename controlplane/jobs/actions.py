@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, OuterRef, Subquery
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, F, OuterRef, Subquery
 from django.utils import timezone
 
 from controlplane.cluster.models import GPU, Node
@@ -484,3 +485,311 @@ def finish_attempt(
             )
     request_cycle("job_end")
     return True
+
+
+# --- batch twins of the agent's actions ---------------------------------------------------------
+#
+# One heartbeat reports many attempts. Marking them one by one costs a transaction (and its
+# commit) and ~8 statements each; these take a node's (or a shard's) reports in one transaction
+# and a fixed handful of statements, writing exactly what the single actions write under the
+# same guards. Rows are locked first (attempts, then their jobs, in id order, as the single
+# actions lock them), so every decision is taken on the rows as they are, not as the caller
+# last read them; the conditional UPDATEs stay, and a row count that disagrees raises
+# ConcurrentUpdate, which rolls the whole batch back.
+
+
+@dataclass(frozen=True, slots=True)
+class StartReport:
+    """An agent says an attempt's container runs (mark_attempts_running)."""
+
+    attempt_id: int
+    started_at: datetime | None = None
+    energy_start_j: dict | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExitReport:
+    """An agent says an attempt's container is gone; the fields are finish_attempt's arguments."""
+
+    attempt_id: int
+    exit_code: int | None
+    finished_at: datetime | None = None
+    energy_j: float | None = None
+    energy_estimated: bool = False
+    lost: bool = False
+    message: str = ""
+
+
+def _update_each(
+    model,
+    fields: Sequence[str],
+    rows: Sequence[tuple],
+    *,
+    only_if: dict[str, object] | None = None,
+    keep_set: Iterable[str] = (),
+) -> int:
+    """UPDATE model SET fields WHERE id = pk AND only_if, for every row, in one executemany.
+
+    Each row is (pk, *values in the order of fields). Values go through the fields' own
+    database preparation, so datetimes and JSON are stored as the ORM stores them. only_if maps
+    a field to the value it must still have (a tuple: one of those values): the conditional
+    part of the UPDATE. A field in keep_set keeps a value it already has. Returns the number
+    of rows changed.
+    """
+    if not rows:
+        return 0
+    qn = connection.ops.quote_name
+    keep_set = set(keep_set)
+    prepared = [model._meta.get_field(name) for name in fields]
+    sets = []
+    for field in prepared:
+        column = qn(field.column)
+        sets.append(
+            f"{column} = COALESCE({column}, %s)" if field.name in keep_set else f"{column} = %s"
+        )
+    where, guard_params = [f"{qn(model._meta.pk.column)} = %s"], []
+    for name, wanted in (only_if or {}).items():
+        field = model._meta.get_field(name)
+        values = wanted if isinstance(wanted, tuple) else (wanted,)
+        where.append(f"{qn(field.column)} IN ({', '.join(['%s'] * len(values))})")
+        guard_params.extend(field.get_db_prep_value(v, connection) for v in values)
+    sql = f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
+    params = [
+        [f.get_db_prep_save(v, connection) for f, v in zip(prepared, values, strict=True)]
+        + [pk, *guard_params]
+        for pk, *values in rows
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+        return cursor.rowcount
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """One job's transition inside a batch action (see _transition_many)."""
+
+    job_id: int
+    from_state: str
+    to_state: str
+    reason: str
+    kind: str
+    data: dict
+    fields: tuple[tuple[str, object], ...] = ()
+    keep_set: tuple[str, ...] = ()
+
+
+def _transition_many(moves: Sequence[_Move], now) -> None:
+    """transition() for jobs the caller holds locked: the same updates and events, batched.
+
+    Moves that write the same columns share one executemany of the conditional UPDATE that
+    transition() runs; all the events go in one INSERT. A row count short of the moves means a
+    writer got past the lock: ConcurrentUpdate, and the caller's transaction rolls back.
+    """
+    groups: dict[tuple, list[tuple]] = {}
+    for move in moves:
+        if not is_allowed(move.from_state, move.to_state):
+            raise IllegalTransition(Job(pk=move.job_id), move.from_state, move.to_state)
+        updates = {"state": move.to_state, "state_reason": move.reason, **dict(move.fields)}
+        if move.to_state != JobState.PENDING:
+            updates.update(
+                pending_reason_code="",
+                pending_reason="",
+                queue_position=None,
+                estimated_start_at=None,
+            )
+        if move.to_state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+            updates.setdefault("finished_at", now)
+        key = (move.from_state, tuple(updates), move.keep_set)
+        groups.setdefault(key, []).append((move.job_id, *updates.values()))
+    for (from_state, names, keep_set), rows in groups.items():
+        changed = _update_each(Job, names, rows, only_if={"state": from_state}, keep_set=keep_set)
+        if changed != len(rows):
+            raise ConcurrentUpdate(
+                f"{len(rows) - changed} of {len(rows)} jobs are no longer {from_state}"
+            )
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(
+                job_id=move.job_id,
+                at=now,
+                kind=move.kind,
+                from_state=move.from_state,
+                to_state=move.to_state,
+                message=move.reason,
+                data=move.data,
+            )
+            for move in moves
+        ]
+    )
+
+
+def _locked_attempts(ids: Iterable[int], states: Sequence[str]) -> dict[int, JobAttempt]:
+    return {
+        a.pk: a
+        for a in JobAttempt.objects.select_for_update(of=("self",))
+        .select_related("node")
+        .filter(pk__in=ids, state__in=states)
+        .order_by("pk")
+    }
+
+
+def _locked_job_states(ids: Iterable[int]) -> dict[int, str]:
+    return dict(
+        Job.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", "state")
+    )
+
+
+@transaction.atomic
+def mark_attempts_running(reports: Sequence[StartReport]) -> list[int]:
+    """mark_attempt_running for many attempts at once; returns the ids it moved to RUNNING.
+
+    An attempt no longer ADMITTED is left alone (as the single action leaves it); a job still
+    ADMITTED goes RUNNING with its "running" event, keeping the start of an earlier attempt.
+    """
+    wanted = {}
+    for report in reports:
+        wanted.setdefault(report.attempt_id, report)
+    attempts = _locked_attempts(wanted, (AttemptState.ADMITTED,))
+    if not attempts:
+        return []
+    now = timezone.now()
+    started = {pk: wanted[pk].started_at or now for pk in attempts}
+    changed = _update_each(
+        JobAttempt,
+        ("state", "started_at", "energy_start_j"),
+        [
+            (pk, AttemptState.RUNNING, started[pk], wanted[pk].energy_start_j or {})
+            for pk in attempts
+        ],
+        only_if={"state": AttemptState.ADMITTED},
+    )
+    if changed != len(attempts):
+        raise ConcurrentUpdate(f"{len(attempts) - changed} attempts are no longer ADMITTED")
+    job_states = _locked_job_states({a.job_id for a in attempts.values()})
+    moves, seen = [], set()
+    for pk, attempt in attempts.items():
+        if job_states.get(attempt.job_id) != JobState.ADMITTED or attempt.job_id in seen:
+            continue
+        seen.add(attempt.job_id)
+        moves.append(
+            _Move(
+                attempt.job_id,
+                JobState.ADMITTED,
+                JobState.RUNNING,
+                reason=f"Running on {attempt.node.name}",
+                kind="running",
+                data={"attempt": pk},
+                fields=(("started_at", started[pk]),),
+                keep_set=("started_at",),
+            )
+        )
+    _transition_many(moves, now)
+    return list(attempts)
+
+
+@transaction.atomic
+def finish_attempts(reports: Sequence[ExitReport]) -> list[int]:
+    """finish_attempt for many attempts at once; returns the ids this call finished.
+
+    The common report (a container that exited by itself while its job RUNS) is booked for
+    the whole batch in a few statements. Every other one (lost, stopped on purpose, never
+    started, a job in another state) goes through finish_attempt itself, on the row as
+    locked here, inside its own savepoint: one the state machine refuses is logged and left
+    for the next report, without taking the rest of the batch down with it.
+    """
+    wanted = {}
+    for report in reports:
+        wanted.setdefault(report.attempt_id, report)
+    attempts = _locked_attempts(wanted, ACTIVE_ATTEMPT_STATES)
+    if not attempts:
+        return []
+    now = timezone.now()
+    job_states = _locked_job_states({a.job_id for a in attempts.values()})
+    quick, one_by_one = [], []
+    for pk, attempt in attempts.items():
+        r = wanted[pk]
+        ordinary = not r.lost and r.exit_code is not None and attempt.stop_requested_at is None
+        if ordinary and job_states.get(attempt.job_id) == JobState.RUNNING:
+            quick.append(attempt)
+        else:
+            one_by_one.append(attempt)
+    done = _finish_ordinary(quick, wanted, now) if quick else []
+    for attempt in one_by_one:
+        r = wanted[attempt.pk]
+        try:
+            finished = finish_attempt(
+                attempt,
+                exit_code=r.exit_code,
+                finished_at=r.finished_at or now,
+                energy_j=r.energy_j,
+                energy_estimated=r.energy_estimated,
+                lost=r.lost,
+                message=r.message,
+            )
+        except (IllegalTransition, ConcurrentUpdate) as exc:
+            log.info("report on attempt %s not applied: %s", attempt.pk, exc)
+            continue
+        if finished:
+            done.append(attempt.pk)
+    return done
+
+
+def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int]:
+    ids = [a.pk for a in attempts]
+    gpu_counts = dict(
+        Allocation.objects.filter(attempt_id__in=ids)
+        .values("attempt_id")
+        .annotate(n=Count("id"))
+        .values_list("attempt_id", "n")
+    )
+    rows, releases, moves = [], [], []
+    for attempt in attempts:
+        r = reports[attempt.pk]
+        finished_at = r.finished_at or now
+        begun = attempt.started_at or attempt.created_at
+        rows.append(
+            (
+                attempt.pk,
+                AttemptState.SUCCEEDED if r.exit_code == 0 else AttemptState.FAILED,
+                finished_at,
+                r.exit_code,
+                max(0.0, (finished_at - begun).total_seconds()) * gpu_counts.get(attempt.pk, 0),
+                r.energy_j if r.energy_j is not None else attempt.energy_j,
+                r.energy_estimated,
+            )
+        )
+        releases.append((attempt.pk, finished_at))
+        ok = r.exit_code == 0
+        moves.append(
+            _Move(
+                attempt.job_id,
+                JobState.RUNNING,
+                JobState.SUCCEEDED if ok else JobState.FAILED,
+                reason=f"Exited with code {r.exit_code}",
+                kind="succeeded" if ok else "failed",
+                data={},
+                fields=(("exit_code", r.exit_code),),
+            )
+        )
+    changed = _update_each(
+        JobAttempt,
+        ("state", "finished_at", "exit_code", "gpu_seconds", "energy_j", "energy_estimated"),
+        rows,
+        only_if={"state": ACTIVE_ATTEMPT_STATES},
+    )
+    if changed != len(rows):
+        raise ConcurrentUpdate(f"{len(rows) - changed} attempts are no longer active")
+    qn = connection.ops.quote_name
+    table = qn(Allocation._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE {table} SET {qn('active')} = %s, {qn('released_at')} = %s "
+            f"WHERE {qn('attempt_id')} = %s AND {qn('active')} = %s",
+            [
+                [False, connection.ops.adapt_datetimefield_value(at), pk, True]
+                for pk, at in releases
+            ],
+        )
+    _transition_many(moves, now)
+    request_cycle("job_end")
+    return ids
