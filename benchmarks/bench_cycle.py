@@ -215,7 +215,8 @@ def show(label: str, summary: dict) -> None:
         f"apply {steps['apply'] / 1000:.3f} s  commit {steps['commit'] / 1000:.3f} s  "
         f"total {summary['duration_ms'] / 1000:.3f} s  | {summary['starts']} starts, "
         f"{summary['preemptions']} preemptions, {summary['pending']} pending, "
-        f"{summary['skipped_rows']} skipped  | core: {core}"
+        f"{summary['skipped_rows']} skipped, {summary['pending_rows_written']} job rows "
+        f"rewritten  | core: {core}"
     )
 
 
