@@ -100,6 +100,29 @@ def schedule(scale: float) -> list[tuple[float, int, str]]:
     return events
 
 
+def _cpu_s(pid: int | str = "self") -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc (0 where unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> dict:
+    """This process's CPU and that of its PostgreSQL backend (same machine), in seconds.
+
+    Timings on a shared machine are noisy; CPU seconds per job are not, and they tell the
+    client's Python from the database's work.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    return {"cpu_s": round(_cpu_s(), 2), "db_cpu_s": round(_cpu_s(backend), 2)}
+
+
 def populate(scale: float) -> dict:
     from django.contrib.auth import get_user_model
 
@@ -172,6 +195,7 @@ def role_submit(args) -> None:
     users = {u.username: u for u in get_user_model().objects.all()}
     classes = {c.name: c for c in CLASSES}
     lags = []
+    busy_s = 0.0
     for offset_s, t, cls in schedule(args.scale):
         if t % args.shards != args.shard:
             continue
@@ -183,6 +207,7 @@ def role_submit(args) -> None:
         g, k = divmod(t, per_group)
         slug = f"g{g:02d}-t{k:03d}"
         c = classes[cls]
+        began = time.perf_counter()
         actions.submit_job(
             tenant=tenants[slug],
             user=users[slug],
@@ -195,41 +220,120 @@ def role_submit(args) -> None:
             cpus=1.0,
             memory_mib=1024,
         )
-    print(json.dumps({"submitted": len(lags), "mean_lag_s": sum(lags) / max(1, len(lags))}))
+        busy_s += time.perf_counter() - began
+    print(
+        json.dumps(
+            {
+                "submitted": len(lags),
+                "mean_lag_s": sum(lags) / max(1, len(lags)),
+                "submit_busy_s": busy_s,
+                **_own_cpu(),
+            }
+        )
+    )
 
 
 def role_agent(args) -> None:
-    """Stand in for the agents of one shard of the attempts: run each, finish it after its runtime."""
+    """Stand in for the agents of one shard of the nodes: run each attempt, end it on time.
+
+    Like a real agent's heartbeat, one pass reports everything the shard's nodes have to say:
+    the attempts that started and the ones that ended go through the batch actions
+    (actions.mark_attempts_running / finish_attempts), one call each per pass. With
+    --agents per-attempt, the single actions are called once per attempt instead.
+    """
     from django.db.models import F
     from django.utils import timezone
 
     from controlplane.jobs import actions
     from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, AttemptState, Job, JobAttempt
 
+    per_attempt = args.agents == "per-attempt"
     due: list[tuple[float, int]] = []  # (end time, attempt id), soonest first
-    mine = JobAttempt.objects.annotate(shard=F("id") % args.shards).filter(shard=args.shard)
+    mine = JobAttempt.objects.annotate(shard=F("node_id") % args.shards).filter(shard=args.shard)
+    # Every attempt at or below floor is known to be finished: each pass reads only the recent
+    # end of the table through the primary key, as an agent reads only its own node's work.
+    floor = 0
+    spent = {"poll_s": 0.0, "start_s": 0.0, "finish_s": 0.0}
+    calls = {"start": 0, "finish": 0}
+    counts = {"started": 0, "finished": 0, "stopped": 0}
+    last_done_check = 0.0
+
+    def start(ids_names: list[tuple[int, str]]) -> list[int]:
+        begun = timezone.now()
+        if per_attempt:
+            for attempt in JobAttempt.objects.filter(
+                pk__in=[pk for pk, _ in ids_names]
+            ).select_related("node"):
+                actions.mark_attempt_running(attempt, started_at=begun)
+            moved = [pk for pk, _ in ids_names]
+        else:
+            moved = actions.mark_attempts_running(
+                [actions.StartReport(pk, started_at=begun) for pk, _ in ids_names]
+            )
+        names = dict(ids_names)
+        for pk in moved:
+            heapq.heappush(due, (begun.timestamp() + RUNTIME_S[names[pk]], pk))
+        return moved
+
+    def finish(ids: list[int], exit_code: int) -> int:
+        if per_attempt:
+            done = 0
+            for attempt in JobAttempt.objects.filter(
+                pk__in=ids, state__in=ACTIVE_ATTEMPT_STATES
+            ).select_related("node"):
+                done += actions.finish_attempt(attempt, exit_code=exit_code)
+            return done
+        return len(actions.finish_attempts([actions.ExitReport(pk, exit_code) for pk in ids]))
+
     while True:
-        # Marking an attempt running moves it out of this query: no memory of it is needed.
-        admitted = mine.filter(state=AttemptState.ADMITTED, stop_requested_at__isnull=True)
-        for attempt in admitted.select_related("job", "node"):
-            begun = timezone.now()
-            actions.mark_attempt_running(attempt, started_at=begun)
-            heapq.heappush(due, (begun.timestamp() + RUNTIME_S[attempt.job.name], attempt.pk))
-        stopping = mine.filter(state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=False)
-        for attempt in stopping.select_related("node"):
-            # Preempted: the stand-in container dies at once.
-            actions.finish_attempt(attempt, exit_code=137)
+        t = time.perf_counter()
+        rows = list(
+            mine.filter(pk__gt=floor, state__in=ACTIVE_ATTEMPT_STATES).values_list(
+                "pk", "state", "stop_requested_at", "job__name"
+            )
+        )
+        spent["poll_s"] += time.perf_counter() - t
+        stopping = [pk for pk, _, stop, _ in rows if stop is not None]
+        admitted = [
+            (pk, name)
+            for pk, state, stop, name in rows
+            if state == AttemptState.ADMITTED and not stop
+        ]
+        if stopping:
+            # Preempted or cancelled: the stand-in container dies at once.
+            t = time.perf_counter()
+            counts["stopped"] += finish(stopping, 137)
+            calls["finish"] += 1
+            spent["finish_s"] += time.perf_counter() - t
+        left = set()
+        if admitted:
+            t = time.perf_counter()
+            moved = start(admitted)
+            counts["started"] += len(moved)
+            calls["start"] += 1
+            spent["start_s"] += time.perf_counter() - t
+            left = {pk for pk, _ in admitted} - set(moved)
         ended = []
         while due and due[0][0] <= time.time():
             ended.append(heapq.heappop(due)[1])
         if ended:
-            for attempt in JobAttempt.objects.filter(
-                pk__in=ended, state__in=ACTIVE_ATTEMPT_STATES
-            ).select_related("node"):
-                actions.finish_attempt(attempt, exit_code=0)
-        if not due and Job.objects.filter(state="SUCCEEDED").count() >= args.total:
-            return
+            t = time.perf_counter()
+            counts["finished"] += finish(ended, 0)
+            calls["finish"] += 1
+            spent["finish_s"] += time.perf_counter() - t
+        unfinished = left | set(stopping) | {pk for _, pk in due}
+        if unfinished:
+            floor = min(unfinished) - 1
+        elif rows:
+            floor = max(floor, max(pk for pk, *_ in rows))
+        if not due and time.time() - last_done_check > 0.5:
+            last_done_check = time.time()
+            if Job.objects.filter(state="SUCCEEDED").count() >= args.total:
+                break
         time.sleep(0.02 if not due else min(0.02, max(0.0, due[0][0] - time.time())))
+    print(
+        json.dumps({**{k: round(v, 2) for k, v in spent.items()}, **calls, **counts, **_own_cpu()})
+    )
 
 
 # --- the orchestrator ---------------------------------------------------------------------------
@@ -245,6 +349,9 @@ def _child(role: str, args, env: dict, extra: list[str]) -> subprocess.Popen:
         str(args.scale),
         "--t0",
         str(args.t0),
+        "--agents",
+        args.agents,
+        *(["--profile-dir", args.profile_dir] if args.profile_dir else []),
         *extra,
     ]
     return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -277,6 +384,23 @@ def _worker(env: dict, queue: str, log_path: Path) -> subprocess.Popen:
     )
 
 
+def _worker_cpu(pid: int, database: str) -> dict:
+    """The Celery worker's CPU, and that of the database's other backends (once the submitters
+    and agents are gone, the worker's own)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [database],
+        )
+        backends = [row[0] for row in cursor.fetchall()]
+    return {
+        "cpu_s": round(_cpu_s(pid), 2),
+        "db_cpu_s": round(sum(_cpu_s(b) for b in backends), 2),
+    }
+
+
 def _purge(queue: str) -> None:
     from controlplane.redis_client import get_redis
     from controlplane.scheduling.trigger import REQUEST_KEY
@@ -287,7 +411,7 @@ def _purge(queue: str) -> None:
     conn.delete(REQUEST_KEY)
 
 
-def report(total_gpus: int, t0: float, submit_lags: list[float]) -> dict:
+def report(total_gpus: int, t0: float, roles: dict) -> dict:
     from django.db.models import Avg, Count, Max, Min
 
     from controlplane.jobs.models import Allocation, Job, JobAttempt
@@ -346,7 +470,12 @@ def report(total_gpus: int, t0: float, submit_lags: list[float]) -> dict:
         "cycle_max_s": (cycles["max_ms"] or 0) / 1000,
         "preemptions": JobAttempt.objects.filter(stop_reason="preempted").count(),
         "attempts": JobAttempt.objects.count(),
-        "mean_submit_lag_s": sum(submit_lags) / max(1, len(submit_lags)),
+        "cycle_total_s": (cycles["mean_ms"] or 0) * cycles["n"] / 1000,
+        "mean_submit_lag_s": sum(r["mean_lag_s"] for r in roles["submitters"])
+        / max(1, len(roles["submitters"])),
+        "submitters": roles["submitters"],
+        "agents": roles["agents"],
+        "worker": roles["worker"],
     }
 
 
@@ -414,11 +543,15 @@ def orchestrate(args) -> None:
                     )
                     last_print = time.time()
                 time.sleep(0.2)
-            lags = []
-            for s in submitters:
-                out, _ = s.communicate(timeout=60)
-                lags.append(json.loads(out.strip().splitlines()[-1])["mean_lag_s"])
-            figures = report(sizes["gpus"], args.t0, lags)
+            roles = {"submitters": [], "agents": []}
+            for key, group in (("submitters", submitters), ("agents", agents)):
+                for child in group:
+                    out, _ = child.communicate(timeout=60)
+                    lines = (out or "").strip().splitlines()
+                    if lines:
+                        roles[key].append(json.loads(lines[-1]))
+            roles["worker"] = _worker_cpu(worker.pid, name)
+            figures = report(sizes["gpus"], args.t0, roles)
         finally:
             for child in [*children, worker]:
                 if child.poll() is None:
@@ -452,6 +585,26 @@ def print_figures(f: dict, scale: float) -> None:
         "time spent in cycle steps (s, all cycles): "
         + ", ".join(f"{k} {v}" for k, v in f["cycle_step_total_s"].items())
     )
+    print(f"where the time went (s, each process on its own clock; wall {f['wall_s']:.1f} s):")
+    w = f["worker"]
+    print(
+        f"  Celery worker, cycles:  {f['cycle_total_s']:8.1f}  "
+        f"(CPU: worker {w['cpu_s']} s, its database backend {w['db_cpu_s']} s)"
+    )
+    for i, r in enumerate(f["submitters"]):
+        print(
+            f"  submitter {i}:           {r['submit_busy_s']:8.1f}  in submit_job "
+            f"({1000 * r['submit_busy_s'] / max(1, r['submitted']):.1f} ms per job; CPU "
+            f"{1000 * r['cpu_s'] / max(1, r['submitted']):.1f} ms + database "
+            f"{1000 * r['db_cpu_s'] / max(1, r['submitted']):.1f} ms per job)"
+        )
+    for i, r in enumerate(f["agents"]):
+        print(
+            f"  agent stand-in {i}:      {r['poll_s'] + r['start_s'] + r['finish_s']:8.1f}  "
+            f"(poll {r['poll_s']}, mark running {r['start_s']} in {r['start']} calls, "
+            f"finish {r['finish_s']} in {r['finish']} calls; {r['finished']} ended, "
+            f"{r['stopped']} stopped; CPU {r['cpu_s']} s + database {r['db_cpu_s']} s)"
+        )
     print(json.dumps({"scale": scale, **f}))
 
 
@@ -464,6 +617,18 @@ def main() -> None:
     )
     parser.add_argument("--max-wall-s", type=float, default=3600.0)
     parser.add_argument(
+        "--agents",
+        choices=("batch", "per-attempt"),
+        default="batch",
+        help="how the agent stand-ins report: one batch action call per pass (as a heartbeat "
+        "does), or the single actions once per attempt",
+    )
+    parser.add_argument(
+        "--profile-dir",
+        default="",
+        help="write a cProfile of each submitter and agent process here (<role>-<shard>.pstats)",
+    )
+    parser.add_argument(
         "--role", choices=("main", "submit", "agent"), default="main", help=argparse.SUPPRESS
     )
     parser.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)
@@ -472,7 +637,16 @@ def main() -> None:
     parser.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     setup_django()
-    {"main": orchestrate, "submit": role_submit, "agent": role_agent}[args.role](args)
+    run = {"main": orchestrate, "submit": role_submit, "agent": role_agent}[args.role]
+    if args.profile_dir and args.role != "main":
+        import cProfile
+
+        Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
+        profile = cProfile.Profile()
+        profile.runcall(run, args)
+        profile.dump_stats(Path(args.profile_dir) / f"{args.role}-{args.shard}.pstats")
+    else:
+        run(args)
 
 
 if __name__ == "__main__":
