@@ -40,6 +40,9 @@ class PowerSample(NamedTuple):
     relative_throughput: speed over the speed at the board's maximum cap (zeus sweeps, or a job
     that reports its own steps per second); power_w: average draw while the job ran;
     utilization: NVML GPU utilization 0..1; clock_ratio: SM clock over the full boost clock.
+    weight: how many measurements the sample stands for (a mean of ten telemetry buckets at one
+    cap weighs ten), so that a summary of much telemetry overrules the prior as the telemetry
+    itself would, at the cost of one sample in the loss.
     """
 
     cap_w: float
@@ -47,6 +50,7 @@ class PowerSample(NamedTuple):
     power_w: float | None = None
     utilization: float | None = None
     clock_ratio: float | None = None
+    weight: float = 1.0
 
 
 def _loss(
@@ -55,7 +59,7 @@ def _loss(
     max_w: float,
     prior: Sequence[float],
 ) -> float:
-    """Mean squared error over the samples plus the prior's pull."""
+    """Mean squared error over the samples (weighted) plus the prior's pull."""
     outside = sum(
         max(lo - x, 0.0) ** 2 + max(x - hi, 0.0) ** 2
         for x, lo, hi in zip(params, PARAM_LOWER, PARAM_UPPER, strict=True)
@@ -77,20 +81,24 @@ def _loss(
 
     time_at_max = curve(max_w)[0]
     error = 0.0
+    total_weight = 0.0
     for sample in samples:
         time_capped, draw, clock = curve(min(sample.cap_w, max_w))
+        sample_error = 0.0
         if sample.relative_throughput is not None:
-            error += (time_at_max / time_capped - sample.relative_throughput) ** 2
+            sample_error += (time_at_max / time_capped - sample.relative_throughput) ** 2
         if sample.power_w is not None:
-            error += ((min(draw, sample.cap_w) - sample.power_w) / max_w) ** 2
+            sample_error += ((min(draw, sample.cap_w) - sample.power_w) / max_w) ** 2
         if sample.utilization is not None:
-            error += ((s / clock) / time_capped - sample.utilization) ** 2
+            sample_error += ((s / clock) / time_capped - sample.utilization) ** 2
         if sample.clock_ratio is not None:
-            error += (clock - sample.clock_ratio) ** 2
+            sample_error += (clock - sample.clock_ratio) ** 2
+        error += sample.weight * sample_error
+        total_weight += sample.weight
     pull = sum(
         ((x - x0) / scale) ** 2 for x, x0, scale in zip(params, prior, _PRIOR_SCALE, strict=True)
     )
-    return error / len(samples) + PRIOR_WEIGHT * pull / len(samples)
+    return (error + PRIOR_WEIGHT * pull) / total_weight
 
 
 def _nelder_mead(
@@ -147,10 +155,12 @@ def fit_profile(
 
     ``max_w`` is the board's maximum cap. With no samples the prior comes back unchanged (the
     default profile when none is given). The result's ``samples`` counts the prior's samples plus
-    these, so a profile refined cycle after cycle records how much telemetry it rests on.
+    these (by weight, rounded), so a profile refined cycle after cycle records how much
+    telemetry it rests on.
     """
     prior = prior or PowerProfile()
     measured = [s if isinstance(s, PowerSample) else PowerSample(*s) for s in samples]
+    measured = [s for s in measured if s.weight > 0.0]
     if not measured:
         return prior
     prior_params = _params(prior)
@@ -179,7 +189,7 @@ def fit_profile(
         sensitivity=s,
         clock_exponent=e,
         floor_clock=v,
-        samples=prior.samples + len(measured),
+        samples=prior.samples + max(round(sum(s.weight for s in measured)), 1),
     )
 
 

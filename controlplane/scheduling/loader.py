@@ -106,7 +106,7 @@ def from_unix_s(value: float | None) -> datetime | None:
 
 
 def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
-    """Read the cluster as the scheduler must see it. A fixed number of queries whatever the row counts (ten, plus one for budgets and one per budget period in use)."""
+    """Read the cluster as the scheduler must see it. A fixed number of queries whatever the row counts (ten, plus one for budgets, one per budget period in use, and two when running attempts are due for a power-profile look)."""
     now_s = time.time() if now_s is None else now_s
     pool_rows = list(Pool.objects.order_by("name").values_list("id", "name", "power_budget_w"))
     pools = tuple(m.Pool(name=name, power_budget_w=budget) for _, name, budget in pool_rows)
@@ -116,6 +116,9 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
     desired_caps: dict[str, float | None] = {}
     earlier = _earlier_service_s()
     running, running_gpus, held_uuids = _load_running(now_s, earlier)
+    from controlplane.scheduling.profiles import with_learned_profiles
+
+    running = with_learned_profiles(running, now_s)
     nodes = _load_nodes(pool_names, gpu_node, desired_caps)
     orphans = held_uuids - {u for uuids in running_gpus.values() for u in uuids}
     if orphans:

@@ -1,0 +1,234 @@
+"""Each running attempt's power profile, learned from its own GPUs' telemetry.
+
+Until telemetry has refined it, an attempt carries the default profile, which the cap planner
+budgets at the board's maximum (scheduler.power.planning_profile): safe, and wasteful for a job
+that draws far less. Here the history buckets (GpuTelemetry) of the attempt's GPUs while it ran,
+and their latest readings until a bucket has closed, become PowerSamples, summarised per cap,
+and scheduler.power_fit fits the profile to them.
+
+Cheap enough for every cycle: an attempt is looked at again only PROFILE_RECHECK_S after the
+last look, reads only the buckets it has not folded in yet, and is refitted only when what it
+has seen has moved; at most MAX_FITS_PER_LOAD fits per load, the longest-waiting first. The
+whole step costs two queries when some attempt is due and none otherwise, however many are. Fitted profiles live
+in this process's memory: a restarted worker refits from the last PROFILE_WINDOW_S of history.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+
+from django.conf import settings
+
+from controlplane.cluster.models import GPU, GpuTelemetry
+from controlplane.scheduling.loader import from_unix_s, raw_rows, unix_s
+from scheduler import model as m
+from scheduler.power_fit import PowerSample, fit_profile
+
+# How long a fitted profile is trusted before the attempt's newer telemetry is read.
+PROFILE_RECHECK_S = float(getattr(settings, "SCHEDULER_PROFILE_RECHECK_S", 20.0))
+# History further back than this is not read (a worker that restarts under a long job).
+PROFILE_WINDOW_S = 3600.0
+# Attempts looked at per load at most, and fits at most (a fit takes some 10-30 ms): a cluster
+# full of new jobs learns their profiles over a few cycles rather than stalling one.
+MAX_CHECKS_PER_LOAD = 500
+MAX_FITS_PER_LOAD = 25
+# A reading below this utilization is a job starting up or waiting, not its working draw.
+MIN_BUSY_UTILIZATION_PCT = 5.0
+# Caps within this many watts are one operating point.
+CAP_BIN_W = 5.0
+# A refit is worth it once an operating point's mean moved this much (or a new one appeared).
+REFIT_POWER_W = 3.0
+REFIT_UTILIZATION = 0.02
+
+_BUCKET_S = float(getattr(settings, "TELEMETRY_BUCKET_S", 60.0))
+
+
+@dataclass(slots=True)
+class _Point:
+    """Running sums of the busy buckets seen at one cap."""
+
+    cap_w_sum: float = 0.0
+    count: int = 0
+    power_w_sum: float = 0.0
+    utilization_sum: float = 0.0
+    utilization_count: int = 0
+
+    def add(self, cap_w: float, power_w: float, utilization_pct: float | None) -> None:
+        self.cap_w_sum += cap_w
+        self.count += 1
+        self.power_w_sum += power_w
+        if utilization_pct is not None:
+            self.utilization_sum += utilization_pct / 100.0
+            self.utilization_count += 1
+
+    def sample(self) -> PowerSample:
+        return PowerSample(
+            cap_w=self.cap_w_sum / self.count,
+            power_w=self.power_w_sum / self.count,
+            utilization=(
+                self.utilization_sum / self.utilization_count if self.utilization_count else None
+            ),
+            weight=float(self.count),
+        )
+
+
+@dataclass(slots=True)
+class _Learned:
+    """What this process knows of one attempt's power."""
+
+    started_s: float
+    profile: m.PowerProfile = field(default_factory=m.PowerProfile)
+    checked_s: float | None = None
+    last_bucket_s: float = float("-inf")  # buckets up to this one are folded into points
+    points: dict[float, _Point] = field(default_factory=dict)  # cap bin -> sums
+    fitted_on: tuple[PowerSample, ...] = ()
+
+
+_learned: dict[int, _Learned] = {}
+_lock = threading.Lock()
+
+
+def forget_all() -> None:
+    """Drop every learned profile (tests that reuse attempt ids across databases)."""
+    with _lock:
+        _learned.clear()
+
+
+def with_learned_profiles(running: tuple[m.Running, ...], now_s: float) -> tuple[m.Running, ...]:
+    """``running`` with each attempt's learned power profile (the default where none is)."""
+    with _lock:
+        live = {r.attempt_id for r in running}
+        for attempt_id in [a for a in _learned if a not in live]:
+            del _learned[attempt_id]
+        for r in running:
+            entry = _learned.get(r.attempt_id)
+            if entry is None or entry.started_s != r.started_at_s:
+                _learned[r.attempt_id] = _Learned(started_s=r.started_at_s)
+        due = [
+            r
+            for r in running
+            if r.gpus
+            and (
+                _learned[r.attempt_id].checked_s is None
+                or now_s - _learned[r.attempt_id].checked_s >= PROFILE_RECHECK_S
+            )
+        ]
+        if due:
+            # Never looked at first, then the longest unlooked-at: every attempt gets its turn.
+            due.sort(
+                key=lambda r: (_learned[r.attempt_id].checked_s or float("-inf"), r.attempt_id)
+            )
+            _refresh(due[:MAX_CHECKS_PER_LOAD], now_s)
+        return tuple(
+            r
+            if _learned[r.attempt_id].profile == r.power_profile
+            else replace(r, power_profile=_learned[r.attempt_id].profile)
+            for r in running
+        )
+
+
+def _refresh(due: list[m.Running], now_s: float) -> None:
+    uuids = sorted({u for r in due for u in r.gpus})
+    latest: dict[
+        str, tuple[int, float, float | None, float | None, float | None, float | None]
+    ] = {}
+    for gpu_id, uuid, max_w, cap_w, power_w, utilization_pct, reading_s in raw_rows(
+        GPU.objects.filter(uuid__in=uuids).values_list(
+            "id",
+            "uuid",
+            "power_max_w",
+            "power_cap_w",
+            "power_draw_w",
+            "utilization_pct",
+            unix_s("telemetry_at"),
+        )
+    ):
+        latest[uuid] = (gpu_id, max_w, cap_w, power_w, utilization_pct, reading_s)
+    since_s = max(
+        min(max(_learned[r.attempt_id].last_bucket_s, r.started_at_s) for r in due),
+        now_s - PROFILE_WINDOW_S,
+    )
+    buckets: dict[int, list[tuple[float, float | None, float | None, float | None]]] = {}
+    for gpu_id, bucket_s, cap_w, power_w, utilization_pct in raw_rows(
+        GpuTelemetry.objects.filter(
+            gpu_id__in=[row[0] for row in latest.values()],
+            bucket_at__gte=from_unix_s(since_s),
+            # Only closed buckets: an open one's mean still moves.
+            bucket_at__lte=from_unix_s(now_s - _BUCKET_S),
+        )
+        .order_by("bucket_at")
+        .values_list(
+            "gpu_id", unix_s("bucket_at"), "power_cap_w", "power_draw_w", "utilization_pct"
+        )
+    ):
+        buckets.setdefault(gpu_id, []).append((bucket_s, cap_w, power_w, utilization_pct))
+
+    fits = 0
+    for r in due:
+        entry = _learned[r.attempt_id]
+        gpus = [latest[u] for u in r.gpus if u in latest]
+        if not gpus:
+            entry.checked_s = now_s
+            continue
+        max_w = min(g[1] for g in gpus)
+        newest = entry.last_bucket_s
+        for gpu_id, gpu_max_w, *_ in gpus:
+            for bucket_s, cap_w, power_w, utilization_pct in buckets.get(gpu_id, ()):
+                # A bucket that began before the attempt mixes in someone else's draw.
+                if bucket_s <= entry.last_bucket_s or bucket_s < entry.started_s:
+                    continue
+                if _busy(power_w, utilization_pct):
+                    cap = gpu_max_w if cap_w is None else cap_w
+                    point = entry.points.setdefault(round(cap / CAP_BIN_W) * CAP_BIN_W, _Point())
+                    point.add(cap, power_w, utilization_pct)
+                newest = max(newest, bucket_s)
+        entry.last_bucket_s = newest
+        fitted = [entry.points[cap].sample() for cap in sorted(entry.points)]
+        if not fitted:
+            # No bucket has closed yet: the latest readings stand in, until one has.
+            for _, gpu_max_w, cap_w, power_w, utilization_pct, reading_s in gpus:
+                if reading_s is not None and reading_s >= entry.started_s:
+                    if _busy(power_w, utilization_pct):
+                        point = _Point()
+                        point.add(gpu_max_w if cap_w is None else cap_w, power_w, utilization_pct)
+                        fitted.append(point.sample())
+        if not fitted:
+            entry.checked_s = now_s
+            continue
+        if entry.profile.samples and not _moved(entry.fitted_on, fitted):
+            weight = round(sum(s.weight for s in fitted))
+            entry.profile = replace(entry.profile, samples=max(weight, entry.profile.samples))
+            entry.checked_s = now_s
+            continue
+        if fits >= MAX_FITS_PER_LOAD:
+            continue  # still due: first in line next load
+        entry.profile = fit_profile(fitted, max_w)
+        entry.fitted_on = tuple(fitted)
+        entry.checked_s = now_s
+        fits += 1
+
+
+def _busy(power_w: float | None, utilization_pct: float | None) -> bool:
+    if power_w is None:
+        return False
+    # Without a utilization reading (not every board reports it) the draw is taken as it is.
+    return utilization_pct is None or utilization_pct >= MIN_BUSY_UTILIZATION_PCT
+
+
+def _moved(before: tuple[PowerSample, ...], now: list[PowerSample]) -> bool:
+    """Has what the attempt was seen doing changed enough to refit its profile?"""
+    if len(before) != len(now):
+        return True
+    for old, new in zip(before, now, strict=True):
+        if abs(old.cap_w - new.cap_w) >= CAP_BIN_W or abs(old.power_w - new.power_w) >= (
+            REFIT_POWER_W
+        ):
+            return True
+        if (old.utilization is None) != (new.utilization is None):
+            return True
+        if old.utilization is not None and abs(old.utilization - new.utilization) >= (
+            REFIT_UTILIZATION
+        ):
+            return True
+    return False
