@@ -10,10 +10,13 @@ pending reasons, positions, estimates and power caps written here are not state.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from django.db import connection, transaction
 
@@ -123,13 +126,17 @@ def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: App
     starts = list(starts)
     if not starts:
         return
+    # Only the columns the checks and the admission read: a cold start admits thousands of jobs,
+    # and whole rows (commands, environments) cost more to turn into objects than to fetch.
     jobs: dict[int, Job] = {}
     for chunk in _chunks([s.job_id for s in starts]):
-        jobs.update(Job.objects.in_bulk(chunk))
+        jobs.update(Job.objects.only("id", "state", "attempt_count").in_bulk(chunk))
     uuids = [u for s in starts for u in s.gpu_uuids]
     gpus: dict[str, GPU] = {}
     for chunk in _chunks(uuids):
-        gpus.update({g.uuid: g for g in GPU.objects.filter(uuid__in=chunk)})
+        gpus.update(
+            {g.uuid: g for g in GPU.objects.filter(uuid__in=chunk).only("id", "uuid", "node_id")}
+        )
     node_names = sorted({name for s in starts for name, _ in s.placements})
     nodes: dict[str, Node] = {}
     for chunk in _chunks(node_names):
@@ -197,7 +204,7 @@ def _why_not_startable(
 def _same(a: float | None, b: float | None, tolerance: float) -> bool:
     if a is None or b is None:
         return a is b
-    return abs(a - b) <= tolerance
+    return a == b or abs(a - b) <= tolerance
 
 
 def _close_position(stored: int | None, planned: int) -> bool:
@@ -245,10 +252,13 @@ def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) ->
     # A job that left the queue since the snapshot (cancelled) keeps what its transition wrote.
     result.pending_rows_written += _update_jobs(changed, PENDING_FIELDS, JobState.PENDING)
     started = set(result.started)
+    rows = loaded.pending_rows
+    # Most jobs had their prediction stored while they waited; only a new one is written.
     admitted = [
         (job_id, predicted_s)
         for job_id, predicted_s in plan.predicted_duration_s.items()
         if job_id in started
+        and not (job_id in rows and _same(rows[job_id].predicted_duration_s, predicted_s, 1e-6))
     ]
     # What the backfill of later cycles counts on for the end of a running job.
     result.pending_rows_written += _update_jobs(
@@ -260,8 +270,9 @@ def _update_jobs(rows: list[tuple], fields: list[str], state: str) -> int:
     """Write (id, *values) rows onto Job columns, only where the job is still in `state`.
 
     Every cycle moves the queue position of most waiting jobs, so this may be tens of thousands
-    of rows: on PostgreSQL one UPDATE ... FROM unnest(arrays) does it in a single statement,
-    where bulk_update's CASE WHEN per row grows quadratically.
+    of rows: on PostgreSQL one UPDATE ... FROM json_array_elements(one parameter) does it in a
+    single statement. bulk_update's CASE WHEN per row grows quadratically, and one array
+    parameter per column costs more to encode and decode than the update itself.
     """
     if not rows:
         return 0
@@ -270,31 +281,58 @@ def _update_jobs(rows: list[tuple], fields: list[str], state: str) -> int:
         return Job.objects.filter(state=state).bulk_update(objs, fields, batch_size=500)
     meta = Job._meta
     columns = [meta.get_field(name) for name in fields]
-    casts = [_PG_ARRAY_TYPES[type(col).__name__] for col in columns]
-    assignments = ", ".join(f"{qn(col.column)} = v.{qn(col.column)}" for col in columns)
-    unnest = ", ".join(f"%s::{cast}[]" for cast in ["bigint", *casts])
-    names = ", ".join(["id", *(qn(col.column) for col in columns)])
+    kinds = [_PG_TYPES[type(col).__name__] for col in columns]
+    assignments = ", ".join(
+        f"{qn(col.column)} = {_from_json(kind, i + 1)}"
+        for i, (col, kind) in enumerate(zip(columns, kinds, strict=True))
+    )
     sql = (
         f"UPDATE {qn(meta.db_table)} AS j SET {assignments} "
-        f"FROM unnest({unnest}) AS v({names}) "
-        f"WHERE j.{qn(meta.pk.column)} = v.id AND j.{qn(meta.get_field('state').column)} = %s"
+        f"FROM json_array_elements(%s::json) AS v "
+        f"WHERE j.{qn(meta.pk.column)} = (v->>0)::bigint "
+        f"AND j.{qn(meta.get_field('state').column)} = %s"
     )
+    # In id order, so the rows are visited the way the table and its index lie.
+    rows = sorted(rows, key=itemgetter(0))
     written = 0
     with connection.cursor() as cursor:
         for chunk in _chunks(rows, 20000):
-            arrays = [list(values) for values in zip(*chunk, strict=True)]
-            cursor.execute(sql, [*arrays, state])
+            payload = json.dumps([_json_row(row, kinds) for row in chunk], allow_nan=False)
+            cursor.execute(sql, [payload, state])
             written += cursor.rowcount
     return written
 
 
-_PG_ARRAY_TYPES = {
+# Job field class -> the SQL type its value is cast to from the JSON rows of _update_jobs.
+_PG_TYPES = {
     "CharField": "text",
     "TextField": "text",
     "PositiveIntegerField": "integer",
     "DateTimeField": "timestamptz",
     "FloatField": "double precision",
 }
+
+
+def _from_json(kind: str, i: int) -> str:
+    if kind == "text":
+        return f"v->>{i}"
+    if kind == "timestamptz":
+        # Timestamps travel as Unix seconds: JSON has no date type, and a number is exact.
+        return f"to_timestamp((v->>{i})::double precision)"
+    return f"(v->>{i})::{kind}"
+
+
+def _json_row(row: tuple, kinds: list[str]) -> list:
+    out = [row[0]]
+    for value, kind in zip(row[1:], kinds, strict=True):
+        if value is not None:
+            if kind == "timestamptz":
+                value = value.timestamp()
+            if kind == "double precision" and not math.isfinite(value):
+                # JSON has no infinity; PostgreSQL reads these spellings from text.
+                value = "Infinity" if value > 0 else "-Infinity" if value < 0 else "NaN"
+        out.append(value)
+    return out
 
 
 def qn(name: str) -> str:

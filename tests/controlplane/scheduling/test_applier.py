@@ -304,6 +304,65 @@ def test_pending_reasons_positions_and_estimates_are_stored_on_the_job(
     assert result.pending_rows_written == 1
 
 
+def test_reasons_are_stored_exactly_as_written_for_many_jobs_in_one_write(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=1)
+    jobs = [make_job(vision, alice, gpus=4) for _ in range(3)]
+    loaded = load_snapshot()
+    eta_s = loaded.snapshot.now_s + 7200
+    sentences = [
+        'waiting for 4 x H100: tenant "vision" uses 0 of its 8 guaranteed \\ and that\'s all',
+        "waiting for 4 x H100: réservé pour le job 7 — 日本語",
+        "",
+    ]
+    plan = m.Plan(
+        pending=tuple(
+            waiting(job, reason=text, position=i + 1, eta_s=eta_s if i == 0 else None)
+            for i, (job, text) in enumerate(zip(jobs, sentences, strict=True))
+        ),
+        predicted_duration_s={jobs[0].pk: 1234.5678, jobs[1].pk: float("inf")},
+    )
+    assert apply_plan(plan, loaded).pending_rows_written == 3
+    for i, (job, text) in enumerate(zip(jobs, sentences, strict=True)):
+        job.refresh_from_db()
+        assert (job.pending_reason, job.queue_position) == (text, i + 1)
+    jobs[0].refresh_from_db()
+    jobs[1].refresh_from_db()
+    jobs[2].refresh_from_db()
+    assert jobs[0].estimated_start_at.timestamp() == pytest.approx(eta_s, abs=1)
+    assert jobs[1].estimated_start_at is None
+    assert jobs[0].predicted_duration_s == 1234.5678
+    assert jobs[1].predicted_duration_s == float("inf")
+    assert jobs[2].predicted_duration_s is None
+    # Read back, the same plan finds nothing to write.
+    assert apply_plan(plan, load_snapshot()).pending_rows_written == 0
+
+
+def test_a_started_job_gets_its_prediction_written_only_when_it_is_not_stored_yet(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=2)
+    known, new = make_job(vision, alice), make_job(vision, alice)
+    apply_plan(
+        m.Plan(pending=(waiting(known),), predicted_duration_s={known.pk: 600.0}),
+        load_snapshot(),
+    )
+    result = apply_plan(
+        m.Plan(
+            starts=(start(known, ("n1", ["GPU-n1-0"])), start(new, ("n1", ["GPU-n1-1"]))),
+            predicted_duration_s={known.pk: 600.0, new.pk: 900.0},
+        ),
+        load_snapshot(),
+    )
+    assert sorted(result.started) == sorted([known.pk, new.pk])
+    assert result.pending_rows_written == 1
+    known.refresh_from_db()
+    new.refresh_from_db()
+    assert (known.state, known.predicted_duration_s) == (JobState.ADMITTED, 600.0)
+    assert (new.state, new.predicted_duration_s) == (JobState.ADMITTED, 900.0)
+
+
 def test_an_unchanged_reason_is_not_written_again(make_node, make_job, vision, alice):
     make_node("n1", gpus=1)
     job = make_job(vision, alice, gpus=4)
