@@ -21,7 +21,7 @@ from functools import wraps
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
@@ -31,6 +31,7 @@ from controlplane.cluster.agent_auth import (
     authenticate_node,
     bearer_token,
     consume_join_token,
+    node_token_digest,
     rotate_node_token,
 )
 from controlplane.cluster.heartbeat import AttemptReport, ConditionReport, Heartbeat
@@ -352,10 +353,15 @@ def _spare_index(node: Node) -> int:
     return max(RETIRED_INDEX, (top or 0) + 1)
 
 
-@agent_view()
-def heartbeat(request: HttpRequest, node: Node) -> JsonResponse:
+@agent_view(node_auth=False)
+def heartbeat(request: HttpRequest) -> HttpResponse:
+    # The node, its work and its caps come in one read (see hb_logic.read_node), so the
+    # token is checked here rather than by agent_view's separate lookup.
+    read = hb_logic.read_node(node_token_digest(request))
+    if read is None:
+        raise AgentAuthError("Invalid node token.")
     report = parse_heartbeat(parse_json(request))
-    return JsonResponse(hb_logic.process_heartbeat(node, report))
+    return HttpResponse(hb_logic.answer_heartbeat(read, report), content_type="application/json")
 
 
 class WatchSlots:

@@ -34,14 +34,19 @@ def bearer_token(request: HttpRequest) -> str | None:
     return parts[1]
 
 
-def authenticate_node(request: HttpRequest) -> Node:
-    """The node whose current token the request carries, or AgentAuthError."""
+def node_token_digest(request: HttpRequest) -> str:
+    """The hash of the node token the request carries (not yet checked), or AgentAuthError."""
     raw = bearer_token(request)
     if raw is None:
         raise AgentAuthError("A node token is required (Authorization: Bearer gcpn_...).")
     if not raw.startswith(NODE_TOKEN_PREFIX + "_"):
         raise AgentAuthError("Only node tokens may call the agent API.")
-    node = node_by_token_hash(hash_token(raw))
+    return hash_token(raw)
+
+
+def authenticate_node(request: HttpRequest) -> Node:
+    """The node whose current token the request carries, or AgentAuthError."""
+    node = node_by_token_hash(node_token_digest(request))
     if node is None:
         # Rotated, revoked, or never issued: all look the same from outside.
         raise AgentAuthError("Invalid node token.")

@@ -22,8 +22,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.cluster import telemetry
-from controlplane.cluster.agent_auth import db_datetime
-from controlplane.cluster.models import GPU, Node
+from controlplane.cluster.agent_auth import db_datetime, node_by_token_hash
+from controlplane.cluster.models import GPU, Node, NodeGeneration
 from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs import actions
 from controlplane.jobs.models import (
@@ -238,12 +238,20 @@ def _answered_key(name: str) -> str:
 
 def remember_answer(node: Node, answer_digest: str) -> None:
     with _answered_lock:
+        previous = _answered.get(node.name)
         _answered[node.name] = answer_digest
     if settings.REDIS_URL:
+        ttl_s = max(60, int(node.heartbeat_interval_s * 10))
+        if previous == answer_digest and telemetry.flush_interval_s() > 0:
+            # The same answer as this process gave last time: only the key's expiry needs a
+            # refresh, which rides with the next telemetry batch instead of costing a round
+            # trip now. (Should another process have stored a different answer meanwhile, a
+            # watch wakes the agent once more until that batch lands: harmless.)
+            telemetry.buffer.add_answer(_answered_key(node.name), answer_digest, ttl_s)
+            return
         try:
             from controlplane.redis_client import get_redis
 
-            ttl_s = max(60, int(node.heartbeat_interval_s * 10))
             get_redis().set(_answered_key(node.name), answer_digest, ex=ttl_s)
         except Exception:
             log.warning("could not record the answer to %s in Redis", node.name, exc_info=True)
@@ -260,6 +268,224 @@ def last_answer_digest(node: Node) -> str | None:
             log.warning("could not read the answer to %s from Redis", node.name, exc_info=True)
     with _answered_lock:
         return _answered.get(node.name)
+
+
+# --- the steady heartbeat: one read, no write in the request --------------------------------
+#
+# Nearly every heartbeat says what the previous one said: the same attempts still running, no
+# new condition. Such a heartbeat moves nothing on, so it needs no lock and no transaction: one
+# indexed read (the node by its token hash, with its desired-state generation) tells that it is
+# steady, and the node's liveness, its GPUs' readings and its attempts' energy join the
+# telemetry batch. Every other heartbeat takes the full path below, which writes in the
+# request, under the node lock.
+#
+# The answer is cached per process by (token hash, generation). PostgreSQL triggers count every
+# change of a node's work or caps in its generation (migration cluster 0002), in the writer's
+# own transaction, so no code path can change the desired state and leave a stale answer. On a
+# generation this process has not seen, one more read fetches the work and caps.
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRead:
+    """A heartbeat's node, and the generation of its desired state (None: not counted here)."""
+
+    node: Node
+    generation: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The answer for one node's work and caps: parsed, serialized, digested; shared, read-only."""
+
+    work: dict[int, Work]
+    body: bytes
+    digest: str
+
+
+def _node_read_sql() -> str:
+    qn = connection.ops.quote_name
+    node, generation = qn(Node._meta.db_table), qn(NodeGeneration._meta.db_table)
+    return f"""
+        SELECT n.id, n.name, n.ready, n.last_heartbeat_at, n.heartbeat_interval_s,
+               n.conditions::text, COALESCE(ng.generation, 0)
+        FROM {node} n LEFT JOIN {generation} ng ON ng.node_id = n.id
+        WHERE n.token_hash = %s
+    """
+
+
+def _work_read_sql() -> str:
+    qn = connection.ops.quote_name
+    attempt, job = qn(JobAttempt._meta.db_table), qn(Job._meta.db_table)
+    alloc, gpu = qn(Allocation._meta.db_table), qn(GPU._meta.db_table)
+    states = f"'{AttemptState.ADMITTED.value}', '{AttemptState.RUNNING.value}'"
+    # The same attempts as _work_sql (see there why a UNION), as one JSON array, with the caps.
+    return f"""
+        SELECT
+          (SELECT json_agg(json_build_array(
+                a.id, a.job_id, a.state, a.stop_requested_at IS NOT NULL, j.gpus,
+                j.image, j.command, j.env, j.cpus, j.memory_mib, j.max_runtime_s,
+                (SELECT json_agg(g.uuid ORDER BY g."index")
+                 FROM {alloc} al JOIN {gpu} g ON g.id = al.gpu_id
+                 WHERE al.attempt_id = a.id AND al.active AND g.node_id = %(node)s))
+                ORDER BY a.id)::text
+           FROM {attempt} a JOIN {job} j ON j.id = a.job_id
+           WHERE a.state IN ({states})
+             AND a.id IN (
+                 SELECT al.attempt_id FROM {gpu} g JOIN {alloc} al ON al.gpu_id = g.id
+                 WHERE g.node_id = %(node)s AND al.active
+                 UNION
+                 SELECT id FROM {attempt} WHERE node_id = %(node)s AND state IN ({states})
+             )),
+          (SELECT json_object_agg(g.uuid, g.desired_power_cap_w ORDER BY g."index")::text
+           FROM {gpu} g WHERE g.node_id = %(node)s AND g.desired_power_cap_w IS NOT NULL)
+    """
+
+
+_sql: dict[str, str] = {}
+
+
+def _prepared_fetch(name: str, build, params):
+    """One row of a statement PostgreSQL plans once per connection, not on every heartbeat.
+
+    Django's own cursors bind parameters on the client side, which makes PostgreSQL parse and
+    plan each execution afresh; these statements run on every heartbeat.
+    """
+    import psycopg
+
+    sql = _sql.get(name)
+    if sql is None:
+        sql = _sql[name] = build()
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        return cursor.fetchone()
+
+
+def read_node(token_digest: str) -> NodeRead | None:
+    """The node holding this token hash, with its generation; None when no node holds it
+    (rotated, revoked, never issued). The generation is None outside PostgreSQL (the embedded
+    mode's SQLite has no triggers), where every heartbeat takes the full path."""
+    if connection.vendor != "postgresql":
+        node = node_by_token_hash(token_digest)
+        return None if node is None else NodeRead(node, None)
+    row = _prepared_fetch("node", _node_read_sql, [token_digest])
+    if row is None:
+        return None
+    node_id, name, ready, last_heartbeat_at, interval_s, conditions, generation = row
+    node = Node(
+        id=node_id,
+        name=name,
+        ready=bool(ready),
+        last_heartbeat_at=last_heartbeat_at,
+        heartbeat_interval_s=interval_s,
+        conditions=json.loads(conditions) if conditions else [],
+        token_hash=token_digest,
+    )
+    return NodeRead(node, generation)
+
+
+# Per process, the last answer prepared for each node, by (token hash, generation, interval).
+# Bounded by the number of nodes this process hears from; an entry is replaced, never patched.
+_prepared: dict[int, tuple[tuple, Prepared]] = {}
+
+
+def prepared_answer(read: NodeRead) -> Prepared:
+    node = read.node
+    key = (node.token_hash, read.generation, node.heartbeat_interval_s)
+    cached = _prepared.get(node.pk)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    # Read after the generation: the work is at least as new as it, so caching it under that
+    # generation can only be ahead of it, never behind.
+    work_json, caps_json = _prepared_fetch("work", _work_read_sql, {"node": node.pk})
+    work: dict[int, Work] = {}
+    for row in json.loads(work_json or "[]"):
+        aid, job_id, state, stopping, gpus, image, command, env, cpus, mem, runtime, uuids = row
+        if not uuids and gpus != 0:
+            continue  # placed here but holds none of its GPUs: another node's, see load_work
+        work[aid] = Work(
+            attempt_id=aid,
+            job_id=job_id,
+            state=state,
+            stop_requested=stopping,
+            started_at=None,
+            energy_j=0.0,
+            job_gpus=gpus,
+            image=image,
+            command=command,
+            env=env,
+            cpus=float(cpus),
+            memory_mib=int(mem),
+            max_runtime_s=int(runtime),
+            gpu_uuids=uuids or [],
+        )
+    caps = {uuid: float(cap) for uuid, cap in json.loads(caps_json or "{}").items()}
+    answer = desired_state(work, caps, node.heartbeat_interval_s)
+    prepared = Prepared(work=work, body=json.dumps(answer).encode(), digest=digest(answer))
+    _prepared[node.pk] = (key, prepared)
+    return prepared
+
+
+def is_steady(node: Node, work: dict[int, Work], hb: Heartbeat, now: dt.datetime) -> bool:
+    """True when this heartbeat changes nothing but liveness and readings.
+
+    Every attempt of the node runs and is reported running, the conditions are the ones on
+    record, and the node is ready and well inside its liveness window. The last guards against
+    a liveness sweep: it declares attempts lost only after NODE_NOT_READY_AFTER_INTERVALS
+    intervals plus NODE_LOST_GRACE_S of silence, under the node lock, which only the full path
+    takes; a node heard from within the first part cannot be judged lost while this heartbeat
+    (and the batch carrying its liveness, TELEMETRY_FLUSH_INTERVAL_S later) is in flight.
+    """
+    if not node.ready or node.last_heartbeat_at is None:
+        return False
+    silent_s = (now - node.last_heartbeat_at).total_seconds()
+    if silent_s >= settings.NODE_NOT_READY_AFTER_INTERVALS * node.heartbeat_interval_s:
+        return False
+    if hb.conditions or node.conditions:
+        if _merge_conditions(node.conditions, hb.conditions, 0.0) != node.conditions:
+            return False
+    reports = {r.attempt_id: r for r in hb.attempts}
+    for aid, w in work.items():
+        r = reports.get(aid)
+        if r is None or r.state != RUNNING or w.state != AttemptState.RUNNING:
+            return False
+    # A report of an attempt that is not the node's active work changes nothing on the full
+    # path either (it is left out of the answer, so the agent stops it).
+    return True
+
+
+def _reported_energy(
+    work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuSample]
+) -> dict[int, tuple]:
+    """_energy without the comparison with the stored figure, which the read does not carry."""
+    rows = {}
+    for r in hb.attempts:
+        w = work.get(r.attempt_id)
+        if w is None or r.energy_j is None:
+            continue
+        counters = {
+            u: samples[u].energy_j
+            for u in w.gpu_uuids
+            if u in samples and samples[u].energy_j is not None
+        }
+        rows[r.attempt_id] = (r.energy_j, r.energy_estimated, json.dumps(counters))
+    return rows
+
+
+def answer_heartbeat(read: NodeRead, hb: Heartbeat, *, now: dt.datetime | None = None) -> bytes:
+    """The JSON answer to one heartbeat: the steady path when it applies, else the full one."""
+    now = now or timezone.now()
+    node = read.node
+    if read.generation is not None:
+        prepared = prepared_answer(read)
+        if is_steady(node, prepared.work, hb, now):
+            samples = {s.uuid: s for s in hb.gpus}
+            telemetry.record(
+                node.pk, now, samples, _reported_energy(prepared.work, hb, samples), alive=True
+            )
+            remember_answer(node, prepared.digest)
+            return prepared.body
+    return json.dumps(process_heartbeat(node, hb, now=now)).encode()
 
 
 # --- the heartbeat ---------------------------------------------------------------------------

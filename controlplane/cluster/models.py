@@ -147,3 +147,18 @@ class JoinToken(models.Model):
             and self.expires_at > timezone.now()
             and self.uses < self.max_uses
         )
+
+
+class NodeGeneration(models.Model):
+    """How many times a node's desired state (its work, its caps) has changed.
+
+    Kept by PostgreSQL triggers on the attempt, allocation and GPU tables (migration 0002), so
+    no writer can forget to count a change; a heartbeat reads it with the node and answers from
+    its cached answer while it has not moved (controlplane.cluster.heartbeat). A plain table
+    beside the node rows, so counting a change never waits on a node's lock or liveness write.
+    """
+
+    node = models.OneToOneField(
+        Node, on_delete=models.CASCADE, primary_key=True, db_constraint=False, related_name="+"
+    )
+    generation = models.BigIntegerField(default=0)

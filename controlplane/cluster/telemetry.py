@@ -278,6 +278,8 @@ class TelemetryBuffer:
         self._lock = threading.Lock()
         self._readings: dict[int, tuple[dt.datetime, dict[str, GpuSample]]] = {}
         self._energy: dict[int, tuple] = {}
+        self._alive: dict[int, dt.datetime] = {}
+        self._answers: dict[str, tuple[str, int]] = {}
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
 
@@ -287,15 +289,26 @@ class TelemetryBuffer:
         at: dt.datetime,
         samples: dict[str, GpuSample],
         energy: dict[int, tuple],
+        *,
+        alive: bool = False,
     ) -> None:
         with self._lock:
             self._readings[node_id] = (at, samples)
             self._energy.update(energy)
-            if self._background and (self._thread is None or not self._thread.is_alive()):
-                self._thread = threading.Thread(
-                    target=self._run, name="telemetry-flush", daemon=True
-                )
-                self._thread.start()
+            if alive:
+                self._alive[node_id] = at
+            self._start_thread()
+
+    def add_answer(self, key: str, answer_digest: str, ttl_s: int) -> None:
+        """A Redis key (what a node was last told) to set with the next batch."""
+        with self._lock:
+            self._answers[key] = (answer_digest, ttl_s)
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        if self._background and (self._thread is None or not self._thread.is_alive()):
+            self._thread = threading.Thread(target=self._run, name="telemetry-flush", daemon=True)
+            self._thread.start()
 
     def pending(self) -> int:
         with self._lock:
@@ -308,6 +321,18 @@ class TelemetryBuffer:
         with self._lock:
             readings, self._readings = self._readings, {}
             energy, self._energy = self._energy, {}
+            alive, self._alive = self._alive, {}
+            answers, self._answers = self._answers, {}
+        if answers:
+            write_answers(answers)
+        if alive:
+            try:
+                # On its own, before the batch's transaction: node rows are locked for as long
+                # as one statement, never while attempt or GPU rows wait.
+                write_alive(alive)
+            except Exception:
+                # The next heartbeat of each node carries its liveness again.
+                log.exception("could not record liveness of %d nodes", len(alive))
         if not readings and not energy:
             return 0
         try:
@@ -342,13 +367,63 @@ atexit.register(buffer.flush)
 
 
 def record(
-    node_id: int, at: dt.datetime, samples: dict[str, GpuSample], energy: dict[int, tuple]
+    node_id: int,
+    at: dt.datetime,
+    samples: dict[str, GpuSample],
+    energy: dict[int, tuple],
+    *,
+    alive: bool = False,
 ) -> None:
-    """A heartbeat's readings: buffered for the next batch, or written now (interval 0)."""
+    """A heartbeat's readings: buffered for the next batch, or written now (interval 0).
+
+    alive: the node's last_heartbeat_at moves to `at` with them (the heartbeat wrote nothing).
+    """
     if flush_interval_s() > 0:
-        buffer.add(node_id, at, samples, energy)
+        buffer.add(node_id, at, samples, energy, alive=alive)
     else:
+        if alive:
+            write_alive({node_id: at})
         write_batch({node_id: (at, samples)}, energy)
+
+
+def write_alive(alive: dict[int, dt.datetime]) -> int:
+    """Move these nodes' last_heartbeat_at forward (never back) in one statement.
+
+    Only the time: a node the liveness sweep declared not ready is made ready again by the
+    full heartbeat path, under its lock (controlplane.cluster.heartbeat).
+    """
+    from controlplane.cluster.models import Node
+
+    if not alive:
+        return 0
+    table = connection.ops.quote_name(Node._meta.db_table)
+    # Sorted, so that two processes' batches lock the rows they share in the same order.
+    rows = [(k, connection.ops.adapt_datetimefield_value(at)) for k, at in sorted(alive.items())]
+    cte, params = rows_cte("v", [("k", "bigint"), ("at", "timestamptz")], rows)
+    at = "v.at" if connection.vendor == "postgresql" else "datetime(v.at)"
+    sql = (
+        f"WITH {cte} UPDATE {table} SET last_heartbeat_at = {at} FROM v "
+        f"WHERE {table}.id = v.k AND ({table}.last_heartbeat_at IS NULL "
+        f"OR {table}.last_heartbeat_at < {at})"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def write_answers(answers: dict[str, tuple[str, int]]) -> None:
+    """Set these Redis keys (what each node was last told) in one round trip."""
+    if not settings.REDIS_URL:
+        return
+    try:
+        from controlplane.redis_client import get_redis
+
+        pipe = get_redis().pipeline(transaction=False)
+        for key, (value, ttl_s) in answers.items():
+            pipe.set(key, value, ex=ttl_s)
+        pipe.execute()
+    except Exception:
+        log.warning("could not refresh %d answers in Redis", len(answers), exc_info=True)
 
 
 _last_prune_lock = threading.Lock()
