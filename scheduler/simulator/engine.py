@@ -109,8 +109,9 @@ class SimOptions:
     on_cycle: Callable[[Snapshot, Plan], None] | None = None
     # Every tenant runs on GPUs of its own type and borrows nothing (static node partitions):
     # no decision about one tenant can then depend on another tenant's attempts, so a snapshot
-    # carries only the attempts of tenants with jobs pending, which keeps the plan's work
-    # proportional to the partitions in play (ANCHORS' simulators run each VC on its own).
+    # carries only the nodes and attempts of tenants with jobs pending, which keeps the plan's
+    # work proportional to the partitions in play (ANCHORS' simulators run each VC on its own).
+    # Ignored when power caps are planned: the cap planner weighs each pool as a whole.
     partitioned_tenants: bool = False
 
 
@@ -282,7 +283,19 @@ class _Engine:
         self.pending_tuple: tuple[Pending, ...] | None = ()
         self.running_tuple: tuple[Running, ...] | None = ()
         self.tenant_running: dict[str, dict[int, _Attempt]] = {t.name: {} for t in self.tenants}
-        self.partitioned = options.partitioned_tenants
+        self.power_active = any(p.power_budget_w is not None for p in self.pools)
+        # The cap planner weighs a pool's draw as a whole: it must see every node and attempt.
+        self.partitioned = options.partitioned_tenants and not self._power_asked_for()
+        # tenant -> indices of its partition's nodes; tenants in play -> their nodes, in order.
+        self.partition_nodes: dict[str, list[int]] = {}
+        self.nodes_in_play: dict[tuple[str, ...], tuple[Node, ...]] = {}
+        # Per tenant, its pending jobs in queue order (partitioned replays plan tenants apart).
+        self.tenant_pending: dict[str, dict[int, Pending]] = {t.name: {} for t in self.tenants}
+        # Tenants whose partition changed since they were last planned, and those whose last
+        # plan left a job waiting on time (a reservation, a preemption under way).
+        self.dirty_tenants: set[str] = set()
+        self.time_bound_tenants: set[str] = set()
+        self.tick_at = _INF  # the next periodic tick that plans every tenant with work pending
         if self.partitioned:
             self._check_partitioned()
         self.next_attempt_id = 1
@@ -304,7 +317,7 @@ class _Engine:
         self.last_start_s = -_INF
         self.last_plan: Plan | None = None
         self.time_dependent_order = config.ordering in (Ordering.LAS, Ordering.SRTF)
-        self.power_active = any(p.power_budget_w is not None for p in self.pools)
+        self.las_preempts = config.ordering is Ordering.LAS and config.preemption
 
         # Power: per-GPU draw, per-pool sums, integrated energy.
         self._draw_memo: dict[tuple[float, float, float, bool], float] = {}
@@ -423,6 +436,7 @@ class _Engine:
         job.pending = self._make_pending(job)
         self.pending[job.trace.job_id] = job
         self.pending_objs[job.trace.job_id] = job.pending
+        self.tenant_pending[job.trace.tenant][job.trace.job_id] = job.pending
         self.pending_tuple = None
 
     def _make_running(self, a: _Attempt, now_s: float) -> Running:
@@ -453,6 +467,15 @@ class _Engine:
             memory_mib=t.memory_mib,
         )
 
+    def _power_asked_for(self) -> bool:
+        return self.config.power_planning and (
+            self.power_active
+            or self.config.eco_max_slowdown is not None
+            or any(
+                t.power_pace_w is not None or t.budget_action == "throttle" for t in self.tenants
+            )
+        )
+
     def _check_partitioned(self) -> None:
         if self.config.borrowing:
             raise ValueError("partitioned_tenants needs a config without borrowing")
@@ -463,9 +486,27 @@ class _Engine:
                     f"partitioned_tenants needs a GPU type of its own for every tenant's jobs; "
                     f"job {j.job_id} of {j.tenant} asks for {j.gpu_type or 'any type'}"
                 )
+        # A node whose GPUs no tenant's jobs ask for never enters a snapshot: nothing can run there.
+        for i, node in enumerate(self.node_list):
+            tenants = {owner[g.gpu_type] for g in node.gpus if g.gpu_type in owner}
+            for tenant in tenants:
+                self.partition_nodes.setdefault(tenant, []).append(i)
 
-    def _partition_running(self, now_s: float) -> tuple[Running, ...]:
-        tenants = sorted({j.trace.tenant for j in self.pending.values()})
+    def _pending_tenants(self) -> tuple[str, ...]:
+        return tuple(sorted({j.trace.tenant for j in self.pending.values()}))
+
+    def _partition_nodes(self, tenants: tuple[str, ...]) -> tuple[Node, ...]:
+        """The nodes of the partitions in play, in the cluster's order (ties break as in full)."""
+        nodes = self.nodes_in_play.get(tenants)
+        if nodes is None:
+            if len(tenants) == 1:
+                indices = self.partition_nodes.get(tenants[0], [])
+            else:
+                indices = sorted({i for t in tenants for i in self.partition_nodes.get(t, ())})
+            nodes = self.nodes_in_play[tenants] = tuple(self.node_list[i] for i in indices)
+        return nodes
+
+    def _partition_running(self, now_s: float, tenants: tuple[str, ...]) -> tuple[Running, ...]:
         if self.time_dependent_order:
             return tuple(
                 self._make_running(a, now_s)
@@ -474,35 +515,42 @@ class _Engine:
             )
         return tuple(a.running for t in tenants for a in self.tenant_running[t].values())
 
-    def _snapshot(self, now_s: float) -> Snapshot:
-        if self.pending_tuple is None:
-            self.pending_tuple = tuple(self.pending_objs.values())
+    def _snapshot(self, now_s: float, tenants: tuple[str, ...] | None = None) -> Snapshot:
+        """The cluster as ``plan`` sees it; partitioned, only the partitions of ``tenants``."""
         if self.partitioned:
-            running = self._partition_running(now_s)
-        elif self.time_dependent_order:
-            running = tuple(self._make_running(a, now_s) for a in self.running.values())
+            assert tenants is not None
+            nodes = self._partition_nodes(tenants)
+            running = self._partition_running(now_s, tenants)
+            pending = tuple(p for t in tenants for p in self.tenant_pending[t].values())
         else:
-            if self.running_tuple is None:
-                self.running_tuple = tuple(self.running_objs.values())
-            running = self.running_tuple
+            nodes = self.nodes_tuple
+            if self.pending_tuple is None:
+                self.pending_tuple = tuple(self.pending_objs.values())
+            pending = self.pending_tuple
+            if self.time_dependent_order:
+                running = tuple(self._make_running(a, now_s) for a in self.running.values())
+            else:
+                if self.running_tuple is None:
+                    self.running_tuple = tuple(self.running_objs.values())
+                running = self.running_tuple
         history: tuple[HistoryRecord, ...] = ()
         if self.uses_history and self.history:
-            history = self._history_for_pending()
+            history = self._history_for(pending)
         return Snapshot(
             now_s=now_s,
-            nodes=self.nodes_tuple,
+            nodes=nodes,
             running=running,
-            pending=self.pending_tuple,
+            pending=pending,
             tenants=self.tenants,
             pools=self.pools,
             history=history,
         )
 
-    def _history_for_pending(self) -> tuple[HistoryRecord, ...]:
+    def _history_for(self, pending: tuple[Pending, ...]) -> tuple[HistoryRecord, ...]:
         tenants = set()
-        for job in self.pending.values():
-            tenants.add(job.trace.tenant)
-            tenants.update(self.user_tenants.get(job.trace.user, ()))
+        for p in pending:
+            tenants.add(p.tenant)
+            tenants.update(self.user_tenants.get(p.user, ()))
         parts = []
         for tenant in sorted(tenants):
             if tenant not in self.history:
@@ -526,8 +574,10 @@ class _Engine:
         k = math.floor(now_s / c) + 1 if strictly_after else math.ceil(now_s / c - 1e-12)
         return max(k * c, now_s)
 
-    def _changed(self, now_s: float) -> None:
+    def _changed(self, now_s: float, tenant: str | None = None) -> None:
         self.dirty = True
+        if tenant is not None:
+            self.dirty_tenants.add(tenant)
         if self.pending or self.power_active:
             if self.options.event_cycles:
                 self._request_cycle(now_s + self.options.debounce_s)
@@ -538,7 +588,7 @@ class _Engine:
         job = _Job(trace)
         self.state[trace.job_id] = job
         self._enqueue(job)
-        self._changed(trace.submit_s)
+        self._changed(trace.submit_s, trace.tenant)
 
     def _quota_keys(self, tenant: str, gpus: tuple[str, ...]) -> dict[tuple[str, str], int]:
         """GPUs counted against each (tenant, type) quota: all of them, and per type."""
@@ -598,7 +648,7 @@ class _Engine:
             self.history_of.pop(t.tenant, None)
             self.user_tenants.setdefault(t.user, set()).add(t.tenant)
         del self.state[t.job_id]
-        self._changed(now_s)
+        self._changed(now_s, t.tenant)
 
     def _schedule_completion(self, a: _Attempt) -> None:
         self.seq += 1
@@ -668,6 +718,7 @@ class _Engine:
 
         del self.pending[t.job_id]
         del self.pending_objs[t.job_id]
+        del self.tenant_pending[t.tenant][t.job_id]
         self.pending_tuple = None
         a = _Attempt()
         a.attempt_id = self.next_attempt_id
@@ -737,15 +788,18 @@ class _Engine:
             self.node_list[i] = replace(node, gpus=gpus)
         if changed_nodes:
             self.nodes_tuple = tuple(self.node_list)
+            self.nodes_in_play.clear()
 
     def _time_dependent(self, now_s: float) -> bool:
         """Whether plan could decide differently later with no event in between."""
         if not self.pending or not self.running:
             return False
-        if self.config.ordering is Ordering.LAS and self.config.preemption:
+        if self.las_preempts:
             return True
         if self.config.preemption and now_s - self.last_start_s < self.config.min_runtime_s:
             return True
+        if self.partitioned:
+            return bool(self.time_bound_tenants)
         plan = self.last_plan
         return plan is not None and any(d.reason_code in _TIME_BOUND_REASONS for d in plan.pending)
 
@@ -759,7 +813,24 @@ class _Engine:
         if not self.dirty and not self._time_dependent(now_s):
             self.cycles_skipped += 1
             return
-        snapshot = self._snapshot(now_s)
+        tenants = None
+        if self.partitioned:
+            # An event concerns its own partition only: the others' last plans still hold (no
+            # change of theirs since, and a wait that time alone ends gets its tick). The tick
+            # plans every tenant with work pending, and so does every cycle of an ordering whose
+            # ranks move with time alone (LAS with preemption), as a whole-cluster plan would.
+            if now_s >= self.tick_at or self.las_preempts:
+                self.tick_at = _INF
+                tenants = self._pending_tenants()
+            else:
+                tenants = tuple(sorted(t for t in self.dirty_tenants if self.tenant_pending[t]))
+            self.dirty_tenants.clear()
+            if not tenants:
+                self.dirty = False
+                self.cycles_skipped += 1
+                self._request_tick(now_s)
+                return
+        snapshot = self._snapshot(now_s, tenants)
         self.dirty = False
         self._advance_power(now_s)
         preempted = False
@@ -769,6 +840,8 @@ class _Engine:
             self.plan_wall_s += time.perf_counter() - t0
             self.plan_calls += 1
             self.last_plan = plan
+            if tenants is not None:
+                self._note_time_bound(tenants, plan)
             if self.options.on_cycle is not None:
                 self.options.on_cycle(snapshot, plan)
             for p in plan.preemptions:
@@ -799,8 +872,21 @@ class _Engine:
             else:
                 self.preempting_at_s, self.preempting_cycles = now_s, 1
             self._changed(now_s)
+            if tenants is not None:
+                self.dirty_tenants.update(tenants)
+        self._request_tick(now_s)
+
+    def _request_tick(self, now_s: float) -> None:
         if self._time_dependent(now_s):
-            self._request_cycle(self._next_tick(now_s, strictly_after=True))
+            at_s = self._next_tick(now_s, strictly_after=True)
+            self._request_cycle(at_s)
+            self.tick_at = min(self.tick_at, at_s)
+
+    def _note_time_bound(self, tenants: tuple[str, ...], plan: Plan) -> None:
+        self.time_bound_tenants.difference_update(tenants)
+        for d in plan.pending:
+            if d.reason_code in _TIME_BOUND_REASONS:
+                self.time_bound_tenants.add(self.state[d.job_id].trace.tenant)
 
     def run(self) -> Result:
         wall0 = time.perf_counter()

@@ -10,7 +10,7 @@ from scheduler import power
 from scheduler.model import Config, Ordering, PowerProfile
 from scheduler.policy import plan
 from scheduler.simulator.engine import PlanError, RestartCost, SimOptions, replay
-from scheduler.simulator.policies import Sharing, cluster_for, preset
+from scheduler.simulator.policies import Sharing, cluster_for, head_of_line, preset
 from tests.scheduler.simulator.builders import GPU, by_id, job, mean, run, trace
 from tests.scheduler.simulator.standin import standin_plan
 
@@ -214,13 +214,15 @@ def test_a_plan_that_takes_a_tenant_past_its_limit_is_an_error():
         replay(jobs, nodes, tenants, Config(ordering=Ordering.FIFO), policy=ignores_quota)
 
 
-@pytest.mark.parametrize("name", ["fifo-static", "srtf", "tiresias", "qssf"])
+@pytest.mark.parametrize(
+    "name", ["fifo-static", "fifo-strict", "sjf-strict", "srtf", "tiresias", "qssf"]
+)
 def test_a_snapshot_of_only_the_partitions_in_play_decides_as_the_whole_cluster_would(name):
-    # Static partitions on nodes of their own: leaving other tenants' attempts out of the
-    # snapshot (the fast path) must change no decision.
+    # Static partitions on nodes of their own: planning only the partitions an event touched,
+    # with only their nodes and attempts in the snapshot (the fast path), must change no decision.
     from scheduler.simulator.trace import synthetic_trace
 
-    t = synthetic_trace(11, jobs=70, tenants=3, nodes_per_tenant=1, mean_interarrival_s=40)
+    t = synthetic_trace(11, jobs=120, tenants=4, nodes_per_tenant=1, mean_interarrival_s=30)
     p = preset(name)
     jobs, nodes, tenants = cluster_for(t, p.sharing)
     runs = [
@@ -230,6 +232,7 @@ def test_a_snapshot_of_only_the_partitions_in_play_decides_as_the_whole_cluster_
             tenants,
             p.config,
             SimOptions(oracle=p.oracle, partitioned_tenants=fast),
+            policy=head_of_line(plan) if p.strict else plan,
         )
         for fast in (False, True)
     ]
@@ -237,6 +240,7 @@ def test_a_snapshot_of_only_the_partitions_in_play_decides_as_the_whole_cluster_
     assert full.outcomes == fast.outcomes
     assert full.preemptions == fast.preemptions
     assert sum(o.queue_s for o in full.outcomes) > 0  # the partitions were contended
+    assert fast.plan_calls <= full.plan_calls
 
 
 def test_strict_fifo_blocks_the_queue_behind_a_job_that_does_not_fit_and_greedy_fifo_does_not():
