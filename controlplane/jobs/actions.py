@@ -17,6 +17,7 @@ from django.db.models import Count, F, OuterRef, Subquery
 from django.utils import timezone
 
 from controlplane.cluster.models import GPU, Node
+from controlplane.jobs import bulk_insert
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
     Allocation,
@@ -266,43 +267,65 @@ def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
 def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
     now = timezone.now()
     reasons = {a.job.pk: a.reason or f"Admitted to {a.node.name}" for a in accepted}
-    attempts = JobAttempt.objects.bulk_create(
+    # One INSERT per table with the per-row values as one parameter (see bulk_insert): at a
+    # cold start's thousands of admissions, bulk_create's instance per row costs seconds.
+    attempt_ids = bulk_insert.insert_rows(
+        JobAttempt,
         [
-            JobAttempt(
-                job=a.job,
-                number=a.job.attempt_count + 1,
-                node=a.node,
-                borrowed=a.borrowed,
-                created_at=now,
-            )
+            {
+                "job_id": a.job.pk,
+                "number": a.job.attempt_count + 1,
+                "node_id": a.node.pk,
+                "borrowed": a.borrowed,
+            }
             for a in accepted
-        ]
+        ],
+        common={"created_at": now},
+        returning="job_id",
     )
-    Allocation.objects.bulk_create(
+    attempts = []
+    for pk, a in zip(attempt_ids, accepted, strict=True):
+        attempt = JobAttempt(
+            pk=pk,
+            job=a.job,
+            number=a.job.attempt_count + 1,
+            node=a.node,
+            borrowed=a.borrowed,
+            created_at=now,
+        )
+        attempt._state.adding = False
+        attempt._state.db = JobAttempt.objects.db
+        attempts.append(attempt)
+    bulk_insert.insert_rows(
+        Allocation,
         [
-            Allocation(attempt=attempt, gpu=gpu, created_at=now)
-            for attempt, a in zip(attempts, accepted, strict=True)
+            {"attempt_id": pk, "gpu_id": gpu.pk}
+            for pk, a in zip(attempt_ids, accepted, strict=True)
             for gpu in a.gpus
-        ]
+        ],
+        common={"created_at": now},
     )
-    JobEvent.objects.bulk_create(
+    bulk_insert.insert_rows(
+        JobEvent,
         [
-            JobEvent(
-                job=a.job,
-                at=now,
-                kind="admitted",
-                from_state=JobState.PENDING,
-                to_state=JobState.ADMITTED,
-                message=reasons[a.job.pk],
-                data={
-                    "attempt": attempt.pk,
+            {
+                "job_id": a.job.pk,
+                "message": reasons[a.job.pk],
+                "data": {
+                    "attempt": pk,
                     "node": a.node.name,
                     "gpus": [g.uuid for g in a.gpus],
                     "borrowed": a.borrowed,
                 },
-            )
-            for attempt, a in zip(attempts, accepted, strict=True)
-        ]
+            }
+            for pk, a in zip(attempt_ids, accepted, strict=True)
+        ],
+        common={
+            "at": now,
+            "kind": "admitted",
+            "from_state": JobState.PENDING,
+            "to_state": JobState.ADMITTED,
+        },
     )
     cleared = {
         "pending_reason_code": "",
