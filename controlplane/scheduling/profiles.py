@@ -27,6 +27,8 @@ from scheduler.power_fit import PowerSample, fit_profile
 
 # How long a fitted profile is trusted before the attempt's newer telemetry is read.
 PROFILE_RECHECK_S = float(getattr(settings, "SCHEDULER_PROFILE_RECHECK_S", 20.0))
+# An attempt with nothing learned yet is budgeted at the board's maximum: looked at sooner.
+PROFILE_UNSEEN_RECHECK_S = 5.0
 # History further back than this is not read (a worker that restarts under a long job).
 PROFILE_WINDOW_S = 3600.0
 # Attempts looked at per load at most, and fits at most (a fit takes some 10-30 ms): a cluster
@@ -105,15 +107,7 @@ def with_learned_profiles(running: tuple[m.Running, ...], now_s: float) -> tuple
             entry = _learned.get(r.attempt_id)
             if entry is None or entry.started_s != r.started_at_s:
                 _learned[r.attempt_id] = _Learned(started_s=r.started_at_s)
-        due = [
-            r
-            for r in running
-            if r.gpus
-            and (
-                _learned[r.attempt_id].checked_s is None
-                or now_s - _learned[r.attempt_id].checked_s >= PROFILE_RECHECK_S
-            )
-        ]
+        due = [r for r in running if r.gpus and _is_due(_learned[r.attempt_id], now_s)]
         if due:
             # Never looked at first, then the longest unlooked-at: every attempt gets its turn.
             due.sort(
@@ -126,6 +120,13 @@ def with_learned_profiles(running: tuple[m.Running, ...], now_s: float) -> tuple
             else replace(r, power_profile=_learned[r.attempt_id].profile)
             for r in running
         )
+
+
+def _is_due(entry: _Learned, now_s: float) -> bool:
+    if entry.checked_s is None:
+        return True
+    wait_s = PROFILE_RECHECK_S if entry.profile.samples else PROFILE_UNSEEN_RECHECK_S
+    return now_s - entry.checked_s >= wait_s
 
 
 def _refresh(due: list[m.Running], now_s: float) -> None:
