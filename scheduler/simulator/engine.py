@@ -204,6 +204,7 @@ class _Attempt:
         "version",
         "predicted_end_s",
         "running",
+        "running_at_s",
         "pool_index",
     )
 
@@ -306,6 +307,9 @@ class _Engine:
         # History for prediction, per tenant.
         self.history: dict[str, deque[HistoryRecord]] = {}
         self.history_of: dict[str, tuple[HistoryRecord, ...]] = {}  # tenant -> cached tuple
+        # Tenants -> their records as one tuple, kept until a job finishes: the predictor
+        # indexes a history once per tuple it is given, so the same tuple must come back.
+        self.history_joined: dict[tuple[str, ...], tuple[HistoryRecord, ...]] = {}
         self.user_tenants: dict[str, set[str]] = {}
         self.uses_history = options.oracle is Oracle.NONE
 
@@ -439,6 +443,14 @@ class _Engine:
         self.tenant_pending[job.trace.tenant][job.trace.job_id] = job.pending
         self.pending_tuple = None
 
+    def _running_now(self, a: _Attempt, now_s: float) -> Running:
+        """The attempt as of ``now_s``, for orderings whose ranks move with time; several cycles
+        at one instant (a preemption and the start it makes room for) share one object."""
+        if a.running_at_s != now_s:
+            a.running = self._make_running(a, now_s)
+            a.running_at_s = now_s
+        return a.running
+
     def _make_running(self, a: _Attempt, now_s: float) -> Running:
         job = a.job
         t = job.trace
@@ -509,7 +521,7 @@ class _Engine:
     def _partition_running(self, now_s: float, tenants: tuple[str, ...]) -> tuple[Running, ...]:
         if self.time_dependent_order:
             return tuple(
-                self._make_running(a, now_s)
+                self._running_now(a, now_s)
                 for t in tenants
                 for a in self.tenant_running[t].values()
             )
@@ -528,7 +540,7 @@ class _Engine:
                 self.pending_tuple = tuple(self.pending_objs.values())
             pending = self.pending_tuple
             if self.time_dependent_order:
-                running = tuple(self._make_running(a, now_s) for a in self.running.values())
+                running = tuple(self._running_now(a, now_s) for a in self.running.values())
             else:
                 if self.running_tuple is None:
                     self.running_tuple = tuple(self.running_objs.values())
@@ -551,17 +563,19 @@ class _Engine:
         for p in pending:
             tenants.add(p.tenant)
             tenants.update(self.user_tenants.get(p.user, ()))
+        key = tuple(sorted(t for t in tenants if t in self.history))
+        joined = self.history_joined.get(key)
+        if joined is not None:
+            return joined
         parts = []
-        for tenant in sorted(tenants):
-            if tenant not in self.history:
-                continue
+        for tenant in key:
             cached = self.history_of.get(tenant)
             if cached is None:
                 cached = self.history_of[tenant] = tuple(self.history[tenant])
             parts.append(cached)
-        if len(parts) == 1:
-            return parts[0]
-        return tuple(r for part in parts for r in part)
+        joined = parts[0] if len(parts) == 1 else tuple(r for part in parts for r in part)
+        self.history_joined[key] = joined
+        return joined
 
     # ----- events ------------------------------------------------------------------------------
 
@@ -646,6 +660,7 @@ class _Engine:
                 history = self.history[t.tenant] = deque(maxlen=self.options.history_per_tenant)
             history.append(HistoryRecord(t.tenant, t.user, t.name, t.gpus, t.duration_s))
             self.history_of.pop(t.tenant, None)
+            self.history_joined.clear()
             self.user_tenants.setdefault(t.user, set()).add(t.tenant)
         del self.state[t.job_id]
         self._changed(now_s, t.tenant)
@@ -748,6 +763,7 @@ class _Engine:
             self._set_draw(uuid, self._draw(uuid, busy=True))
         self.busy_gpus += n
         a.running = self._make_running(a, now_s)
+        a.running_at_s = now_s
         self.running[a.attempt_id] = a
         self.running_objs[a.attempt_id] = a.running
         self.tenant_running[t.tenant][a.attempt_id] = a
@@ -779,6 +795,7 @@ class _Engine:
                 if self.options.oracle is not Oracle.NONE:
                     a.predicted_end_s = a.end_s
                     a.running = self._make_running(a, now_s)
+                    a.running_at_s = now_s
                     self.running_objs[a.attempt_id] = a.running
                     self.running_tuple = None
                 self._schedule_completion(a)
