@@ -131,16 +131,18 @@ def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: App
     jobs: dict[int, Job] = {}
     for chunk in _chunks([s.job_id for s in starts]):
         jobs.update(Job.objects.only("id", "state", "attempt_count").in_bulk(chunk))
-    uuids = [u for s in starts for u in s.gpu_uuids]
-    gpus: dict[str, GPU] = {}
-    for chunk in _chunks(uuids):
-        gpus.update(
-            {g.uuid: g for g in GPU.objects.filter(uuid__in=chunk).only("id", "uuid", "node_id")}
-        )
     node_names = sorted({name for s in starts for name, _ in s.placements})
     nodes: dict[str, Node] = {}
     for chunk in _chunks(node_names):
         nodes.update(Node.objects.in_bulk(chunk, field_name="name"))
+    # The GPUs of the nodes the starts land on, by node id: a few hundred integers to match
+    # instead of one text parameter per GPU. A GPU that left its node is then not found.
+    wanted = {u for s in starts for u in s.gpu_uuids}
+    gpus: dict[str, GPU] = {}
+    for chunk in _chunks(sorted(node.pk for node in nodes.values())):
+        for g in GPU.objects.filter(node_id__in=chunk).only("id", "uuid", "node_id"):
+            if g.uuid in wanted:
+                gpus[g.uuid] = g
 
     admissions: list[actions.Admission] = []
     planned: dict[int, m.Start] = {}

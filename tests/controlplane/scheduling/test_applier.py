@@ -139,6 +139,27 @@ def test_a_gpu_already_held_skips_only_the_job_that_wanted_it(make_node, make_jo
     assert Allocation.objects.filter(active=True).count() == 2
 
 
+def test_a_start_naming_a_gpu_of_another_node_is_skipped_and_the_rest_start(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=2)
+    make_node("n2", gpus=2)
+    wrong, right = make_job(vision, alice), make_job(vision, alice)
+    result = apply_plan(
+        m.Plan(
+            starts=(
+                start(wrong, ("n1", ["GPU-n2-0"])),
+                start(right, ("n2", ["GPU-n2-1"])),
+            )
+        ),
+        load_snapshot(),
+    )
+    assert result.started == [right.pk]
+    assert [(s.id, s.why) for s in result.skipped] == [(wrong.pk, "GPU GPU-n2-0 is not on node n1")]
+    wrong.refresh_from_db()
+    assert wrong.state == JobState.PENDING and not wrong.attempts.exists()
+
+
 def test_a_node_cordoned_since_the_snapshot_gets_no_new_work(make_node, make_job, vision, alice):
     node = make_node("n1", gpus=1)
     job = make_job(vision, alice)
