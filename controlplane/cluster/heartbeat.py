@@ -350,13 +350,10 @@ def _prepared_fetch(name: str, build, params):
     Django's own cursors bind parameters on the client side, which makes PostgreSQL parse and
     plan each execution afresh; these statements run on every heartbeat.
     """
-    import psycopg
-
     sql = _sql.get(name)
     if sql is None:
         sql = _sql[name] = build()
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
+    with telemetry.server_cursor() as cursor:
         cursor.execute(sql, params, prepare=True)
         return cursor.fetchone()
 
