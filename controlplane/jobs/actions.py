@@ -372,6 +372,40 @@ def request_stop(attempt: JobAttempt, *, reason: str, message: str) -> bool:
 
 
 @transaction.atomic
+def request_stops(stops: Sequence[tuple[JobAttempt, str]], *, reason: str) -> set[int]:
+    """request_stop for many attempts, each with its message, in three statements.
+
+    The same guard per attempt, under row locks: only one still active and not yet told to stop
+    is asked (an attempt listed twice, once). Returns the ids of the attempts this call asked.
+    """
+    ids = list({attempt.pk: None for attempt, _ in stops})
+    if not ids:
+        return set()
+    asked = set(
+        JobAttempt.objects.select_for_update()
+        .filter(pk__in=ids, state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True)
+        .values_list("pk", flat=True)
+    )
+    if not asked:
+        return asked
+    now = timezone.now()
+    JobAttempt.objects.filter(pk__in=asked).update(stop_requested_at=now, stop_reason=reason)
+    events, done = [], set()
+    for attempt, message in stops:
+        if attempt.pk in asked and attempt.pk not in done:
+            done.add(attempt.pk)
+            events.append(
+                {
+                    "job_id": attempt.job_id,
+                    "message": message,
+                    "data": {"attempt": attempt.pk, "reason": reason},
+                }
+            )
+    bulk_insert.insert_rows(JobEvent, events, common={"at": now, "kind": "stop_requested"})
+    return asked
+
+
+@transaction.atomic
 def mark_attempt_running(
     attempt: JobAttempt, *, started_at=None, energy_start_j: dict | None = None
 ) -> None:

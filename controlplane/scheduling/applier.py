@@ -103,15 +103,21 @@ def _apply_preemptions(
     ids = [p.attempt_id for p in preemptions]
     attempts = {}
     for chunk in _chunks(ids):
-        attempts.update(JobAttempt.objects.select_related("job", "node").in_bulk(chunk))
+        attempts.update(JobAttempt.objects.select_related("node").in_bulk(chunk))
+    live = []
     for p in preemptions:
         attempt = attempts.get(p.attempt_id)
         if attempt is None or attempt.state not in ACTIVE_ATTEMPT_STATES:
             _skip(result, "preemption", p.attempt_id, "the attempt has ended since the snapshot")
             continue
-        if not actions.request_stop(attempt, reason="preempted", message=p.reason):
+        live.append((p, attempt))
+    # One batch for the whole plan, guarded per attempt as request_stop is.
+    asked = actions.request_stops([(attempt, p.reason) for p, attempt in live], reason="preempted")
+    for p, attempt in live:
+        if p.attempt_id not in asked:
             _skip(result, "preemption", p.attempt_id, "the attempt was already told to stop")
             continue
+        asked.discard(p.attempt_id)  # a plan naming an attempt twice stops it once
         result.preempted.append(p.attempt_id)
         # A gang spans nodes: every node holding one of its GPUs must kill its part.
         result.nodes_changed.add(attempt.node.name)

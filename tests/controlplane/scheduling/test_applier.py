@@ -483,6 +483,49 @@ def test_a_preemption_of_an_attempt_that_already_ended_is_skipped(
     assert job.state == JobState.SUCCEEDED
 
 
+def test_a_batch_of_preemptions_writes_what_one_request_at_a_time_writes(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=3)
+    jobs = [make_job(vision, alice) for _ in range(3)]
+    apply_plan(
+        m.Plan(starts=tuple(start(j, ("n1", [f"GPU-n1-{i}"])) for i, j in enumerate(jobs))),
+        load_snapshot(),
+    )
+    alone, together, told = (JobAttempt.objects.get(job=j) for j in jobs)
+    assert actions.request_stop(told, reason="fenced", message="told first")
+    assert actions.request_stop(alone, reason="preempted", message="reclaimed")
+    loaded = load_snapshot()
+    result = apply_plan(
+        m.Plan(
+            preemptions=(
+                m.Preemption(attempt_id=together.pk, job_id=jobs[1].pk, reason="reclaimed"),
+                m.Preemption(attempt_id=told.pk, job_id=jobs[2].pk, reason="reclaimed"),
+            )
+        ),
+        loaded,
+    )
+    assert result.preempted == [together.pk]
+    assert [(s.id, s.why) for s in result.skipped] == [
+        (told.pk, "the attempt was already told to stop")
+    ]
+
+    def stop_rows(attempt):
+        attempt.refresh_from_db()
+        event = attempt.job.events.get(kind="stop_requested")
+        return (
+            attempt.stop_reason,
+            attempt.stop_requested_at is not None,
+            (event.message, event.from_state, event.to_state, event.actor_id),
+            {**event.data, "attempt": None},
+        )
+
+    assert stop_rows(alone) == stop_rows(together)
+    assert together.job.events.get(kind="stop_requested").data["attempt"] == together.pk
+    # The attempt told first keeps its reason and gets no second event.
+    assert stop_rows(told)[0] == "fenced"
+
+
 def test_desired_power_caps_are_written_only_where_they_move(make_node):
     make_node("n1", gpus=2)
     make_node("n2", gpus=1)
