@@ -1,6 +1,6 @@
 """Power-cap planning on 64 simulated GPUs: pool budgets and eco mode, against simple baselines.
 
-    .venv/bin/python benchmarks/bench_power.py [--hours 6] [--seed 1]
+    .venv/bin/python benchmarks/bench_power.py [--hours 6] [--seed 1] [--budgets 0.5,0.7,0.9]
 
 Each job's ground truth is the power model fitted to one zeus workload (../shared/data/zeus) on
 its GPU type, 16 GPUs each of V100, A40, P100 and RTX6000; 60 % of the jobs are compute-bound
@@ -12,7 +12,9 @@ third one (30 s) and jobs start only then, as in the control plane. Every policy
 per-GPU job sequences to completion.
 
 Policies: no caps; one uniform cap (budget / GPUs on every GPU); the planner
-(scheduler.power.plan_power_caps), also with eco mode on (Config.eco_max_slowdown = 0.05). Figures: energy (kWh, all GPUs until the last job ends),
+(scheduler.power.plan_power_caps), also with eco mode on (Config.eco_max_slowdown = 0.05); and
+the planner on the default profile alone, learning nothing (what the control plane did before
+it fitted profiles to telemetry: every job budgeted at its board's maximum). Figures: energy (kWh, all GPUs until the last job ends),
 mean and p95 slowdown (a job's run time over its uncapped run time), and seconds in which the
 pool's true draw exceeded its budget. Eco: no binding budget, every job at most 5 % slower.
 """
@@ -168,7 +170,12 @@ class Result:
 
 
 def simulate(
-    policy: str, budget_w: float | None, eco: float | None, jobs_by_gpu, seed: int
+    policy: str,
+    budget_w: float | None,
+    eco: float | None,
+    jobs_by_gpu,
+    seed: int,
+    learning: bool = True,
 ) -> Result:
     rng = random.Random(seed)
     nodes, gpus = inventory()
@@ -261,7 +268,7 @@ def simulate(
             job.done_s += rel * dt
             job.energy_j += draw * dt
             energy_j += draw * dt + min(t.idle_w, cap) * (HEARTBEAT_S - dt)
-            if policy == "planner":
+            if policy == "planner" and learning:
                 sums = job.telemetry.setdefault(int(cap // 10), [0.0, 0.0, 0.0, 0.0, 0])
 
                 def noisy(x: float) -> float:
@@ -295,7 +302,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=float, default=6.0, help="work per GPU, hours")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--budgets",
+        default="0.5,0.7,0.9",
+        help="pool budgets as shares of the summed maximum caps, comma-separated",
+    )
     args = parser.parse_args()
+    shares = [float(x) for x in args.budgets.split(",") if x.strip()]
     if not (ZEUS / "summary_power_v100.csv").exists():
         sys.exit(f"the zeus power sweeps are not at {ZEUS} (see ../shared/data/README.md)")
     started = time.monotonic()
@@ -313,11 +326,14 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     baseline = simulate("none", None, None, jobs, args.seed)
     goals = []
-    for share in (0.5, 0.7, 0.9):
+    for share in shares:
         budget_w = share * max_total_w
         rows = {
             "no caps": baseline,
             "uniform cap": simulate("uniform", budget_w, None, jobs, args.seed),
+            "planner, default profile": simulate(
+                "planner", budget_w, None, jobs, args.seed, learning=False
+            ),
             "planner": simulate("planner", budget_w, None, jobs, args.seed),
             "planner + eco 5 %": simulate("planner", budget_w, 0.05, jobs, args.seed),
         }
@@ -328,16 +344,19 @@ def main() -> None:
                 f"{result.over_budget_s(budget_w):.0f} |"
             )
         planner, uniform = rows["planner"], rows["uniform cap"]
+        unlearned = rows["planner, default profile"]
         goals.append(
             (
                 share,
                 planner.over_budget_s(budget_w) == 0,
                 statistics.fmean(planner.slowdowns) < statistics.fmean(uniform.slowdowns),
                 planner.energy_kwh <= uniform.energy_kwh,
+                statistics.fmean(planner.slowdowns) < statistics.fmean(unlearned.slowdowns),
             )
         )
 
     eco = simulate("planner", None, 0.05, jobs, args.seed)
+    eco_unlearned = simulate("planner", None, 0.05, jobs, args.seed, learning=False)
     # The per-job optimum on the same (ground-truth) curves: each job at its best cap within 5 %.
     optimum_j = 0.0
     for job in baseline.jobs:
@@ -357,6 +376,10 @@ def main() -> None:
     print(f"| per-job optimum (true curves) | {optimum_kwh:.1f} | {best:.1%} | - | - |")
     print(
         f"| planner, learned from telemetry | {eco.busy_energy_kwh:.1f} | {saved:.1%} | {statistics.fmean(eco.slowdowns):.3f} | {max(eco.slowdowns):.3f} |"
+    )
+    saved_unlearned = 1.0 - eco_unlearned.busy_energy_kwh / baseline.busy_energy_kwh
+    print(
+        f"| planner, default profile only | {eco_unlearned.busy_energy_kwh:.1f} | {saved_unlearned:.1%} | {statistics.fmean(eco_unlearned.slowdowns):.3f} | {max(eco_unlearned.slowdowns):.3f} |"
     )
     print(f"\neco: {saved / best:.0%} of the per-job optimum's saving (goal >= 90 %)")
     measured = {
@@ -379,11 +402,13 @@ def main() -> None:
     )
     for gpu in ZEUS_GPU_TYPES:
         print(f"  {gpu}: {measured[gpu]:.3f} / {modelled[gpu]:.3f} / {README_ECO_OPTIMUM[gpu]:.3f}")
-    for share, no_overrun, faster, cheaper in goals:
+    for share, no_overrun, faster, cheaper, learned_faster in goals:
         print(
             f"budget {share:.0%}: 0 s over budget {'yes' if no_overrun else 'NO'}; "
             f"lower mean slowdown than uniform {'yes' if faster else 'NO'}; "
-            f"no more energy than uniform {'yes' if cheaper else 'NO'}"
+            f"no more energy than uniform {'yes' if cheaper else 'NO'}; "
+            f"learned profiles: lower mean slowdown than the default profile alone "
+            f"{'yes' if learned_faster else 'NO'}"
         )
     print(f"({time.monotonic() - started:.0f} s)")
 

@@ -289,7 +289,8 @@ _IDLE_FRACTION = 0.12
 # Caps found by bisection are rounded down to this many watts (down: the draw only falls).
 _CAP_RESOLUTION_W = 0.5
 # A pool budget is a hard limit (a PDU, a breaker) and the modelled draw an estimate from learned
-# profiles: once a pool's budget binds, caps are planned to this share of it.
+# profiles, off by a fraction of a percent: a pool is planned to this share short of its budget,
+# also where the modelled draw alone would come just under it (a budget is tight already then).
 POOL_BUDGET_HEADROOM = 0.005
 
 
@@ -487,8 +488,8 @@ def plan_power_caps(
     be exceeded that way; then every such GPU starts at its energy-optimal cap and watts are
     handed out in ``config.power_step_w`` steps where they buy the most weighted throughput, up
     to the knee, until the budget or pace is spent. Where even the energy-optimal caps draw too
-    much, caps go below them where that costs the least. Once a pool's budget binds, its caps
-    are planned to ``1 - POOL_BUDGET_HEADROOM`` of it. A tenant whose budget action is
+    much, caps go below them where that costs the least. A pool's budget counts as
+    ``1 - POOL_BUDGET_HEADROOM`` of itself throughout. A tenant whose budget action is
     "throttle" stays at its energy-optimal caps. A GPU keeps its current cap when the new one is
     within ``config.power_hysteresis_w`` and keeping it breaks no budget.
     """
@@ -549,11 +550,11 @@ def plan_power_caps(
         ledger.add(attempt.tenant, unit.draw_w(unit.cap_w))
         units.append(unit)
 
+    for pool in pool_budget_w:
+        pool_budget_w[pool] *= 1.0 - POOL_BUDGET_HEADROOM
     # Which limits would the unconstrained caps break? Only their units get planned.
     tight_pools = {p for p in pool_budget_w if ledger.excess_w(pool=p) > 1e-9}
     tight_tenants = {t for t in tenant_pace_w if ledger.excess_w(tenant=t) > 1e-9}
-    for pool in tight_pools:
-        pool_budget_w[pool] *= 1.0 - POOL_BUDGET_HEADROOM
     planned: list[_Unit] = []
     for unit in units:
         if unit.attempt.tenant in tight_tenants or any(p in tight_pools for _, p in unit.gpus):
