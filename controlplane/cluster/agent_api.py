@@ -128,8 +128,12 @@ def objects(body: dict, key: str, path: str = "", *, required: bool) -> list[dic
 
 
 def parse_json(request: HttpRequest) -> dict:
+    return parse_body(request.body)
+
+
+def parse_body(raw: bytes) -> dict:
     try:
-        body = json.loads(request.body or b"null")
+        body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError):
         raise Invalid("non_field_errors", "The body is not valid JSON.") from None
     if not isinstance(body, dict):
@@ -355,13 +359,39 @@ def _spare_index(node: Node) -> int:
 
 @agent_view(node_auth=False)
 def heartbeat(request: HttpRequest) -> HttpResponse:
-    # The node, its work and its caps come in one read (see hb_logic.read_node), so the
-    # token is checked here rather than by agent_view's separate lookup.
-    read = hb_logic.read_node(node_token_digest(request))
-    if read is None:
-        raise AgentAuthError("Invalid node token.")
-    report = parse_heartbeat(parse_json(request))
-    return HttpResponse(hb_logic.answer_heartbeat(read, report), content_type="application/json")
+    status, body, headers = answer_heartbeat_request(
+        request.headers.get("Authorization"), request.body
+    )
+    response = HttpResponse(body, status=status, content_type="application/json")
+    for name, value in headers:
+        response[name] = value
+    return response
+
+
+def answer_heartbeat_request(
+    authorization: str | None, body: bytes
+) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """A heartbeat, from its Authorization header and body to (status, JSON, extra headers).
+
+    Shared by the Django view and the WSGI shortcut (controlplane.cluster.agent_wsgi), which
+    answers heartbeats without Django's middleware and request signals. The node comes with
+    the generation of its desired state in one read (hb_logic.read_node), so the token is
+    checked here rather than by agent_view's separate lookup.
+    """
+    try:
+        read = hb_logic.read_node(node_token_digest(authorization))
+        if read is None:
+            raise AgentAuthError("Invalid node token.")
+        report = parse_heartbeat(parse_body(body))
+        return 200, hb_logic.answer_heartbeat(read, report), []
+    except AgentAuthError as exc:
+        return (
+            401,
+            json.dumps({"detail": str(exc)}).encode(),
+            [("WWW-Authenticate", 'Bearer realm="agent"')],
+        )
+    except Invalid as exc:
+        return 400, json.dumps({exc.field: [exc.message]}).encode(), []
 
 
 class WatchSlots:

@@ -27,16 +27,20 @@ class AgentAuthError(Exception):
 
 
 def bearer_token(request: HttpRequest) -> str | None:
-    header = request.headers.get("Authorization", "")
-    parts = header.split()
+    return bearer_of(request.headers.get("Authorization", ""))
+
+
+def bearer_of(header: str | None) -> str | None:
+    parts = (header or "").split()
     if len(parts) != 2 or parts[0] != "Bearer":
         return None
     return parts[1]
 
 
-def node_token_digest(request: HttpRequest) -> str:
-    """The hash of the node token the request carries (not yet checked), or AgentAuthError."""
-    raw = bearer_token(request)
+def node_token_digest(authorization: str | None) -> str:
+    """The hash of the node token in this Authorization header (not yet checked against any
+    node), or AgentAuthError."""
+    raw = bearer_of(authorization)
     if raw is None:
         raise AgentAuthError("A node token is required (Authorization: Bearer gcpn_...).")
     if not raw.startswith(NODE_TOKEN_PREFIX + "_"):
@@ -46,7 +50,7 @@ def node_token_digest(request: HttpRequest) -> str:
 
 def authenticate_node(request: HttpRequest) -> Node:
     """The node whose current token the request carries, or AgentAuthError."""
-    node = node_by_token_hash(node_token_digest(request))
+    node = node_by_token_hash(node_token_digest(request.headers.get("Authorization")))
     if node is None:
         # Rotated, revoked, or never issued: all look the same from outside.
         raise AgentAuthError("Invalid node token.")

@@ -17,6 +17,7 @@ older than TELEMETRY_RETENTION_S are deleted by the liveness sweep.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -108,6 +109,7 @@ def batch_cursor():
     return server_cursor()
 
 
+@contextlib.contextmanager
 def server_cursor():
     """A psycopg cursor binding parameters on the server, on this thread's Django connection.
 
@@ -123,7 +125,10 @@ def server_cursor():
     if raw.prepare_threshold is None and getattr(settings, "DB_PREPARED_STATEMENTS", True):
         # Only statements executed with prepare=True: never reached by counting.
         raw.prepare_threshold = 1 << 30
-    return psycopg.Cursor(raw)
+    # Errors as Django's (IntegrityError, OperationalError...), and a broken connection marked
+    # as such, so that Django closes it instead of handing it to the next request.
+    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        yield cursor
 
 
 def prepare() -> dict:
