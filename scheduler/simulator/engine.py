@@ -48,6 +48,7 @@ from scheduler.model import (
     Snapshot,
     Tenant,
 )
+from scheduler.priority import las_queue
 from scheduler.simulator.policies import Oracle
 from scheduler.simulator.trace import PARTITION_SEPARATOR, TraceJob
 
@@ -205,6 +206,7 @@ class _Attempt:
         "predicted_end_s",
         "running",
         "running_at_s",
+        "shielded",
         "pool_index",
     )
 
@@ -446,18 +448,19 @@ class _Engine:
     def _running_now(self, a: _Attempt, now_s: float) -> Running:
         """The attempt as of ``now_s``, for orderings whose ranks move with time; several cycles
         at one instant (a preemption and the start it makes room for) share one object."""
-        if a.running_at_s != now_s:
+        if a.running_at_s != now_s or a.shielded:
             a.running = self._make_running(a, now_s)
             a.running_at_s = now_s
+            a.shielded = False
         return a.running
 
-    def _make_running(self, a: _Attempt, now_s: float) -> Running:
+    def _make_running(self, a: _Attempt, now_s: float, shielded: bool = False) -> Running:
         job = a.job
         t = job.trace
         attained = job.attained_gpu_s
         remaining = None
         if self.time_dependent_order:
-            attained += t.gpus * max(now_s - a.start_s, 0.0)
+            attained = self._attained(a, now_s)
             if self.options.oracle is Oracle.REMAINING:
                 remaining = max(a.end_s - now_s, 0.0)
         return Running(
@@ -466,7 +469,7 @@ class _Engine:
             tenant=t.tenant,
             user=t.user,
             priority=t.priority,
-            preemptible=t.preemptible,
+            preemptible=t.preemptible and not shielded,
             started_at_s=a.start_s,
             gpus=a.gpus,
             gpu_type=a.gpu_type,
@@ -519,13 +522,53 @@ class _Engine:
         return nodes
 
     def _partition_running(self, now_s: float, tenants: tuple[str, ...]) -> tuple[Running, ...]:
-        if self.time_dependent_order:
+        if not self.time_dependent_order:
+            return tuple(a.running for t in tenants for a in self.tenant_running[t].values())
+        if not self.config.preemption:
             return tuple(
                 self._running_now(a, now_s)
                 for t in tenants
                 for a in self.tenant_running[t].values()
             )
-        return tuple(a.running for t in tenants for a in self.tenant_running[t].values())
+        out = []
+        for t in tenants:
+            shield = self._shield_rank(t, now_s)
+            for a in self.tenant_running[t].values():
+                shielded = shield is not None and shield(a)
+                if a.running_at_s != now_s or a.shielded is not shielded:
+                    a.running = self._make_running(a, now_s, shielded)
+                    a.running_at_s = now_s
+                    a.shielded = shielded
+                out.append(a.running)
+        return tuple(out)
+
+    def _shield_rank(self, tenant: str, now_s: float) -> Callable[[_Attempt], bool] | None:
+        """Which of a partition's attempts no job pending there may preempt, or None.
+
+        On a static partition the baselines preempt only for a job of the same partition with
+        a shorter remaining time (SRTF) or an earlier LAS queue; an attempt no pending job beats
+        is handed to the plan as not preemptible, so its victim searches walk only the attempts
+        that could lose. Nothing else in the plan reads the flag for these configs (no
+        borrowing; the own-tenant priority rule is FAIR's), so no decision changes.
+        """
+        pending = self.tenant_pending[tenant].values()
+        if self.config.ordering is Ordering.SRTF:
+            predicted = [p.predicted_duration_s for p in pending]
+            if not predicted or None in predicted:
+                return None
+            if self.options.oracle is not Oracle.REMAINING:
+                return None
+            shortest = min(predicted)
+            return lambda a: a.end_s - now_s <= shortest
+        if self.config.ordering is Ordering.LAS:
+            earliest = min((las_queue(p.attained_service_s) for p in pending), default=None)
+            if earliest is None:
+                return None
+            return lambda a: las_queue(self._attained(a, now_s)) <= earliest
+        return None
+
+    def _attained(self, a: _Attempt, now_s: float) -> float:
+        return a.job.attained_gpu_s + a.job.trace.gpus * max(now_s - a.start_s, 0.0)
 
     def _snapshot(self, now_s: float, tenants: tuple[str, ...] | None = None) -> Snapshot:
         """The cluster as ``plan`` sees it; partitioned, only the partitions of ``tenants``."""
@@ -764,6 +807,7 @@ class _Engine:
         self.busy_gpus += n
         a.running = self._make_running(a, now_s)
         a.running_at_s = now_s
+        a.shielded = False
         self.running[a.attempt_id] = a
         self.running_objs[a.attempt_id] = a.running
         self.tenant_running[t.tenant][a.attempt_id] = a
@@ -796,6 +840,7 @@ class _Engine:
                     a.predicted_end_s = a.end_s
                     a.running = self._make_running(a, now_s)
                     a.running_at_s = now_s
+                    a.shielded = False
                     self.running_objs[a.attempt_id] = a.running
                     self.running_tuple = None
                 self._schedule_completion(a)
