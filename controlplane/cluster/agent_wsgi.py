@@ -59,7 +59,7 @@ def heartbeat_app(environ, start_response):
     if not 0 <= length <= MAX_BODY_BYTES:
         return _respond(start_response, 413, b'{"detail": "Missing or too large body."}', [])
     body = environ["wsgi.input"].read(length) if length else b""
-    connection.close_if_unusable_or_obsolete()
+    _close_if_unusable(connection)
     try:
         status, payload, headers = agent_api.answer_heartbeat_request(
             environ.get("HTTP_AUTHORIZATION"), body
@@ -68,8 +68,17 @@ def heartbeat_app(environ, start_response):
         log.exception("heartbeat failed")
         status, payload, headers = 500, b'{"detail": "Server error."}', []
     finally:
-        connection.close_if_unusable_or_obsolete()
+        _close_if_unusable(connection)
     return _respond(start_response, status, payload, headers)
+
+
+def _close_if_unusable(connection) -> None:
+    # Django's close_old_connections, for the one connection a heartbeat uses. Inside an
+    # atomic block (a test's transaction; never between two requests in production) it would
+    # close the connection for not being in autocommit, which is why Django's test tools
+    # disconnect it from the request signals; so does this.
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
 
 
 def _respond(start_response, status: int, payload: bytes, headers: list[tuple[str, str]]):
