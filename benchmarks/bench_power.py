@@ -6,8 +6,9 @@ Each job's ground truth is the power model fitted to one zeus workload (../share
 its GPU type, 16 GPUs each of V100, A40, P100 and RTX6000; 60 % of the jobs are compute-bound
 workloads (drawing at least 70 % of the maximum cap uncapped), 40 % the others (small batches,
 NCF). The planner never sees those curves: every job starts on the default profile and is refit
-from its own telemetry (draw, utilization and SM clock, 1 % noise, averaged per cap) as it runs
-under the caps the planner gives it. Time steps are heartbeats (10 s); the planner runs every
+from its own telemetry (draw and utilization, what the control plane's telemetry history keeps;
+1 % noise; summarised per cap by scheduler.power_fit.CapSummary, as the control plane does) as it
+runs under the caps the planner gives it. Time steps are heartbeats (10 s); the planner runs every
 third one (30 s) and jobs start only then, as in the control plane. Every policy runs the same
 per-GPU job sequences to completion.
 
@@ -38,14 +39,13 @@ from scheduler.power import (  # noqa: E402
     GPU_TYPES,
     ZEUS_GPU_TYPES,
     best_cap_within_slowdown,
-    clock_ratio,
     energy_per_work,
     gpu_utilization,
     plan_power_caps,
     power_draw_w,
     relative_throughput,
 )
-from scheduler.power_fit import PowerSample, fit_profile, zeus_curves, zeus_samples  # noqa: E402
+from scheduler.power_fit import CapSummary, fit_profile, zeus_curves, zeus_samples  # noqa: E402
 
 ZEUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "zeus"
 HEARTBEAT_S = 10.0
@@ -78,7 +78,7 @@ class JobRun:
     end_s: float | None = None
     done_s: float = 0.0  # uncapped-equivalent seconds of work done
     energy_j: float = 0.0
-    telemetry: dict[int, list[float]] = field(default_factory=dict)  # 10 W bin -> sums
+    telemetry: CapSummary = field(default_factory=lambda: CapSummary(10.0))
     profile: PowerProfile = field(default_factory=PowerProfile)
     fitted_bins: int = 0
     fits: int = 0
@@ -142,18 +142,13 @@ def inventory() -> tuple[list[Node], dict[str, Gpu]]:
 
 def learn(job: JobRun, max_w: float) -> None:
     """Refit the job's profile from its telemetry once a cap bin it had not been fitted on has
-    three heartbeats (bins of 10 W; each bin becomes one averaged sample), at most 6 times."""
-    ready = [b for b, sums in job.telemetry.items() if sums[4] >= 3]
-    if len(ready) <= job.fitted_bins or job.fits >= 6:
+    three heartbeats (bins of 10 W; each bin becomes one averaged sample, weighted by its
+    heartbeats, as the control plane summarises telemetry), at most 6 times."""
+    samples = job.telemetry.samples(min_readings=3)
+    if len(samples) <= job.fitted_bins or job.fits >= 6:
         return
-    samples = []
-    for b in ready:
-        cap, power, util, clock, n = job.telemetry[b]
-        samples.append(
-            PowerSample(cap / n, power_w=power / n, utilization=util / n, clock_ratio=clock / n)
-        )
     job.profile = fit_profile(samples, max_w, iterations=60)
-    job.fitted_bins = len(ready)
+    job.fitted_bins = len(samples)
     job.fits += 1
 
 
@@ -269,16 +264,15 @@ def simulate(
             job.energy_j += draw * dt
             energy_j += draw * dt + min(t.idle_w, cap) * (HEARTBEAT_S - dt)
             if policy == "planner" and learning:
-                sums = job.telemetry.setdefault(int(cap // 10), [0.0, 0.0, 0.0, 0.0, 0])
 
                 def noisy(x: float) -> float:
                     return x * (1.0 + rng.gauss(0.0, TELEMETRY_NOISE))
 
-                sums[0] += cap
-                sums[1] += noisy(draw)
-                sums[2] += min(noisy(gpu_utilization(truth, cap, g.power_max_w)), 1.0)
-                sums[3] += min(noisy(clock_ratio(truth, cap, g.power_max_w)), 1.0)
-                sums[4] += 1
+                job.telemetry.add(
+                    cap,
+                    noisy(draw),
+                    min(noisy(gpu_utilization(truth, cap, g.power_max_w)), 1.0),
+                )
                 learn(job, g.power_max_w)
             if job.done_s >= job.work_s - 1e-9:
                 job.end_s = now + dt

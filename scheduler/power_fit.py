@@ -193,6 +193,80 @@ def fit_profile(
     )
 
 
+class CapSummary:
+    """A job's telemetry summarised per operating point, ready for fit_profile.
+
+    Readings at caps within ``bin_w`` of each other are one point: running means of the cap,
+    draw, utilization and clock, which become one PowerSample weighted by its readings. So the
+    memory and the fit's cost follow the caps a job ran under, not how long it ran.
+    """
+
+    def __init__(self, bin_w: float = 5.0) -> None:
+        self.bin_w = bin_w
+        # bin -> [readings, cap sum, then (sum, count) for draw, utilization and clock]
+        self._points: dict[int, list[float]] = {}
+
+    def add(
+        self,
+        cap_w: float,
+        power_w: float | None = None,
+        utilization: float | None = None,
+        clock_ratio: float | None = None,
+    ) -> None:
+        point = self._points.setdefault(round(cap_w / self.bin_w), [0.0] * 8)
+        point[0] += 1
+        point[1] += cap_w
+        for i, value in ((2, power_w), (4, utilization), (6, clock_ratio)):
+            if value is not None:
+                point[i] += value
+                point[i + 1] += 1
+
+    @property
+    def readings(self) -> int:
+        return int(sum(p[0] for p in self._points.values()))
+
+    def samples(self, min_readings: int = 1) -> list[PowerSample]:
+        """One sample per point with at least ``min_readings`` readings, lowest cap first."""
+
+        def mean(total: float, count: float) -> float | None:
+            return total / count if count else None
+
+        return [
+            PowerSample(
+                cap_w=p[1] / p[0],
+                power_w=mean(p[2], p[3]),
+                utilization=mean(p[4], p[5]),
+                clock_ratio=mean(p[6], p[7]),
+                weight=p[0],
+            )
+            for _, p in sorted(self._points.items())
+            if p[0] >= min_readings
+        ]
+
+
+def samples_moved(
+    before: Sequence[PowerSample],
+    now: Sequence[PowerSample],
+    power_w: float = 3.0,
+    share: float = 0.02,
+) -> bool:
+    """Whether a profile fitted to ``before`` is worth refitting to ``now``: a new operating
+    point, or a point whose mean draw moved ``power_w`` or whose utilization or clock moved
+    ``share``. More readings of the same behaviour change nothing."""
+    if len(before) != len(now):
+        return True
+    for old, new in zip(before, now, strict=True):
+        for a, b, limit in (
+            (old.cap_w, new.cap_w, power_w),
+            (old.power_w, new.power_w, power_w),
+            (old.utilization, new.utilization, share),
+            (old.clock_ratio, new.clock_ratio, share),
+        ):
+            if (a is None) != (b is None) or (a is not None and abs(a - b) >= limit):
+                return True
+    return False
+
+
 ZeusKey = tuple[str, str, str, str]  # dataset, network, batch size, optimizer
 
 

@@ -23,7 +23,7 @@ from django.conf import settings
 from controlplane.cluster.models import GPU, GpuTelemetry
 from controlplane.scheduling.loader import from_unix_s, raw_rows, unix_s
 from scheduler import model as m
-from scheduler.power_fit import PowerSample, fit_profile
+from scheduler.power_fit import CapSummary, PowerSample, fit_profile, samples_moved
 
 # How long a fitted profile is trusted before the attempt's newer telemetry is read.
 PROFILE_RECHECK_S = float(getattr(settings, "SCHEDULER_PROFILE_RECHECK_S", 20.0))
@@ -47,43 +47,14 @@ _BUCKET_S = float(getattr(settings, "TELEMETRY_BUCKET_S", 60.0))
 
 
 @dataclass(slots=True)
-class _Point:
-    """Running sums of the busy buckets seen at one cap."""
-
-    cap_w_sum: float = 0.0
-    count: int = 0
-    power_w_sum: float = 0.0
-    utilization_sum: float = 0.0
-    utilization_count: int = 0
-
-    def add(self, cap_w: float, power_w: float, utilization_pct: float | None) -> None:
-        self.cap_w_sum += cap_w
-        self.count += 1
-        self.power_w_sum += power_w
-        if utilization_pct is not None:
-            self.utilization_sum += utilization_pct / 100.0
-            self.utilization_count += 1
-
-    def sample(self) -> PowerSample:
-        return PowerSample(
-            cap_w=self.cap_w_sum / self.count,
-            power_w=self.power_w_sum / self.count,
-            utilization=(
-                self.utilization_sum / self.utilization_count if self.utilization_count else None
-            ),
-            weight=float(self.count),
-        )
-
-
-@dataclass(slots=True)
 class _Learned:
     """What this process knows of one attempt's power."""
 
     started_s: float
     profile: m.PowerProfile = field(default_factory=m.PowerProfile)
     checked_s: float | None = None
-    last_bucket_s: float = float("-inf")  # buckets up to this one are folded into points
-    points: dict[float, _Point] = field(default_factory=dict)  # cap bin -> sums
+    last_bucket_s: float = float("-inf")  # buckets up to this one are in the summary
+    summary: CapSummary = field(default_factory=lambda: CapSummary(CAP_BIN_W))
     fitted_on: tuple[PowerSample, ...] = ()
 
 
@@ -180,24 +151,28 @@ def _refresh(due: list[m.Running], now_s: float) -> None:
                 if bucket_s <= entry.last_bucket_s or bucket_s < entry.started_s:
                     continue
                 if _busy(power_w, utilization_pct):
-                    cap = gpu_max_w if cap_w is None else cap_w
-                    point = entry.points.setdefault(round(cap / CAP_BIN_W) * CAP_BIN_W, _Point())
-                    point.add(cap, power_w, utilization_pct)
+                    entry.summary.add(
+                        gpu_max_w if cap_w is None else cap_w, power_w, _share(utilization_pct)
+                    )
                 newest = max(newest, bucket_s)
         entry.last_bucket_s = newest
-        fitted = [entry.points[cap].sample() for cap in sorted(entry.points)]
+        fitted = entry.summary.samples()
         if not fitted:
             # No bucket has closed yet: the latest readings stand in, until one has.
+            latest_summary = CapSummary(CAP_BIN_W)
             for _, gpu_max_w, cap_w, power_w, utilization_pct, reading_s in gpus:
                 if reading_s is not None and reading_s >= entry.started_s:
                     if _busy(power_w, utilization_pct):
-                        point = _Point()
-                        point.add(gpu_max_w if cap_w is None else cap_w, power_w, utilization_pct)
-                        fitted.append(point.sample())
+                        latest_summary.add(
+                            gpu_max_w if cap_w is None else cap_w, power_w, _share(utilization_pct)
+                        )
+            fitted = latest_summary.samples()
         if not fitted:
             entry.checked_s = now_s
             continue
-        if entry.profile.samples and not _moved(entry.fitted_on, fitted):
+        if entry.profile.samples and not samples_moved(
+            entry.fitted_on, fitted, REFIT_POWER_W, REFIT_UTILIZATION
+        ):
             weight = round(sum(s.weight for s in fitted))
             entry.profile = replace(entry.profile, samples=max(weight, entry.profile.samples))
             entry.checked_s = now_s
@@ -210,26 +185,12 @@ def _refresh(due: list[m.Running], now_s: float) -> None:
         fits += 1
 
 
+def _share(utilization_pct: float | None) -> float | None:
+    return None if utilization_pct is None else utilization_pct / 100.0
+
+
 def _busy(power_w: float | None, utilization_pct: float | None) -> bool:
     if power_w is None:
         return False
     # Without a utilization reading (not every board reports it) the draw is taken as it is.
     return utilization_pct is None or utilization_pct >= MIN_BUSY_UTILIZATION_PCT
-
-
-def _moved(before: tuple[PowerSample, ...], now: list[PowerSample]) -> bool:
-    """Has what the attempt was seen doing changed enough to refit its profile?"""
-    if len(before) != len(now):
-        return True
-    for old, new in zip(before, now, strict=True):
-        if abs(old.cap_w - new.cap_w) >= CAP_BIN_W or abs(old.power_w - new.power_w) >= (
-            REFIT_POWER_W
-        ):
-            return True
-        if (old.utilization is None) != (new.utilization is None):
-            return True
-        if old.utilization is not None and abs(old.utilization - new.utilization) >= (
-            REFIT_UTILIZATION
-        ):
-            return True
-    return False

@@ -21,7 +21,14 @@ from scheduler.power import (
     power_draw_w,
     relative_throughput,
 )
-from scheduler.power_fit import PowerSample, fit_profile, zeus_curves, zeus_samples
+from scheduler.power_fit import (
+    CapSummary,
+    PowerSample,
+    fit_profile,
+    samples_moved,
+    zeus_curves,
+    zeus_samples,
+)
 
 ZEUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "zeus"
 needs_zeus = pytest.mark.skipif(
@@ -268,3 +275,46 @@ def test_a_job_seen_only_uncapped_keeps_the_prior_shape_but_learns_its_demand():
 def test_without_samples_the_prior_comes_back_unchanged():
     prior = PowerProfile(uncapped_fraction=0.6, samples=3)
     assert fit_profile([], 400.0, prior=prior) == prior
+
+
+def test_readings_summarised_per_cap_teach_what_the_readings_themselves_teach():
+    truth = PowerProfile(uncapped_fraction=0.6, sensitivity=0.7)
+    rng = random.Random(11)
+    readings = _telemetry(truth, 400.0, [400.0] * 20 + [300.0] * 20 + [302.0] * 5, rng)
+    summary = CapSummary(bin_w=5.0)
+    for r in readings:
+        summary.add(r.cap_w, r.power_w, r.utilization, r.clock_ratio)
+
+    samples = summary.samples()
+    assert [round(s.cap_w) for s in samples] == [300, 400]
+    assert [s.weight for s in samples] == [25, 20]
+    assert summary.readings == 45
+    from_summary, from_readings = fit_profile(samples, 400.0), fit_profile(readings, 400.0)
+    assert from_summary.samples == from_readings.samples == 45
+    for cap_w in (250.0, 300.0, 350.0, 400.0):
+        assert power_draw_w(from_summary, cap_w, 400.0, 0.0) == pytest.approx(
+            power_draw_w(from_readings, cap_w, 400.0, 0.0), rel=0.02
+        )
+        assert relative_throughput(from_summary, cap_w, 400.0) == pytest.approx(
+            relative_throughput(from_readings, cap_w, 400.0), abs=0.02
+        )
+
+
+def test_more_readings_of_the_same_behaviour_call_for_no_refit_and_a_new_cap_does():
+    truth = PowerProfile(uncapped_fraction=0.6)
+    rng = random.Random(3)
+    summary = CapSummary()
+    for r in _telemetry(truth, 400.0, [400.0] * 10, rng):
+        summary.add(r.cap_w, r.power_w, r.utilization)
+    fitted_on = summary.samples()
+    for r in _telemetry(truth, 400.0, [400.0] * 10, rng):
+        summary.add(r.cap_w, r.power_w, r.utilization)
+    assert not samples_moved(fitted_on, summary.samples())
+    for r in _telemetry(truth, 400.0, [320.0] * 3, rng):
+        summary.add(r.cap_w, r.power_w, r.utilization)
+    assert samples_moved(fitted_on, summary.samples())
+    # The same cap, but the job now draws far more (a new phase of training).
+    busier = CapSummary()
+    for _ in range(20):
+        busier.add(400.0, 300.0, 0.9)
+    assert samples_moved(fitted_on, busier.samples())
