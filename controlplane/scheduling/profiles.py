@@ -31,10 +31,13 @@ PROFILE_RECHECK_S = float(getattr(settings, "SCHEDULER_PROFILE_RECHECK_S", 20.0)
 PROFILE_UNSEEN_RECHECK_S = 5.0
 # History further back than this is not read (a worker that restarts under a long job).
 PROFILE_WINDOW_S = 3600.0
-# Attempts looked at per load at most, and fits at most (a fit takes some 10-30 ms): a cluster
-# full of new jobs learns their profiles over a few cycles rather than stalling one.
+# Attempts looked at per load at most, and fits at most (a fit takes some 10-30 ms; a cycle has
+# 2 s in all): a cluster full of new jobs learns their profiles over a few cycles instead.
 MAX_CHECKS_PER_LOAD = 500
-MAX_FITS_PER_LOAD = 25
+MAX_FITS_PER_LOAD = 10
+# Nelder-Mead iterations per start of a fit: the summaries have a few points, and converge
+# well before this.
+FIT_ITERATIONS = 80
 # A reading below this utilization is a job starting up or waiting, not its working draw.
 MIN_BUSY_UTILIZATION_PCT = 5.0
 # Caps within this many watts are one operating point.
@@ -179,7 +182,7 @@ def _refresh(due: list[m.Running], now_s: float) -> None:
             continue
         if fits >= MAX_FITS_PER_LOAD:
             continue  # still due: first in line next load
-        entry.profile = fit_profile(fitted, max_w)
+        entry.profile = fit_profile(fitted, max_w, iterations=FIT_ITERATIONS)
         entry.fitted_on = tuple(fitted)
         entry.checked_s = now_s
         fits += 1

@@ -195,3 +195,26 @@ def test_profiles_are_not_reread_every_cycle_but_follow_the_job_when_its_draw_ch
     moved = _by_job(load_snapshot(later_s).snapshot)[job.pk]
     assert moved.power_profile.samples > first.power_profile.samples
     assert _budgeted_w(first, gpu) + 50 < _budgeted_w(moved, gpu) < 450
+
+
+def test_many_new_jobs_are_learned_over_a_few_loads_not_all_in_one(
+    make_node, make_job, vision, alice
+):
+    count = profiles.MAX_FITS_PER_LOAD + 2
+    node = make_node("n1", gpus=count)
+    now_s = time.time()
+    jobs = []
+    for gpu in node.gpus.order_by("index"):
+        job = make_job(vision, alice, name=f"train-{gpu.index}")
+        _run(job, node, [gpu], started_ago_s=600)
+        _history(
+            gpu, since_s=now_s - 600, until_s=now_s, cap_w=700, power_w=300, utilization_pct=90
+        )
+        jobs.append(job)
+
+    first = load_snapshot(now_s).snapshot.running
+    assert sum(1 for r in first if r.power_profile.samples) == profiles.MAX_FITS_PER_LOAD
+    # Those left over are first in line at the next load, a cycle later.
+    second = load_snapshot(now_s + 1).snapshot.running
+    assert all(r.power_profile.samples for r in second)
+    assert len(second) == len(jobs)
