@@ -7,10 +7,11 @@ and their latest readings until a bucket has closed, become PowerSamples, summar
 and scheduler.power_fit fits the profile to them.
 
 Cheap enough for every cycle: an attempt is looked at again only PROFILE_RECHECK_S after the
-last look, reads only the buckets it has not folded in yet, and is refitted only when what it
-has seen has moved; at most MAX_FITS_PER_LOAD fits per load, the longest-waiting first. The
-whole step costs two queries when some attempt is due and none otherwise, however many are. Fitted profiles live
-in this process's memory: a restarted worker refits from the last PROFILE_WINDOW_S of history.
+last look (PROFILE_UNSEEN_RECHECK_S while nothing is learned of it), reads only the buckets it
+has not summarised yet, and is refitted only when what it has seen has moved; at most
+MAX_FITS_PER_LOAD fits per load, the longest-waiting first. The step costs two queries when
+some attempts are due, however many, and none otherwise. Fitted profiles live in this
+process's memory: a restarted worker refits from the last PROFILE_WINDOW_S of history.
 """
 
 from __future__ import annotations
