@@ -236,7 +236,7 @@ def _answered_key(name: str) -> str:
     return f"gpucp:node:{name}:answered"
 
 
-def remember_answer(node: Node, answer_digest: str) -> None:
+def remember_answer(node: Node | NodeInfo, answer_digest: str) -> None:
     with _answered_lock:
         previous = _answered.get(node.name)
         _answered[node.name] = answer_digest
@@ -285,11 +285,35 @@ def last_answer_digest(node: Node) -> str | None:
 # generation this process has not seen, one more read fetches the work and caps.
 
 
+@dataclass(slots=True)
+class NodeInfo:
+    """The fields of a node a heartbeat reads: a Node's, without a model instance's cost."""
+
+    pk: int
+    name: str
+    ready: bool
+    last_heartbeat_at: dt.datetime | None
+    heartbeat_interval_s: float
+    conditions: list
+    token_hash: str
+
+    def as_node(self) -> Node:
+        return Node(
+            id=self.pk,
+            name=self.name,
+            ready=self.ready,
+            last_heartbeat_at=self.last_heartbeat_at,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            conditions=self.conditions,
+            token_hash=self.token_hash,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRead:
     """A heartbeat's node, and the generation of its desired state (None: not counted here)."""
 
-    node: Node
+    node: NodeInfo
     generation: int | None
 
 
@@ -364,21 +388,32 @@ def read_node(token_digest: str) -> NodeRead | None:
     mode's SQLite has no triggers), where every heartbeat takes the full path."""
     if connection.vendor != "postgresql":
         node = node_by_token_hash(token_digest)
-        return None if node is None else NodeRead(node, None)
+        if node is None:
+            return None
+        info = NodeInfo(
+            node.pk,
+            node.name,
+            node.ready,
+            node.last_heartbeat_at,
+            node.heartbeat_interval_s,
+            node.conditions,
+            token_digest,
+        )
+        return NodeRead(info, None)
     row = _prepared_fetch("node", _node_read_sql, [token_digest])
     if row is None:
         return None
     node_id, name, ready, last_heartbeat_at, interval_s, conditions, generation = row
-    node = Node(
-        id=node_id,
-        name=name,
-        ready=bool(ready),
-        last_heartbeat_at=last_heartbeat_at,
-        heartbeat_interval_s=interval_s,
-        conditions=json.loads(conditions) if conditions else [],
-        token_hash=token_digest,
+    info = NodeInfo(
+        node_id,
+        name,
+        bool(ready),
+        last_heartbeat_at,
+        interval_s,
+        json.loads(conditions) if conditions else [],
+        token_digest,
     )
-    return NodeRead(node, generation)
+    return NodeRead(info, generation)
 
 
 # Per process, the last answer prepared for each node, by (token hash, generation, interval).
@@ -423,7 +458,7 @@ def prepared_answer(read: NodeRead) -> Prepared:
     return prepared
 
 
-def is_steady(node: Node, work: dict[int, Work], hb: Heartbeat, now: dt.datetime) -> bool:
+def is_steady(node: NodeInfo, work: dict[int, Work], hb: Heartbeat, now: dt.datetime) -> bool:
     """True when this heartbeat changes nothing but liveness and readings.
 
     Every attempt of the node runs and is reported running, the conditions are the ones on
@@ -482,7 +517,7 @@ def answer_heartbeat(read: NodeRead, hb: Heartbeat, *, now: dt.datetime | None =
             )
             remember_answer(node, prepared.digest)
             return prepared.body
-    return json.dumps(process_heartbeat(node, hb, now=now)).encode()
+    return json.dumps(process_heartbeat(node.as_node(), hb, now=now)).encode()
 
 
 # --- the heartbeat ---------------------------------------------------------------------------
