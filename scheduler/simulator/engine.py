@@ -535,7 +535,9 @@ class _Engine:
             shield = self._shield_rank(t, now_s)
             for a in self.tenant_running[t].values():
                 shielded = shield is not None and shield(a)
-                if a.running_at_s != now_s or a.shielded is not shielded:
+                # The plan reads an attempt's remaining time and attained service only to weigh
+                # it as a victim: a shielded one keeps its object until it may lose again.
+                if a.shielded is not shielded or (not shielded and a.running_at_s != now_s):
                     a.running = self._make_running(a, now_s, shielded)
                     a.running_at_s = now_s
                     a.shielded = shielded
