@@ -145,6 +145,12 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
     )
 
 
+# The nodes of the last load, by node id, with the rows they were built from: an unchanged
+# node is handed out as the same frozen object, and when none changed the same tuple is, so the
+# core's topology cache (keyed on that tuple) holds across cycles. One per process.
+_last_nodes: dict = {"by_id": {}, "nodes": ()}
+
+
 def _load_nodes(
     pool_names: dict[int, str], gpu_node: dict[str, str], desired_caps: dict[str, float | None]
 ) -> tuple[m.Node, ...]:
@@ -154,19 +160,8 @@ def _load_nodes(
         )
     )
     node_names = {row[0]: row[1] for row in node_rows}
-    gpus_by_node: dict[int, list[m.Gpu]] = defaultdict(list)
-    for (
-        node_id,
-        uuid,
-        index,
-        model,
-        power_min_w,
-        power_max_w,
-        power_default_w,
-        power_cap_w,
-        healthy,
-        desired_w,
-    ) in raw_rows(
+    gpu_rows: dict[int, list[tuple]] = defaultdict(list)
+    for row in raw_rows(
         GPU.objects.order_by("node_id", "index").values_list(
             "node_id",
             "uuid",
@@ -180,7 +175,40 @@ def _load_nodes(
             "desired_power_cap_w",
         )
     ):
-        gpus_by_node[node_id].append(
+        node_id, uuid = row[0], row[1]
+        gpu_rows[node_id].append(row[1:9])
+        gpu_node[uuid] = node_names[node_id]
+        desired_caps[uuid] = row[9]
+    last_by_id, last_nodes = _last_nodes["by_id"], _last_nodes["nodes"]
+    same = len(last_nodes) == len(node_rows)
+    by_id = {}
+    nodes = []
+    for i, (node_id, name, pool_id, ready, state, cpus, memory_mib) in enumerate(node_rows):
+        key = (
+            name,
+            pool_names.get(pool_id, ""),
+            ready,
+            state,
+            cpus,
+            memory_mib,
+            tuple(gpu_rows.get(node_id, ())),
+        )
+        last = last_by_id.get(node_id)
+        node = last[1] if last is not None and last[0] == key else _node(key)
+        by_id[node_id] = (key, node)
+        nodes.append(node)
+        same = same and last_nodes[i] is node
+    out = last_nodes if same else tuple(nodes)
+    _last_nodes["by_id"], _last_nodes["nodes"] = by_id, out
+    return out
+
+
+def _node(key: tuple) -> m.Node:
+    name, pool, ready, state, cpus, memory_mib, gpu_rows = key
+    return m.Node(
+        name=name,
+        pool=pool,
+        gpus=tuple(
             m.Gpu(
                 uuid=uuid,
                 index=index,
@@ -191,21 +219,22 @@ def _load_nodes(
                 power_cap_w=power_cap_w,
                 healthy=bool(healthy),
             )
-        )
-        gpu_node[uuid] = node_names[node_id]
-        desired_caps[uuid] = desired_w
-    return tuple(
-        m.Node(
-            name=name,
-            pool=pool_names.get(pool_id, ""),
-            gpus=tuple(gpus_by_node.get(node_id, ())),
-            # Liveness and the admin's wish must both allow new work.
-            schedulable=bool(ready) and state == NodeState.READY,
-            draining=state == NodeState.DRAINING,
-            cpus=float(cpus),
-            memory_mib=int(memory_mib),
-        )
-        for node_id, name, pool_id, ready, state, cpus, memory_mib in node_rows
+            for (
+                uuid,
+                index,
+                model,
+                power_min_w,
+                power_max_w,
+                power_default_w,
+                power_cap_w,
+                healthy,
+            ) in gpu_rows
+        ),
+        # Liveness and the admin's wish must both allow new work.
+        schedulable=bool(ready) and state == NodeState.READY,
+        draining=state == NodeState.DRAINING,
+        cpus=float(cpus),
+        memory_mib=int(memory_mib),
     )
 
 

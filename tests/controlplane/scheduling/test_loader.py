@@ -74,6 +74,25 @@ def test_only_a_ready_node_in_state_ready_takes_new_work(make_node):
     assert nodes["ok"].gpus[0].gpu_type == "H100-SXM-80GB"
 
 
+def test_an_unchanged_cluster_is_read_as_the_same_nodes_and_every_change_shows_at_once(
+    make_node,
+):
+    n1, n2 = make_node("n1", gpus=2), make_node("n2", gpus=2)
+    first = load_snapshot().snapshot.nodes
+    # Nothing changed: the same frozen nodes, so the core's per-topology work is kept.
+    assert load_snapshot().snapshot.nodes is first
+    n1.state = NodeState.CORDONED
+    n1.save(update_fields=["state"])
+    n2.gpus.filter(index=1).update(healthy=False, power_cap_w=300.0)
+    nodes = {n.name: n for n in load_snapshot().snapshot.nodes}
+    assert not nodes["n1"].schedulable
+    assert [(g.healthy, g.power_cap_w) for g in nodes["n2"].gpus] == [(True, None), (False, 300.0)]
+    make_node("n3", gpus=1)
+    again = load_snapshot().snapshot.nodes
+    assert [n.name for n in again] == ["n1", "n2", "n3"]
+    assert again[0] is nodes["n1"] and again[1] is nodes["n2"]
+
+
 def test_a_running_attempt_carries_its_gpus_its_tenant_and_whether_it_is_stopping(
     make_node, make_job, vision, alice
 ):
