@@ -3,29 +3,35 @@
     .venv/bin/python benchmarks/bench_simulator.py                  # L = 1, all presets
     .venv/bin/python benchmarks/bench_simulator.py --high-load      # L = 1, 2 and 4
     .venv/bin/python benchmarks/bench_simulator.py --loads 2 --policies fifo-static,srtf,ours
+    .venv/bin/python benchmarks/bench_simulator.py --high-load --results DIR   # resumable
 
 Prints, per load factor: the policies x metrics table, the per-tenant table, wall and CPU time
 and events per second of every replay, how our baselines compare with the published simulators'
 figures on the same file (../shared/data/philly/ANCHORS.md), and whether our default policy
-meets its targets. Each full replay takes a minute or more; the machine may be shared, so CPU
-time is printed beside wall time.
+meets its targets. Each replay's line is printed as soon as it ends, with the load average
+before and after it; the machine may be shared, so CPU time is printed beside wall time.
+With ``--results DIR`` every replay's result is kept there (``L<load>-<policy>.pkl``) and a
+later run with the same DIR reuses it instead of replaying (delete a file to measure again).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import pickle
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.simulator.compare import compare  # noqa: E402
-from scheduler.simulator.engine import SimOptions  # noqa: E402
+from scheduler.simulator.compare import progress_bar, run_preset  # noqa: E402
+from scheduler.simulator.engine import Result, SimOptions  # noqa: E402
 from scheduler.simulator.loaders import load_philly  # noqa: E402
-from scheduler.simulator.metrics import Summary  # noqa: E402
-from scheduler.simulator.policies import PRESETS  # noqa: E402
+from scheduler.simulator.metrics import Summary, summarize  # noqa: E402
+from scheduler.simulator.policies import PRESETS, REFERENCE_PRESET, preset  # noqa: E402
 from scheduler.simulator.report import summary_table, tenant_table, write_report  # noqa: E402
 
 # ANCHORS.md: (mean JCT, mean queue, p99 JCT, p99 queue) of the Helios / Lucid simulators.
@@ -179,6 +185,47 @@ def profile_plan(rows: int = 30000, min_running: int = 300, repeats: int = 200) 
         print(f"  {step:10} {1000 * seconds / repeats:.3f} ms")
 
 
+def _load_average() -> str:
+    try:
+        return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def replay_line(name: str, r: Result, note: str = "") -> str:
+    return (
+        f"  {name:12} wall {r.wall_s:7.1f} s  CPU {r.cpu_s:7.1f} s  "
+        f"{r.events:,} events ({r.events / max(r.cpu_s, 1e-9):,.0f}/CPU-s, "
+        f"{r.events / max(r.wall_s, 1e-9):,.0f}/wall-s)  "
+        f"{r.plan_calls:,} plan calls, {r.plan_wall_s:.1f} s wall in plan(){note}"
+    )
+
+
+def replays(trace, names, options, load, results_dir, progress) -> dict[str, Result]:
+    """Every preset of ``names`` (and the reference) at one load, one after the other."""
+    out: dict[str, Result] = {}
+    for name in [REFERENCE_PRESET, *[n for n in names if n != REFERENCE_PRESET]]:
+        kept = Path(results_dir) / f"L{load:g}-{name}.pkl" if results_dir else None
+        if kept is not None and kept.exists():
+            with kept.open("rb") as f:
+                out[name] = pickle.load(f)
+            print(replay_line(name, out[name], "  (kept from an earlier run)"), flush=True)
+            continue
+        before = _load_average()
+        opts = options
+        if progress:
+            opts = replace(options, progress=progress_bar(name))
+        out[name] = run_preset(trace, name, opts, load_factor=load)
+        if progress:
+            sys.stderr.write("\n")
+        print(replay_line(name, out[name], f"  load {before} -> {_load_average()}"), flush=True)
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            with kept.open("wb") as f:
+                pickle.dump(out[name], f)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default=ALL, help=f"comma-separated (default {ALL})")
@@ -188,6 +235,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N jobs only")
     parser.add_argument("--out", default=None, help="write report.md and plots per load here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--results", default=None, help="keep (and reuse) every replay here")
     parser.add_argument(
         "--profile-plan", action="store_true", help="only time plan() on one replay snapshot"
     )
@@ -197,6 +245,8 @@ def main() -> int:
         return 0
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    for n in names:
+        preset(n)  # an unknown name fails before any replay starts
     loads = [float(x) for x in args.loads.split(",")] if args.loads else [1.0]
     if args.high_load:
         loads = sorted(set(loads) | {1.0, 2.0, 4.0})
@@ -207,23 +257,22 @@ def main() -> int:
     for note in trace.notes:
         print(f"  {note}")
     options = SimOptions(cycle_s=args.cycle_s)
+    results_dir = args.results if args.limit is None else None
+    print(f"load average at start: {_load_average()} ({os.cpu_count()} CPUs)")
     for load in loads:
         print(f"\n## Philly, load factor L = {load:g}, cycle {args.cycle_s:g} s\n")
-        result = compare(trace, names, options, load_factor=load, progress=not args.quiet)
-        print(summary_table(result.summaries))
+        print("replays (as they end):")
+        results = replays(trace, names, options, load, results_dir, not args.quiet)
+        reference = results[REFERENCE_PRESET]
+        summaries = [summarize(n, results[n], reference) for n in dict.fromkeys(names)]
         print()
-        print(tenant_table(result.summaries))
-        print("\nreplays:")
-        for s in result.summaries:
-            print(
-                f"  {s.policy:12} wall {s.wall_s:7.1f} s  CPU {s.cpu_s:7.1f} s  "
-                f"{s.events:,} events ({s.events / max(s.cpu_s, 1e-9):,.0f}/CPU-s)  "
-                f"{s.plan_calls:,} plan calls, {s.plan_wall_s:.1f} s wall in plan()"
-            )
+        print(summary_table(summaries))
+        print()
+        print(tenant_table(summaries))
         if args.limit is None:
             print("\nagainst ANCHORS.md (published simulators on the same file):\n")
-            print(anchors_table(load, result.summaries))
-            lines = targets(load, result.summaries)
+            print(anchors_table(load, summaries))
+            lines = targets(load, summaries)
             if lines:
                 print("\ntargets of our default policy:")
                 for line in lines:
@@ -232,8 +281,8 @@ def main() -> int:
             out = Path(args.out) / f"L{load:g}"
             write_report(
                 out,
-                result.summaries,
-                result.results,
+                summaries,
+                {n: results[n] for n in dict.fromkeys(names)},
                 title=f"Philly, {len(trace.jobs):,} jobs, load factor {load:g}",
                 notes=trace.notes,
                 command=" ".join(sys.argv),
