@@ -680,25 +680,52 @@ def _transition_many(moves: Sequence[_Move], now) -> None:
     )
 
 
-def _locked_attempts(ids: Iterable[int], states: Sequence[str]) -> dict[int, JobAttempt]:
-    return {
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a batch action did: the attempts it moved on, and those it could not look at."""
+
+    done: list[int]
+    # Rows (the attempt's or its job's) another transaction held locked: skipped rather than
+    # waited for, so a batch never waits on a cycle or a cancel that may wait on it in turn
+    # (a deadlock). Their reports are to be sent again, as an agent's next heartbeat does.
+    busy: list[int]
+
+
+def _lock_reported(wanted: dict, states: Sequence[str]) -> tuple[dict, dict[int, str], list[int]]:
+    """Lock the reported attempts still in states, and their jobs, skipping held rows.
+
+    Returns the attempts whose rows (and jobs' rows) are now ours, their jobs' states, and the
+    attempt ids that were skipped because someone else held a row.
+    """
+    attempts = {
         a.pk: a
-        for a in JobAttempt.objects.select_for_update(of=("self",))
+        for a in JobAttempt.objects.select_for_update(of=("self",), no_key=True, skip_locked=True)
         .select_related("node")
-        .filter(pk__in=ids, state__in=states)
+        .filter(pk__in=wanted, state__in=states)
         .order_by("pk")
     }
-
-
-def _locked_job_states(ids: Iterable[int]) -> dict[int, str]:
-    return dict(
-        Job.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", "state")
+    busy = []
+    if len(attempts) < len(wanted):
+        busy = list(
+            JobAttempt.objects.filter(
+                pk__in=[pk for pk in wanted if pk not in attempts], state__in=states
+            ).values_list("pk", flat=True)
+        )
+    job_states = dict(
+        Job.objects.select_for_update(no_key=True, skip_locked=True)
+        .filter(pk__in={a.job_id for a in attempts.values()})
+        .order_by("pk")
+        .values_list("pk", "state")
     )
+    for pk in [pk for pk, a in attempts.items() if a.job_id not in job_states]:
+        busy.append(pk)
+        del attempts[pk]
+    return attempts, job_states, sorted(busy)
 
 
 @transaction.atomic
-def mark_attempts_running(reports: Sequence[StartReport]) -> list[int]:
-    """mark_attempt_running for many attempts at once; returns the ids it moved to RUNNING.
+def mark_attempts_running(reports: Sequence[StartReport]) -> Outcome:
+    """mark_attempt_running for many attempts at once.
 
     An attempt no longer ADMITTED is left alone (as the single action leaves it); a job still
     ADMITTED goes RUNNING with its "running" event, keeping the start of an earlier attempt.
@@ -706,9 +733,9 @@ def mark_attempts_running(reports: Sequence[StartReport]) -> list[int]:
     wanted = {}
     for report in reports:
         wanted.setdefault(report.attempt_id, report)
-    attempts = _locked_attempts(wanted, (AttemptState.ADMITTED,))
+    attempts, job_states, busy = _lock_reported(wanted, (AttemptState.ADMITTED,))
     if not attempts:
-        return []
+        return Outcome([], busy)
     now = timezone.now()
     started = {pk: wanted[pk].started_at or now for pk in attempts}
     changed = _update_each(
@@ -722,10 +749,9 @@ def mark_attempts_running(reports: Sequence[StartReport]) -> list[int]:
     )
     if changed != len(attempts):
         raise ConcurrentUpdate(f"{len(attempts) - changed} attempts are no longer ADMITTED")
-    job_states = _locked_job_states({a.job_id for a in attempts.values()})
     moves, seen = [], set()
     for pk, attempt in attempts.items():
-        if job_states.get(attempt.job_id) != JobState.ADMITTED or attempt.job_id in seen:
+        if job_states[attempt.job_id] != JobState.ADMITTED or attempt.job_id in seen:
             continue
         seen.add(attempt.job_id)
         moves.append(
@@ -741,12 +767,12 @@ def mark_attempts_running(reports: Sequence[StartReport]) -> list[int]:
             )
         )
     _transition_many(moves, now)
-    return list(attempts)
+    return Outcome(list(attempts), busy)
 
 
 @transaction.atomic
-def finish_attempts(reports: Sequence[ExitReport]) -> list[int]:
-    """finish_attempt for many attempts at once; returns the ids this call finished.
+def finish_attempts(reports: Sequence[ExitReport]) -> Outcome:
+    """finish_attempt for many attempts at once.
 
     The common report (a container that exited by itself while its job RUNS) is booked for
     the whole batch in a few statements. Every other one (lost, stopped on purpose, never
@@ -757,16 +783,15 @@ def finish_attempts(reports: Sequence[ExitReport]) -> list[int]:
     wanted = {}
     for report in reports:
         wanted.setdefault(report.attempt_id, report)
-    attempts = _locked_attempts(wanted, ACTIVE_ATTEMPT_STATES)
+    attempts, job_states, busy = _lock_reported(wanted, ACTIVE_ATTEMPT_STATES)
     if not attempts:
-        return []
+        return Outcome([], busy)
     now = timezone.now()
-    job_states = _locked_job_states({a.job_id for a in attempts.values()})
     quick, one_by_one = [], []
     for pk, attempt in attempts.items():
         r = wanted[pk]
         ordinary = not r.lost and r.exit_code is not None and attempt.stop_requested_at is None
-        if ordinary and job_states.get(attempt.job_id) == JobState.RUNNING:
+        if ordinary and job_states[attempt.job_id] == JobState.RUNNING:
             quick.append(attempt)
         else:
             one_by_one.append(attempt)
@@ -788,7 +813,7 @@ def finish_attempts(reports: Sequence[ExitReport]) -> list[int]:
             continue
         if finished:
             done.append(attempt.pk)
-    return done
+    return Outcome(done, busy)
 
 
 def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int]:

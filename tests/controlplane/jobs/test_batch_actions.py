@@ -1,9 +1,10 @@
 """The batch twins of the agent's actions write what the single actions write, under their guards."""
 
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -63,7 +64,7 @@ def test_a_batch_writes_exactly_what_the_single_actions_write(admitted):
         actions.mark_attempt_running(a, started_at=started, energy_start_j={"GPU-x": 5.0})
     moved = actions.mark_attempts_running(
         [StartReport(a.pk, started_at=started, energy_start_j={"GPU-x": 5.0}) for a in batched]
-    )
+    ).done
     assert sorted(moved) == sorted(a.pk for a in batched)
     codes = [0, 3, 0]
     for a, code in zip(singles, codes, strict=True):
@@ -71,7 +72,7 @@ def test_a_batch_writes_exactly_what_the_single_actions_write(admitted):
         actions.finish_attempt(a, exit_code=code, energy_j=7.0)
     finished = actions.finish_attempts(
         [ExitReport(a.pk, exit_code=c, energy_j=7.0) for a, c in zip(batched, codes, strict=True)]
-    )
+    ).done
     assert sorted(finished) == sorted(a.pk for a in batched)
     for single, batch in zip(singles, batched, strict=True):
         assert _trail(batch) == _trail(single)
@@ -99,8 +100,8 @@ def test_an_attempt_no_longer_admitted_is_skipped_and_its_job_left_alone(admitte
     actions.cancel_job(cancelled.job, actor=alice)
     actions.mark_attempt_running(cancelled)  # the agent got there first
     events = JobEvent.objects.filter(job_id=cancelled.job_id).count()
-    moved = actions.mark_attempts_running([StartReport(cancelled.pk), StartReport(ok.pk)])
-    assert moved == [ok.pk]
+    outcome = actions.mark_attempts_running([StartReport(cancelled.pk), StartReport(ok.pk)])
+    assert (outcome.done, outcome.busy) == ([ok.pk], [])
     assert Job.objects.get(pk=cancelled.job_id).state == JobState.CANCELLED
     assert JobEvent.objects.filter(job_id=cancelled.job_id).count() == events
 
@@ -108,7 +109,7 @@ def test_an_attempt_no_longer_admitted_is_skipped_and_its_job_left_alone(admitte
 def test_a_cancelled_job_keeps_its_state_when_its_attempt_starts_late(admitted, alice):
     attempt, other = admitted(2)
     actions.cancel_job(attempt.job, actor=alice)
-    moved = actions.mark_attempts_running([StartReport(attempt.pk), StartReport(other.pk)])
+    moved = actions.mark_attempts_running([StartReport(attempt.pk), StartReport(other.pk)]).done
     assert sorted(moved) == sorted([attempt.pk, other.pk])
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.RUNNING  # it runs until the agent stops it
@@ -120,10 +121,10 @@ def test_a_repeated_exit_report_changes_nothing(admitted):
     attempts = admitted(2)
     actions.mark_attempts_running([StartReport(a.pk) for a in attempts])
     reports = [ExitReport(a.pk, exit_code=0) for a in attempts]
-    assert len(actions.finish_attempts(reports)) == 2
+    assert len(actions.finish_attempts(reports).done) == 2
     events = JobEvent.objects.count()
-    assert actions.finish_attempts(reports) == []
-    assert actions.mark_attempts_running([StartReport(a.pk) for a in attempts]) == []
+    assert actions.finish_attempts(reports) == actions.Outcome([], [])
+    assert actions.mark_attempts_running([StartReport(a.pk) for a in attempts]).done == []
     assert JobEvent.objects.count() == events
 
 
@@ -138,7 +139,7 @@ def test_a_preempted_and_a_lost_attempt_in_one_batch_go_back_to_pending(admitted
             ExitReport(lost.pk, exit_code=None, lost=True, message="gone"),
             ExitReport(ordinary.pk, exit_code=0),
         ]
-    )
+    ).done
     assert sorted(done) == sorted(a.pk for a in (preempted, lost, ordinary))
     states = {a.pk: Job.objects.get(pk=a.job_id).state for a in (preempted, lost, ordinary)}
     assert states == {
@@ -157,10 +158,10 @@ def test_a_report_the_state_machine_refuses_does_not_sink_the_batch(admitted):
     actions.mark_attempts_running([StartReport(a.pk) for a in (refused, ordinary)])
     # A job already moved on while its attempt still runs (written as a racing sweep would).
     Job.objects.filter(pk=refused.job_id).update(state=JobState.LOST)
-    done = actions.finish_attempts(
+    outcome = actions.finish_attempts(
         [ExitReport(refused.pk, exit_code=0), ExitReport(ordinary.pk, exit_code=0)]
     )
-    assert done == [ordinary.pk]
+    assert (outcome.done, outcome.busy) == ([ordinary.pk], [])
     refused.refresh_from_db()
     assert refused.state == AttemptState.RUNNING  # left for the next report, nothing half-done
     assert Allocation.objects.filter(attempt=refused, active=True).count() == 1
@@ -177,3 +178,42 @@ def test_a_batch_costs_the_same_statements_for_two_attempts_or_twenty(admitted):
         return len(started), len(finished)
 
     assert statements(2) == statements(20)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("held", ["attempt", "job"])
+def test_a_row_another_transaction_holds_is_skipped_not_waited_for(admitted, held):
+    """A cycle stopping an attempt (or a cancel) holds its rows: the batch must neither wait
+    for it (the cycle may be waiting for the batch: a deadlock) nor lose the report."""
+    locked, free = admitted(2)
+    actions.mark_attempts_running([StartReport(a.pk) for a in (locked, free)])
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with transaction.atomic():
+                if held == "attempt":
+                    JobAttempt.objects.select_for_update().get(pk=locked.pk)
+                else:
+                    Job.objects.select_for_update().get(pk=locked.job_id)
+                holding.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        reports = [ExitReport(locked.pk, exit_code=0), ExitReport(free.pk, exit_code=0)]
+        outcome = actions.finish_attempts(reports)
+        assert (outcome.done, outcome.busy) == ([free.pk], [locked.pk])
+        locked.refresh_from_db()
+        assert locked.state == AttemptState.RUNNING
+    finally:
+        release.set()
+        holder.join(30)
+    # Sent again, as the next heartbeat would, the report goes through.
+    outcome = actions.finish_attempts([ExitReport(locked.pk, exit_code=0)])
+    assert (outcome.done, outcome.busy) == ([locked.pk], [])
+    assert Job.objects.get(pk=locked.job_id).state == JobState.SUCCEEDED
