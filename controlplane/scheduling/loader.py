@@ -356,30 +356,18 @@ def _load_running(
     return tuple(running), running_gpus, held
 
 
+# The pending jobs of the last load by id, with the columns they were built from: most of a long
+# queue is the same from one cycle to the next, and a frozen object can be handed out again.
+_last_pending: dict[int, tuple] = {}
+
+
 def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dict[int, PendingRow]]:
+    global _last_pending
+    last_by_id = _last_pending
+    by_id: dict[int, tuple] = {}
     pending = []
     rows: dict[int, PendingRow] = {}
-    for (
-        job_id,
-        tenant,
-        user,
-        name,
-        gpus,
-        gpu_type,
-        priority,
-        preemptible,
-        submitted_at,
-        estimated_s,
-        max_runtime_s,
-        cpus,
-        memory_mib,
-        attempt_count,
-        reason_code,
-        reason,
-        queue_position,
-        estimated_start_at,
-        predicted_s,
-    ) in raw_rows(
+    for row in raw_rows(
         # A deactivated tenant's jobs stay queued but are not offered to the scheduler.
         Job.objects.filter(state=JobState.PENDING, tenant__active=True)
         .order_by("submitted_at", "id")
@@ -405,33 +393,52 @@ def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dic
             "predicted_duration_s",
         )
     ):
-        pending.append(
-            m.Pending(
-                job_id=job_id,
-                tenant=tenant,
-                user=user,
-                name=name,
-                gpus=gpus,
-                gpu_type=gpu_type,
-                priority=PRIORITY_VALUE.get(priority, PRIORITY_VALUE["normal"]),
-                preemptible=bool(preemptible),
-                submitted_at_s=submitted_at,
-                estimated_duration_s=float(estimated_s) if estimated_s else None,
-                max_runtime_s=float(max_runtime_s) if max_runtime_s else None,
-                attained_service_s=earlier.get(job_id, 0.0),
-                cpus=float(cpus),
-                memory_mib=int(memory_mib),
-            )
-        )
-        rows[job_id] = PendingRow(
-            attempt_count=attempt_count,
-            reason_code=reason_code,
-            reason=reason,
-            queue_position=queue_position,
-            estimated_start_s=estimated_start_at,
-            predicted_duration_s=predicted_s,
-        )
+        job_id = row[0]
+        job_key = (*row[:13], earlier.get(job_id, 0.0))
+        row_key = row[13:]
+        last = last_by_id.get(job_id)
+        job = last[1] if last is not None and last[0] == job_key else _pending(job_key)
+        stored = last[3] if last is not None and last[2] == row_key else PendingRow(*row_key)
+        by_id[job_id] = (job_key, job, row_key, stored)
+        pending.append(job)
+        rows[job_id] = stored
+    _last_pending = by_id
     return tuple(pending), rows
+
+
+def _pending(key: tuple) -> m.Pending:
+    (
+        job_id,
+        tenant,
+        user,
+        name,
+        gpus,
+        gpu_type,
+        priority,
+        preemptible,
+        submitted_at,
+        estimated_s,
+        max_runtime_s,
+        cpus,
+        memory_mib,
+        attained_s,
+    ) = key
+    return m.Pending(
+        job_id=job_id,
+        tenant=tenant,
+        user=user,
+        name=name,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        priority=PRIORITY_VALUE.get(priority, PRIORITY_VALUE["normal"]),
+        preemptible=bool(preemptible),
+        submitted_at_s=submitted_at,
+        estimated_duration_s=float(estimated_s) if estimated_s else None,
+        max_runtime_s=float(max_runtime_s) if max_runtime_s else None,
+        attained_service_s=attained_s,
+        cpus=float(cpus),
+        memory_mib=int(memory_mib),
+    )
 
 
 def _load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
@@ -470,6 +477,10 @@ def _load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
     return tuple(tenants)
 
 
+# The rows and records of the last history read (see _load_history).
+_last_history: list = [None, ()]
+
+
 def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
     """The most recent successful attempts: how long a job of that kind really ran."""
     cutoff = from_unix_s(now_s) - timedelta(seconds=HISTORY_WINDOW_S)
@@ -487,7 +498,11 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
             unix_s("finished_at"),
         )[:HISTORY_MAX_RECORDS]
     )
-    return tuple(
+    # The same rows as last time give the same tuple, which the core's duration-prediction
+    # index is cached on; it changes only when a job finishes (or leaves the window).
+    if rows == _last_history[0]:
+        return _last_history[1]
+    history = tuple(
         m.HistoryRecord(
             tenant=tenant,
             user=user,
@@ -497,3 +512,5 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
         )
         for tenant, user, name, gpus, started_at, finished_at in rows
     )
+    _last_history[:] = [rows, history]
+    return history

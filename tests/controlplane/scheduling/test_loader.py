@@ -93,6 +93,18 @@ def test_an_unchanged_cluster_is_read_as_the_same_nodes_and_every_change_shows_a
     assert again[0] is nodes["n1"] and again[1] is nodes["n2"]
 
 
+def test_a_pending_job_is_read_anew_whenever_its_row_changed(make_job, vision, alice):
+    same, changed = make_job(vision, alice, gpus=1), make_job(vision, alice, gpus=1)
+    first = {p.job_id: p for p in load_snapshot().snapshot.pending}
+    Job.objects.filter(pk=changed.pk).update(gpus=4, pending_reason="waiting for 4")
+    loaded = load_snapshot()
+    again = {p.job_id: p for p in loaded.snapshot.pending}
+    assert again[same.pk] is first[same.pk]
+    assert (again[changed.pk].gpus, again[same.pk].gpus) == (4, 1)
+    assert loaded.pending_rows[changed.pk].reason == "waiting for 4"
+    assert loaded.pending_rows[same.pk].reason == ""
+
+
 def test_a_running_attempt_carries_its_gpus_its_tenant_and_whether_it_is_stopping(
     make_node, make_job, vision, alice
 ):
