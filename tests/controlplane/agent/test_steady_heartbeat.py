@@ -271,3 +271,19 @@ def test_the_wsgi_entry_refuses_what_the_view_refuses(agent, steady_node):
     assert "sent_at" in json.loads(payload) or "gpus" in json.loads(payload)
     # Anything else goes to Django, which knows the agent API answers only POST.
     assert call_wsgi("/api/agent/v1/heartbeat", b"", token, method="GET")[0] == 405
+
+
+def test_a_watch_after_steady_heartbeats_has_nothing_to_tell(agent, steady_node, settings):
+    # The steady path must describe the desired state exactly as the watch reads it, or every
+    # watch would wake at once and the agent would heartbeat in a loop.
+    node, token, attempt = steady_node
+    GPU.objects.filter(node=node, index=2).update(desired_power_cap_w=512.5)
+    agent.heartbeat(token, readings(node), [running(attempt)])
+    heartbeat_steadily(agent, token, node, [running(attempt)])
+
+    response = agent.post("watch", {"timeout_s": 0}, token)
+
+    assert response.status_code == 200
+    assert response.json() == {"changed": False}
+    GPU.objects.filter(node=node, index=2).update(desired_power_cap_w=600.0)
+    assert agent.post("watch", {"timeout_s": 0}, token).json() == {"changed": True}
