@@ -243,6 +243,31 @@ def test_a_snapshot_of_only_the_partitions_in_play_decides_as_the_whole_cluster_
     assert fast.plan_calls <= full.plan_calls
 
 
+def test_a_partitioned_snapshot_holds_the_partitions_in_play_unless_a_power_budget_needs_all():
+    # a's job waits behind a's first; b and c are idle. The plan sees a's nodes alone, except
+    # where a pool budget is held: the cap planner must weigh the draw of every node.
+    t = trace([job(1, "a", 0, 100), job(2, "a", 10, 50)], {"a": (1, 1), "b": (2, 1), "c": (1, 1)})
+    p = preset("fifo-static")
+    jobs, nodes, tenants = cluster_for(t, p.sharing)
+    for budget_w, seen_nodes in ((None, {"a-n0"}), (10_000.0, {n.name for n in nodes})):
+        seen: list[set[str]] = []
+        result = replay(
+            jobs,
+            nodes,
+            tenants,
+            p.config,
+            SimOptions(
+                partitioned_tenants=True,
+                power_budget_w=budget_w,
+                on_cycle=lambda snapshot, _, seen=seen: seen.append(
+                    {n.name for n in snapshot.nodes}
+                ),
+            ),
+        )
+        assert by_id(result)[2].first_start_s == 100.0
+        assert seen and all(s == seen_nodes for s in seen)
+
+
 def test_strict_fifo_blocks_the_queue_behind_a_job_that_does_not_fit_and_greedy_fifo_does_not():
     # 2 GPUs. Job 1 holds one until t=100; job 2 needs both; job 3 needs one. Greedy FIFO starts
     # 3 at once beside 1; strict FIFO (the Helios simulator's) holds 3 until 2 has run.
