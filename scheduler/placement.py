@@ -5,6 +5,8 @@ ordinals per count), so best fit is a walk from the smallest sufficient count up
 the same on 20 nodes as on 2,000. A job stays on one node whenever some schedulable node has
 enough healthy GPUs of its type to hold it (NVLink beats the network); it spans nodes only when
 it is larger than every node, and then it takes whole nodes first and best-fits the remainder.
+GPUs that stopping attempts are about to free are indexed the same way (nodes by free plus
+soon-free GPUs), so a job waiting for them finds its node without a walk over all of them.
 
 The static part of the index (which GPU is where) is cached on the identity of the snapshot's
 nodes tuple: the simulator passes the same tuple to thousands of cycles, and frozen nodes cannot
