@@ -241,6 +241,7 @@ def role_agent(args) -> None:
     (actions.mark_attempts_running / finish_attempts), one call each per pass. With
     --agents per-attempt, the single actions are called once per attempt instead.
     """
+    from django.db import OperationalError
     from django.db.models import F
     from django.utils import timezone
 
@@ -255,7 +256,7 @@ def role_agent(args) -> None:
     floor = 0
     spent = {"poll_s": 0.0, "start_s": 0.0, "finish_s": 0.0}
     calls = {"start": 0, "finish": 0}
-    counts = {"started": 0, "finished": 0, "stopped": 0, "busy": 0}
+    counts = {"started": 0, "finished": 0, "stopped": 0, "busy": 0, "deadlocks": 0}
     last_done_check = 0.0
 
     def start(ids_names: list[tuple[int, str]]) -> list[int]:
@@ -269,9 +270,13 @@ def role_agent(args) -> None:
         else:
             # Attempts whose rows a cycle holds come back busy: still ADMITTED, they are
             # read (and reported) again on the next pass.
-            moved = actions.mark_attempts_running(
-                [actions.StartReport(pk, started_at=begun) for pk, _ in ids_names]
-            ).done
+            try:
+                moved = actions.mark_attempts_running(
+                    [actions.StartReport(pk, started_at=begun) for pk, _ in ids_names]
+                ).done
+            except OperationalError:
+                counts["deadlocks"] += 1
+                moved = []
         names = dict(ids_names)
         for pk in moved:
             heapq.heappush(due, (begun.timestamp() + RUNTIME_S[names[pk]], pk))
@@ -285,7 +290,13 @@ def role_agent(args) -> None:
             ).select_related("node"):
                 done += actions.finish_attempt(attempt, exit_code=exit_code)
             return done
-        outcome = actions.finish_attempts([actions.ExitReport(pk, exit_code) for pk in ids])
+        try:
+            outcome = actions.finish_attempts([actions.ExitReport(pk, exit_code) for pk in ids])
+        except OperationalError:
+            # A deadlock the database broke by rolling this batch back: as a heartbeat
+            # answered with an error, the same reports go again on the next pass.
+            counts["deadlocks"] += 1
+            outcome = actions.Outcome([], list(ids))
         if exit_code == 0:
             # Reported again on the next pass, as a heartbeat repeats what was not taken.
             for pk in outcome.busy:
@@ -623,7 +634,7 @@ def print_figures(f: dict, scale: float) -> None:
             f"  agent stand-in {i}:      {r['poll_s'] + r['start_s'] + r['finish_s']:8.1f}  "
             f"(poll {r['poll_s']}, mark running {r['start_s']} in {r['start']} calls, "
             f"finish {r['finish_s']} in {r['finish']} calls; {r['finished']} ended, "
-            f"{r['stopped']} stopped, {r['busy']} reports found rows busy; CPU {r['cpu_s']} s + database {r['db_cpu_s']} s)"
+            f"{r['stopped']} stopped, {r['busy']} reports found rows busy, {r['deadlocks']} batches hit a deadlock; CPU {r['cpu_s']} s + database {r['db_cpu_s']} s)"
         )
     print(json.dumps({"scale": scale, **f}))
 

@@ -7,13 +7,15 @@ there first), writes a JobEvent, and asks for a scheduling cycle once the transa
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, OuterRef, Subquery
+from django.db import IntegrityError, transaction
+from django.db.models import Case, Count, F, OuterRef, Subquery, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from controlplane.cluster.models import GPU, Node
@@ -585,40 +587,44 @@ def _update_each(
     only_if: dict[str, object] | None = None,
     keep_set: Iterable[str] = (),
 ) -> int:
-    """UPDATE model SET fields WHERE id = pk AND only_if, for every row, in one executemany.
+    """One conditional UPDATE giving each row its own values; returns the rows changed.
 
-    Each row is (pk, *values in the order of fields). Values go through the fields' own
-    database preparation, so datetimes and JSON are stored as the ORM stores them. only_if maps
-    a field to the value it must still have (a tuple: one of those values): the conditional
-    part of the UPDATE. A field in keep_set keeps a value it already has. Returns the number
-    of rows changed.
+    Each row is (pk, *values in the order of fields). A field with the same value in every row
+    is set plainly, one with several values through a CASE on the id. only_if maps a field to
+    the value it must still have (a tuple: one of those values): the conditional part of the
+    UPDATE. A field in keep_set keeps a value it already has.
+
+    One statement, not one per row: the node-generation triggers fire once per statement and
+    lock the nodes they bump in node order, which a statement per row would undo (two writers
+    could then take the same nodes in opposite orders, and deadlock).
     """
     if not rows:
         return 0
-    qn = connection.ops.quote_name
     keep_set = set(keep_set)
-    prepared = [model._meta.get_field(name) for name in fields]
-    sets = []
-    for field in prepared:
-        column = qn(field.column)
-        sets.append(
-            f"{column} = COALESCE({column}, %s)" if field.name in keep_set else f"{column} = %s"
-        )
-    where, guard_params = [f"{qn(model._meta.pk.column)} = %s"], []
-    for name, wanted in (only_if or {}).items():
+    updates = {}
+    for i, name in enumerate(fields, start=1):
         field = model._meta.get_field(name)
-        values = wanted if isinstance(wanted, tuple) else (wanted,)
-        where.append(f"{qn(field.column)} IN ({', '.join(['%s'] * len(values))})")
-        guard_params.extend(field.get_db_prep_value(v, connection) for v in values)
-    sql = f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
-    params = [
-        [f.get_db_prep_save(v, connection) for f, v in zip(prepared, values, strict=True)]
-        + [pk, *guard_params]
-        for pk, *values in rows
-    ]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
-        return cursor.rowcount
+        values = {row[0]: row[i] for row in rows}
+        distinct = {_hashable(v) for v in values.values()}
+        if len(distinct) == 1:
+            value = Value(next(iter(values.values())), output_field=field)
+        else:
+            value = Case(
+                *[When(pk=pk, then=Value(v, output_field=field)) for pk, v in values.items()],
+                output_field=field,
+            )
+        updates[name] = Coalesce(F(name), value, output_field=field) if name in keep_set else value
+    guard = {
+        f"{name}__in" if isinstance(wanted, tuple) else name: wanted
+        for name, wanted in (only_if or {}).items()
+    }
+    return model.objects.filter(pk__in=[row[0] for row in rows], **guard).update(**updates)
+
+
+def _hashable(value):
+    return (
+        json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict | list) else value
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -638,7 +644,7 @@ class _Move:
 def _transition_many(moves: Sequence[_Move], now) -> None:
     """transition() for jobs the caller holds locked: the same updates and events, batched.
 
-    Moves that write the same columns share one executemany of the conditional UPDATE that
+    Moves that write the same columns share one statement, the conditional UPDATE that
     transition() runs; all the events go in one INSERT. A row count short of the moves means a
     writer got past the lock: ConcurrentUpdate, and the caller's transaction rolls back.
     """
@@ -824,7 +830,7 @@ def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int
         .annotate(n=Count("id"))
         .values_list("attempt_id", "n")
     )
-    rows, releases, moves = [], [], []
+    rows, moves = [], []
     for attempt in attempts:
         r = reports[attempt.pk]
         finished_at = r.finished_at or now
@@ -840,7 +846,6 @@ def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int
                 r.energy_estimated,
             )
         )
-        releases.append((attempt.pk, finished_at))
         ok = r.exit_code == 0
         moves.append(
             _Move(
@@ -861,17 +866,12 @@ def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int
     )
     if changed != len(rows):
         raise ConcurrentUpdate(f"{len(rows) - changed} attempts are no longer active")
-    qn = connection.ops.quote_name
-    table = qn(Allocation._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.executemany(
-            f"UPDATE {table} SET {qn('active')} = %s, {qn('released_at')} = %s "
-            f"WHERE {qn('attempt_id')} = %s AND {qn('active')} = %s",
-            [
-                [False, connection.ops.adapt_datetimefield_value(at), pk, True]
-                for pk, at in releases
-            ],
-        )
+    Allocation.objects.filter(attempt_id__in=ids, active=True).update(
+        active=False,
+        released_at=Subquery(
+            JobAttempt.objects.filter(pk=OuterRef("attempt_id")).values("finished_at")[:1]
+        ),
+    )
     _transition_many(moves, now)
     request_cycle("job_end")
     return ids
