@@ -185,30 +185,83 @@ def parse_registration(body: dict) -> dict:
     }
 
 
+# A GPU reading's numbers in GpuSample's order, with their minimum (None: none).
+GPU_NUMBERS = (
+    ("utilization_pct", 0),
+    ("memory_used_mib", 0),
+    ("power_draw_w", 0),
+    ("power_cap_w", 0),
+    ("energy_j", 0),
+    ("temperature_c", None),
+    ("sm_clock_mhz", 0),
+)
+
+
+def gpu_sample(g: dict, i: int) -> GpuSample:
+    """One GPU reading: a single pass for a valid one (a heartbeat carries one per GPU, a
+    thousand times a second), the field-by-field validators for the rest, which name the
+    field at fault. Both accept and refuse exactly the same readings."""
+    values = []
+    for key, minimum in GPU_NUMBERS:
+        v = g.get(key)
+        if v is None:
+            values.append(None)
+        elif (
+            (type(v) is float or type(v) is int)
+            and math.isfinite(v)
+            and (minimum is None or v >= minimum)
+        ):
+            values.append(float(v))
+        else:
+            return checked_gpu_sample(g, i)
+    uuid, healthy = g.get("uuid"), g.get("healthy", True)
+    reasons, ecc = g.get("throttle_reasons"), g.get("ecc_errors")
+    if (
+        type(uuid) is not str
+        or not uuid
+        or len(uuid) > 96
+        or (healthy is not None and type(healthy) is not bool)
+        or (reasons is not None and type(reasons) is not list)
+        or (ecc is not None and (type(ecc) is not int or ecc < 0))
+    ):
+        return checked_gpu_sample(g, i)
+    if reasons:
+        for r in reasons:
+            if type(r) is not str:
+                return checked_gpu_sample(g, i)
+    return GpuSample(
+        uuid,
+        True if healthy is None else healthy,
+        *values,
+        throttle_reasons=tuple(reasons) if reasons else (),
+        ecc_errors=ecc,
+    )
+
+
+def checked_gpu_sample(g: dict, i: int) -> GpuSample:
+    p = f"gpus[{i}]."
+    reasons = _get(g, "throttle_reasons", p, required=False)
+    if reasons is MISSING:
+        reasons = []
+    if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+        raise Invalid(p + "throttle_reasons", "Must be a list of strings.")
+    return GpuSample(
+        uuid=string(g, "uuid", p, required=True, max_length=96),
+        healthy=boolean(g, "healthy", p, default=True),
+        utilization_pct=number(g, "utilization_pct", p, minimum=0),
+        memory_used_mib=number(g, "memory_used_mib", p, minimum=0),
+        power_draw_w=number(g, "power_draw_w", p, minimum=0),
+        power_cap_w=number(g, "power_cap_w", p, minimum=0),
+        energy_j=number(g, "energy_j", p, minimum=0),
+        temperature_c=number(g, "temperature_c", p),
+        sm_clock_mhz=number(g, "sm_clock_mhz", p, minimum=0),
+        throttle_reasons=tuple(reasons),
+        ecc_errors=integer(g, "ecc_errors", p, minimum=0),
+    )
+
+
 def parse_heartbeat(body: dict) -> Heartbeat:
-    gpus = []
-    for i, g in enumerate(objects(body, "gpus", required=True)):
-        p = f"gpus[{i}]."
-        reasons = _get(g, "throttle_reasons", p, required=False)
-        if reasons is MISSING:
-            reasons = []
-        if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
-            raise Invalid(p + "throttle_reasons", "Must be a list of strings.")
-        gpus.append(
-            GpuSample(
-                uuid=string(g, "uuid", p, required=True, max_length=96),
-                healthy=boolean(g, "healthy", p, default=True),
-                utilization_pct=number(g, "utilization_pct", p, minimum=0),
-                memory_used_mib=number(g, "memory_used_mib", p, minimum=0),
-                power_draw_w=number(g, "power_draw_w", p, minimum=0),
-                power_cap_w=number(g, "power_cap_w", p, minimum=0),
-                energy_j=number(g, "energy_j", p, minimum=0),
-                temperature_c=number(g, "temperature_c", p),
-                sm_clock_mhz=number(g, "sm_clock_mhz", p, minimum=0),
-                throttle_reasons=tuple(reasons),
-                ecc_errors=integer(g, "ecc_errors", p, minimum=0),
-            )
-        )
+    gpus = [gpu_sample(g, i) for i, g in enumerate(objects(body, "gpus", required=True))]
     attempts = []
     for i, a in enumerate(objects(body, "attempts", required=True)):
         p = f"attempts[{i}]."

@@ -1,0 +1,61 @@
+"""The one-pass GPU reading parser accepts and refuses exactly what the field validators do."""
+
+import math
+
+import pytest
+
+from controlplane.cluster.agent_api import Invalid, checked_gpu_sample, gpu_sample
+
+from .conftest import gpu_reading
+
+VARIANTS = [
+    {},
+    {"healthy": False},
+    {"healthy": None},
+    {"power_draw_w": 512},
+    {"power_draw_w": None, "sm_clock_mhz": None},
+    {"temperature_c": -5.0},
+    {"throttle_reasons": None},
+    {"throttle_reasons": ["sw_power_cap", "hw_slowdown"]},
+    {"ecc_errors": None},
+    {"ecc_errors": 3},
+    {"uuid": "G" * 96},
+    # Refused, each naming its field:
+    {"uuid": "G" * 97},
+    {"uuid": ""},
+    {"uuid": None},
+    {"uuid": ["GPU-x-4"]},
+    {"uuid": 7},
+    {"power_draw_w": "512"},
+    {"power_draw_w": True},
+    {"power_draw_w": math.nan},
+    {"energy_j": math.inf},
+    {"utilization_pct": -1},
+    {"healthy": "yes"},
+    {"throttle_reasons": "sw_power_cap"},
+    {"throttle_reasons": ["ok", 3]},
+    {"ecc_errors": -1},
+    {"ecc_errors": 1.5},
+    {"ecc_errors": False},
+]
+
+
+def outcome(parse, reading):
+    try:
+        return parse(reading, 4)
+    except Invalid as exc:
+        return (exc.field, exc.message)
+
+
+@pytest.mark.parametrize("change", VARIANTS, ids=[repr(v)[:40] for v in VARIANTS])
+def test_the_fast_parse_agrees_with_the_field_validators(change):
+    reading = {**gpu_reading("GPU-x-4"), **change}
+
+    assert outcome(gpu_sample, reading) == outcome(checked_gpu_sample, reading)
+
+
+def test_a_reading_with_only_its_uuid_is_accepted_with_nothing_measured():
+    sample = gpu_sample({"uuid": "GPU-x-0"}, 0)
+    assert sample.healthy is True
+    assert sample.power_draw_w is None
+    assert sample.throttle_reasons == ()
