@@ -20,7 +20,17 @@ pool's draw is integrated with ``scheduler.power.power_draw_w`` into energy.
 
 Snapshots are built incrementally: Node, Pending and Running objects are cached and rebuilt only
 when what they say changes (a cap, a requeue, a start); only the orderings whose ranks move with
-time (SRTF's remaining time, LAS's attained service) rebuild their Running objects every call.
+time (SRTF's remaining time, LAS's attained service) rebuild their Running objects, once per
+instant.
+
+Static partitions (``SimOptions.partitioned_tenants``) are planned apart, as the published
+simulators run each VC on its own: an event plans only the partitions it touched, with only
+their pending jobs, nodes and attempts in the snapshot, and the periodic tick plans every
+partition with work pending. A partition no event touched would get the same answer again (its
+jobs did not fit, and nothing of its changed). Under SRTF and LAS, attempts that no pending job
+of their partition can beat are handed over as not preemptible, so the plan's victim searches
+walk only the attempts that could lose. Both keep every decision of a whole-cluster snapshot
+(a test replays both ways); a power budget turns them off, as the cap planner weighs the pool.
 """
 
 from __future__ import annotations
