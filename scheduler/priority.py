@@ -153,19 +153,23 @@ def _fair(
         first = rows[0]
         heap.append((*first[:2], book.share, *first[2:5], book.version, tenant, 0))
     heapq.heapify(heap)
-    pop, push = heapq.heappop, heapq.heappush
+    # The head is replaced in place (one sift, not a pop and a push): entries differ in their
+    # tenant, so the order they come out in does not depend on how the heap is laid out.
+    pop, replace_head = heapq.heappop, heapq.heapreplace
     while heap:
-        entry = pop(heap)
+        entry = heap[0]
         tenant = entry[7]
         book = books[tenant]
         i = entry[8]
         rows = queues[tenant]
         if entry[6] != book.version:
             row = rows[i]
-            push(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))
+            replace_head(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))
             continue
         yield rows[i][5]
         i += 1
         if i < len(rows):
             row = rows[i]
-            push(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))
+            replace_head(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))
+        else:
+            pop(heap)
