@@ -141,18 +141,29 @@ def build_books(snapshot: Snapshot, config: Config) -> dict[str, Book]:
     """A book per tenant named anywhere in the snapshot, with what its attempts use now."""
     books = {t.name: Book(t) for t in snapshot.tenants}
     old_enough_s = snapshot.now_s - config.min_runtime_s
+    # GPUs are summed per (tenant, type, stopping) first and booked once per group: the trace
+    # simulator builds books for a few hundred attempts on every one of its many plans.
+    gpus: dict[tuple[str, str, bool], int] = {}
+    jobs: dict[str, int] = {}
+    lowest: dict[tuple[str, str], int] = {}
     for r in snapshot.running:
-        book = books.get(r.tenant)
-        if book is None:
-            book = books[r.tenant] = Book(Tenant(name=r.tenant), known=False)
-        n = len(r.gpus)
-        book.add(r.gpu_type, n, active=not r.stopping)
+        key = (r.tenant, r.gpu_type, r.stopping)
+        gpus[key] = gpus.get(key, 0) + len(r.gpus)
         if not r.stopping:
-            book.running_jobs += 1
+            jobs[r.tenant] = jobs.get(r.tenant, 0) + 1
             if r.preemptible and r.started_at_s <= old_enough_s:
-                lowest = book.lowest_preemptible
-                if r.priority < lowest.get(r.gpu_type, r.priority + 1):
-                    lowest[r.gpu_type] = r.priority
+                held = (r.tenant, r.gpu_type)
+                if r.priority < lowest.get(held, r.priority + 1):
+                    lowest[held] = r.priority
+    for (tenant, gpu_type, stopping), n in gpus.items():
+        book = books.get(tenant)
+        if book is None:
+            book = books[tenant] = Book(Tenant(name=tenant), known=False)
+        book.add(gpu_type, n, active=not stopping)
+    for tenant, count in jobs.items():
+        books[tenant].running_jobs += count
+    for (tenant, gpu_type), priority in lowest.items():
+        books[tenant].lowest_preemptible[gpu_type] = priority
     for p in snapshot.pending:
         if p.tenant not in books:
             books[p.tenant] = Book(Tenant(name=p.tenant), known=False)
