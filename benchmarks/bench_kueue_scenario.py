@@ -277,11 +277,16 @@ def role_agent(args) -> None:
     def start(ids_names: list[tuple[int, str]]) -> list[int]:
         begun = timezone.now()
         if per_attempt:
+            moved = []
             for attempt in JobAttempt.objects.filter(
                 pk__in=[pk for pk, _ in ids_names]
             ).select_related("node"):
-                actions.mark_attempt_running(attempt, started_at=begun)
-            moved = [pk for pk, _ in ids_names]
+                try:
+                    actions.mark_attempt_running(attempt, started_at=begun)
+                except OperationalError:
+                    counts["deadlocks"] += 1
+                    continue
+                moved.append(attempt.pk)
         else:
             # Attempts whose rows a cycle holds come back busy: still ADMITTED, they are
             # read (and reported) again on the next pass.
@@ -303,7 +308,12 @@ def role_agent(args) -> None:
             for attempt in JobAttempt.objects.filter(
                 pk__in=ids, state__in=ACTIVE_ATTEMPT_STATES
             ).select_related("node"):
-                done += actions.finish_attempt(attempt, exit_code=exit_code)
+                try:
+                    done += actions.finish_attempt(attempt, exit_code=exit_code)
+                except OperationalError:
+                    counts["deadlocks"] += 1
+                    if exit_code == 0:
+                        heapq.heappush(due, (time.time(), attempt.pk))
             return done
         try:
             outcome = actions.finish_attempts([actions.ExitReport(pk, exit_code) for pk in ids])
@@ -589,6 +599,9 @@ def orchestrate(args) -> None:
                     )
                     last_print = time.time()
                 time.sleep(0.2)
+            for child in children:
+                if child.poll() is None:
+                    child.terminate()  # stopped early: what it measured is lost with it
             roles = {"submitters": [], "agents": []}
             for key, group in (("submitters", submitters), ("agents", agents)):
                 for child in group:
