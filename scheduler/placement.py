@@ -210,10 +210,7 @@ class ClusterIndex:
         self.cpus_free = list(topo.node_cpus) if self.track_cpus else None
         self.mem_free = list(topo.node_mem) if self.track_mem else None
         if self.track_cpus or self.track_mem:
-            gpu_node = topo.gpu_node
-            for r in running:
-                if (r.cpus and self.track_cpus) or (r.memory_mib and self.track_mem):
-                    self._charge_running(r, gpu_node)
+            self._charge_all(running)
         self._nodes_of: dict[int, dict[int, int]] = {}
         self.types: dict[str, TypeIndex] = {}
         for gpu_type in sorted(topo.by_type):
@@ -236,6 +233,37 @@ class ClusterIndex:
         for r in running:
             if r.stopping:
                 self.add_soon(r)
+
+    def _charge_all(self, running: tuple[Running, ...]) -> None:
+        """Book what running attempts hold of their nodes' CPUs and memory.
+
+        An attempt on one node (nearly all of them) is booked here directly, with the same
+        arithmetic as _charge_running, which takes the gangs: a call per attempt cost more than
+        the booking on the simulator's many small plans.
+        """
+        gpu_node = self.topo.gpu_node
+        cpus_free, mem_free = self.cpus_free, self.mem_free
+        node_cpus, node_mem = self.topo.node_cpus, self.topo.node_mem
+        track_cpus, track_mem = self.track_cpus, self.track_mem
+        for r in running:
+            cpus = r.cpus if track_cpus else 0.0
+            mem = r.memory_mib if track_mem else 0
+            if not (cpus or mem):
+                continue
+            nodes = list(map(gpu_node.get, r.gpus))
+            if not nodes:
+                continue
+            first = nodes[0]
+            total = len(nodes)
+            if nodes.count(first) != total:
+                self._charge_running(r, gpu_node)
+                continue
+            if first is None:
+                continue
+            if cpus and node_cpus[first]:
+                cpus_free[first] -= cpus * total / total
+            if mem and node_mem[first]:
+                mem_free[first] -= mem * total / total
 
     def _charge_running(self, r: Running, gpu_node: dict[str, int]) -> None:
         nodes = list(map(gpu_node.get, r.gpus))
