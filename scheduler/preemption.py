@@ -271,13 +271,17 @@ def find_victims(
     sources = _sources(s, victims, ti, need_capacity)
     if s.need_quota:
         # Only the tenant's own attempts give quota back: without enough of them, stop here.
-        own_gpus = sum(
-            c.size
-            for source, cands, key in sources
-            if key is None
-            for c in cands
-            if c.run.attempt_id not in done and _qualifies(s, source, c)
-        )
+        # The ones a rule lets go lead each list, so counting stops at the first that does not
+        # qualify, or as soon as there are enough (a full partition asks this for every job).
+        own_gpus = 0
+        for source, cands, key in sources:
+            if key is not None:
+                continue
+            for c in cands:
+                if own_gpus >= s.need_quota or not _qualifies(s, source, c):
+                    break
+                if c.run.attempt_id not in done:
+                    own_gpus += c.size
         if own_gpus < s.need_quota:
             return None
     satisfied = False
