@@ -226,6 +226,17 @@ def label_borrowed(running: tuple[Running, ...], books: dict[str, Book]) -> set[
     borrowed: set[int] = set()
     for tenant, attempts in by_tenant.items():
         g = books[tenant].guaranteed
+        # Usage only grows as attempts are counted in: a tenant whose whole usage fits every
+        # guarantee covering its types borrows nothing (always so on static partitions).
+        totals: dict[str, int] = {}
+        for r in attempts:
+            totals[r.gpu_type] = totals.get(r.gpu_type, 0) + len(r.gpus)
+        if (
+            all(t in g or ANY in g for t in totals)
+            and all(n <= g[t] for t, n in totals.items() if t in g)
+            and (ANY not in g or sum(totals.values()) <= g[ANY])
+        ):
+            continue
         attempts.sort(key=lambda r: (r.preemptible, r.started_at_s, r.attempt_id))
         used: dict[str, int] = {}
         for r in attempts:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from scheduler.model import ANY_GPU_TYPE, ReasonCode
+from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode
+from scheduler.quota import build_books, label_borrowed
 from tests.scheduler.builders import cluster, decision, start_of, started
 
 
@@ -130,3 +131,39 @@ def test_stopping_attempts_still_count_against_the_limit():
     d = decision(c.plan(), 2)
     assert d.reason_code is ReasonCode.WAITING_FOR_PREEMPTION
     assert "stopping" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("guaranteed", "borrowed"),
+    [
+        (12, set()),  # everything fits the guarantee
+        (8, {3}),  # the latest start pushed it past
+        (4, {2, 3}),
+        (0, {1, 2, 3}),
+    ],
+)
+def test_attempts_past_the_guarantee_in_start_order_are_the_borrowed_ones(guaranteed, borrowed):
+    c = (
+        cluster()
+        .node("n1", gpus=12)
+        .tenant("vision", guaranteed, 12)
+        .running(1, "vision", 4, ran_s=3000)
+        .running(2, "vision", 4, ran_s=2000)
+        .running(3, "vision", 4, ran_s=1000)
+        .running(4, "vision", 0, ran_s=500, stopping=True)
+    )
+    snap = c.snapshot()
+    assert label_borrowed(snap.running, build_books(snap, Config())) == borrowed
+
+
+def test_every_attempt_on_a_type_without_quota_is_borrowed():
+    c = (
+        cluster()
+        .node("n1", gpus=4, type="A100")
+        .node("n2", gpus=4, type="H100")
+        .tenant("vision", 8, 8, type="H100")
+        .running(1, "vision", 2, "n1")
+        .running(2, "vision", 2, "n2")
+    )
+    snap = c.snapshot()
+    assert label_borrowed(snap.running, build_books(snap, Config())) == {1}
