@@ -39,6 +39,7 @@ class Topology:
         "node_mem",
         "schedulable",
         "draining",
+        "caps",
     )
 
     def __init__(self, nodes: tuple[Node, ...]):
@@ -72,6 +73,17 @@ class Topology:
                     usable[g.uuid] = (g.gpu_type, i)
                     per_node = by_type.setdefault(g.gpu_type, {})
                     per_node[i] = per_node.get(i, ()) + (g.uuid,)
+        # type -> (GPUs per node, their nodes in order, the most on one node, the total): what
+        # every cycle's TypeIndex starts from, worked out once per topology.
+        self.caps: dict[str, tuple[dict[int, int], list[int], int, int]] = {}
+        for gpu_type, per_node in by_type.items():
+            node_cap = {i: len(uuids) for i, uuids in per_node.items()}
+            self.caps[gpu_type] = (
+                node_cap,
+                sorted(per_node),
+                max(node_cap.values(), default=0),
+                sum(node_cap.values()),
+            )
 
 
 _GPU_ORDER = attrgetter("index", "uuid")
@@ -104,11 +116,20 @@ class TypeIndex:
         "changed",
     )
 
-    def __init__(self, gpu_type: str, node_cap: dict[int, int]):
+    def __init__(
+        self,
+        gpu_type: str,
+        node_cap: dict[int, int],
+        max_node_cap: int | None = None,
+        total_cap: int | None = None,
+    ):
         self.gpu_type = gpu_type
-        self.node_cap = node_cap  # healthy GPUs of this type per schedulable node, busy or not
-        self.max_node_cap = max(node_cap.values(), default=0)
-        self.total_cap = sum(node_cap.values())
+        # Healthy GPUs of this type per schedulable node, busy or not (shared: read only).
+        self.node_cap = node_cap
+        if max_node_cap is None:
+            max_node_cap = max(node_cap.values(), default=0)
+        self.max_node_cap = max_node_cap
+        self.total_cap = sum(node_cap.values()) if total_cap is None else total_cap
         self.free: dict[int, list[str]] = {}
         self.buckets: list[list[int]] = [[] for _ in range(self.max_node_cap + 1)]
         self.total_free = 0
@@ -215,11 +236,12 @@ class ClusterIndex:
         self.types: dict[str, TypeIndex] = {}
         for gpu_type in sorted(topo.by_type):
             per_node = topo.by_type[gpu_type]
-            ti = TypeIndex(gpu_type, {i: len(uuids) for i, uuids in per_node.items()})
+            node_cap, order, max_cap, total_cap = topo.caps[gpu_type]
+            ti = TypeIndex(gpu_type, node_cap, max_cap, total_cap)
             buckets = ti.buckets
             free_by_node = ti.free
             total = 0
-            for i in sorted(per_node):
+            for i in order:
                 uuids = per_node[i]
                 free = (
                     list(uuids) if held.isdisjoint(uuids) else [u for u in uuids if u not in held]
