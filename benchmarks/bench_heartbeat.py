@@ -172,6 +172,65 @@ def register_nodes(port: int, join_token: str, count: int, gpus: int) -> list[tu
     return sorted(node for batch in batches for node in batch)
 
 
+# Registered through the real endpoint; the rest are written in bulk with the same fields, since
+# registration is not what is measured and 10,000 of them would take minutes here.
+REGISTERED_BY_HTTP = 50
+PRIMED_BY_HTTP = 200
+
+
+def register_in_bulk(pool, names: list[str], gpus: int) -> list[tuple[str, str]]:
+    from django.conf import settings
+    from django.db import transaction
+    from django.utils import timezone
+
+    from controlplane.cluster.models import GPU, Node
+    from controlplane.tenancy.models import hash_token, new_raw_token
+
+    now = timezone.now()
+    tokens = {name: new_raw_token("gcpn") for name in names}
+    with transaction.atomic():
+        created = Node.objects.bulk_create(
+            [
+                Node(
+                    name=name,
+                    pool=pool,
+                    cpus=128,
+                    memory_mib=2 * 1024 * 1024,
+                    labels={"rack": name[-2:]},
+                    agent_version="bench",
+                    runtime="docker",
+                    heartbeat_interval_s=settings.AGENT_HEARTBEAT_INTERVAL_S,
+                    last_heartbeat_at=now,
+                    ready=True,
+                    token_hash=hash_token(tokens[name]),
+                    token_prefix=tokens[name][:12],
+                )
+                for name in names
+            ],
+            batch_size=1000,
+        )
+        GPU.objects.bulk_create(
+            [
+                GPU(node=node, uuid=g["uuid"], healthy=True, **{k: g[k] for k in g if k != "uuid"})
+                for node in created
+                for g in inventory(node.name, gpus)["gpus"]
+            ],
+            batch_size=2000,
+        )
+    return [(name, tokens[name]) for name in names]
+
+
+def mark_running_in_bulk(attempt_ids: list[int]) -> None:
+    """What each node's first heartbeat would do to its attempt, for the nodes not primed."""
+    from django.utils import timezone
+
+    from controlplane.jobs.models import AttemptState, Job, JobAttempt, JobState
+
+    now = timezone.now()
+    JobAttempt.objects.filter(pk__in=attempt_ids).update(state=AttemptState.RUNNING, started_at=now)
+    Job.objects.filter(attempts__pk__in=attempt_ids).update(state=JobState.RUNNING, started_at=now)
+
+
 def admit_one_job_per_node() -> dict[str, int]:
     """One running job per node, so heartbeats carry an attempt report like real ones do."""
     from django.contrib.auth import get_user_model
@@ -401,7 +460,13 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--rate", type=float, default=1000.0, help="heartbeats/s; 0 = closed loop")
     parser.add_argument("--duration-s", type=float, default=30.0)
-    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="not measured; default: long enough for every node to heartbeat once (each web "
+        "process then holds its nodes' answers, as in a running system), at least 5 s",
+    )
     parser.add_argument("--port", type=int, default=18450)
     parser.add_argument("--workers", type=int, default=max(2, (os.cpu_count() or 2)))
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker")
@@ -416,6 +481,8 @@ def main() -> None:
         "is kept for the commands in the issues)",
     )
     args = parser.parse_args()
+    if args.warmup_s is None:
+        args.warmup_s = max(5.0, 1.2 * args.nodes / args.rate + 2.0) if args.rate > 0 else 5.0
 
     base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucp")
     database_url, name = bench_database_url(base_url, "_bench_hb")
@@ -437,15 +504,24 @@ def main() -> None:
         pool, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=args.nodes
     )
     server = start_gunicorn(args.port, args.workers, args.threads, env)
+    # A timeout's or Ctrl-C's signal unwinds through the finally below, which stops gunicorn
+    # (it runs in its own session, so it would outlive this script).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
     try:
         print(f"registering {args.nodes} nodes with {args.gpus} GPUs each ...", flush=True)
-        registered = register_nodes(args.port, join_token, args.nodes, args.gpus)
+        by_http = min(args.nodes, REGISTERED_BY_HTTP)
+        registered = register_nodes(args.port, join_token, by_http, args.gpus)
+        registered += register_in_bulk(
+            pool, [f"bench-{i:05d}" for i in range(by_http, args.nodes)], args.gpus
+        )
         attempts = admit_one_job_per_node()
         nodes = [(n, tok, attempts.get(n)) for n, tok in registered]
         # Each node's first heartbeat moves its attempt to RUNNING (a state change, with its
-        # events); the figures are about the steady state, so that happens before measuring.
-        print("first heartbeat of every node (not measured) ...", flush=True)
-        prime(args.port, nodes, args.gpus)
+        # events); the figures are about the steady state, so that happens before measuring,
+        # through the endpoint for the first nodes and in bulk for the rest.
+        print("first heartbeat of the first nodes (not measured) ...", flush=True)
+        prime(args.port, nodes[:PRIMED_BY_HTTP], args.gpus)
+        mark_running_in_bulk([a for _, _, a in nodes[PRIMED_BY_HTTP:] if a is not None])
 
         # What autovacuum would have done by now on a running system: the planner's statistics.
         from django.db import connection
