@@ -217,3 +217,30 @@ def test_a_row_another_transaction_holds_is_skipped_not_waited_for(admitted, hel
     outcome = actions.finish_attempts([ExitReport(locked.pk, exit_code=0)])
     assert (outcome.done, outcome.busy) == ([locked.pk], [])
     assert Job.objects.get(pk=locked.job_id).state == JobState.SUCCEEDED
+
+
+def test_each_attempt_of_a_batch_keeps_its_own_reported_values(admitted):
+    first, second = admitted(2)
+    at = timezone.now() - timedelta(minutes=5)
+    actions.mark_attempts_running(
+        [
+            StartReport(first.pk, started_at=at, energy_start_j={"GPU-a": 1.0}),
+            StartReport(second.pk, started_at=at + timedelta(seconds=60), energy_start_j={}),
+        ]
+    )
+    actions.finish_attempts(
+        [
+            ExitReport(
+                first.pk, exit_code=0, finished_at=at + timedelta(seconds=100), energy_j=5.0
+            ),
+            ExitReport(second.pk, exit_code=2, finished_at=at + timedelta(seconds=100)),
+        ]
+    )
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.energy_start_j, second.energy_start_j) == ({"GPU-a": 1.0}, {})
+    assert (first.gpu_seconds, second.gpu_seconds) == (100.0, 40.0)
+    assert (first.energy_j, first.exit_code, second.exit_code) == (5.0, 0, 2)
+    assert (first.state, second.state) == (AttemptState.SUCCEEDED, AttemptState.FAILED)
+    released = Allocation.objects.filter(attempt=first).values_list("released_at", flat=True)
+    assert set(released) == {at + timedelta(seconds=100)}
