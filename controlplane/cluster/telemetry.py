@@ -398,9 +398,14 @@ class TelemetryBuffer:
             while True:
                 self._wake.wait(flush_interval_s() or 1.0)
                 self._wake.clear()
-                self.flush()
-                # This thread's own connection: let Django recycle it like a request's.
-                thread_connection.close_if_unusable_or_obsolete()
+                try:
+                    self.flush()
+                    # This thread's own connection: let Django recycle it like a request's.
+                    thread_connection.close_if_unusable_or_obsolete()
+                except Exception:
+                    # Liveness rides these batches: the thread must outlive a database or Redis
+                    # outage, or every node would look silent once it is over.
+                    log.exception("telemetry flush failed; retrying at the next interval")
         finally:
             thread_connection.close()
 
