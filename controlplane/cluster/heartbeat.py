@@ -14,11 +14,13 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from controlplane.cluster import telemetry
@@ -659,6 +661,46 @@ def _forget_unreported(node: Node, w: Work, hb: Heartbeat, now: dt.datetime) -> 
     w.state = AttemptState.LOST
 
 
+# PostgreSQL's "deadlock detected". The triggers of migration 0002 make every write of an
+# attempt, allocation or cap lock its nodes' generation rows until commit; a scheduling cycle
+# writes many of them in several statements, so one of its transactions and a heartbeat's action
+# can take the same rows in opposite orders. PostgreSQL then aborts one of the two.
+DEADLOCK_SQLSTATE = "40P01"
+DEADLOCK_TRIES = 4
+# The first pause, doubled for each further try; each is drawn from half to one and a half of
+# it, so that two heartbeats that lost to the same cycle do not meet again.
+DEADLOCK_PAUSE_S = 0.05
+
+
+def _is_deadlock(exc: OperationalError) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_SQLSTATE
+
+
+def _surviving_deadlocks(what: str, action, *args) -> None:
+    """Run one action again when PostgreSQL chose its transaction as a deadlock's victim.
+
+    The victim's transaction is rolled back whole, so nothing of it was written, and the
+    actions guard every write on the state they find: running it again applies the report
+    once. Only an action that is its own transaction is retried: inside a caller's, the
+    caller's locks are still held and its work may be lost, so the error is theirs to handle.
+    """
+    for attempt in range(1, DEADLOCK_TRIES + 1):
+        try:
+            return action(*args)
+        except OperationalError as exc:
+            if not _is_deadlock(exc) or attempt == DEADLOCK_TRIES or connection.in_atomic_block:
+                raise
+            pause_s = DEADLOCK_PAUSE_S * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
+            log.info(
+                "%s lost a deadlock (try %d of %d), trying again in %.0f ms",
+                what,
+                attempt,
+                DEADLOCK_TRIES,
+                pause_s * 1000,
+            )
+            time.sleep(pause_s)
+
+
 def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = None) -> dict:
     """Apply one heartbeat of `node` and return the desired state to answer with."""
     now = now or timezone.now()
@@ -672,14 +714,18 @@ def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = No
             # so the agent stops it if it still runs.
             continue
         try:
-            _apply_report(node, w, r, counters, now)
+            _surviving_deadlocks(
+                f"report on attempt {aid} of {node.name}", _apply_report, node, w, r, counters, now
+            )
         except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
             # Someone else moved the job on (a cancel, a sweep): the next heartbeat sees where.
             log.info("report on attempt %s of %s not applied: %s", aid, node.name, exc)
     for aid, w in work.items():
         if aid not in reports:
             try:
-                _forget_unreported(node, w, hb, now)
+                _surviving_deadlocks(
+                    f"loss of attempt {aid} of {node.name}", _forget_unreported, node, w, hb, now
+                )
             except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
                 log.info("attempt %s of %s not declared lost: %s", aid, node.name, exc)
 

@@ -1,0 +1,168 @@
+"""A heartbeat whose report loses a real PostgreSQL deadlock still applies it, exactly once.
+
+A rival transaction on its own connection takes the job's row first and the node's generation
+row second: the opposite of finish_attempt, which writes the attempt (its trigger locks the
+generation row) before it locks the job. Once the heartbeat waits for the job, the rival asks
+for the generation row, and PostgreSQL has to abort one of the two. The heartbeat's session
+detects deadlocks sooner than the rival's, so it is the heartbeat that PostgreSQL aborts.
+"""
+
+import logging
+import threading
+import time
+
+import pytest
+from django.db import OperationalError, connection, transaction
+
+from controlplane.jobs.models import Allocation, AttemptState, JobEvent, JobState
+
+from .conftest import readings
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def running(attempt, **fields):
+    report = {
+        "attempt_id": attempt.pk,
+        "state": "running",
+        "started_at": time.time() - 5,
+        "exit_code": None,
+        "finished_at": None,
+        "energy_j": 10.0,
+        "energy_estimated": False,
+    }
+    report.update(fields)
+    return report
+
+
+class Rival(threading.Thread):
+    """Holds the job's row lock until the heartbeat waits for it, then wants `then_sql`, or
+    keeps holding it for `hold_s`."""
+
+    def __init__(
+        self, job_id: int, heartbeat_pid: int, then_sql: str | None, params=(), hold_s=0.0
+    ):
+        super().__init__()
+        self.hold_s = hold_s
+        self.job_id = job_id
+        self.heartbeat_pid = heartbeat_pid
+        self.then_sql = then_sql
+        self.params = params
+        self.locked = threading.Event()
+        self.saw_heartbeat_wait = False
+        self.error: Exception | None = None
+
+    def run(self):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                # Slow to detect a deadlock, so that the heartbeat's session detects it first.
+                cursor.execute("SET LOCAL deadlock_timeout = '30s'")
+                cursor.execute("SELECT id FROM jobs_job WHERE id = %s FOR UPDATE", [self.job_id])
+                self.locked.set()
+                self.saw_heartbeat_wait = self._wait_for_the_heartbeat_to_block(cursor)
+                if self.then_sql:
+                    cursor.execute(self.then_sql, list(self.params))
+                time.sleep(self.hold_s)
+        except Exception as exc:  # the test reads it: a rival chosen as the victim fails it
+            self.error = exc
+        finally:
+            self.locked.set()
+            connection.close()
+
+    def _wait_for_the_heartbeat_to_block(self, cursor) -> bool:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            # pg_locks, not pg_stat_activity, which is read once per transaction.
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted",
+                [self.heartbeat_pid],
+            )
+            if cursor.fetchone()[0]:
+                return True
+            time.sleep(0.005)
+        return False
+
+
+@pytest.fixture
+def session_settings():
+    """SET on the test's own connection (the heartbeat's), reset afterwards for later tests."""
+    names = []
+
+    def set_(name: str, value: str) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET {name} = '{value}'")
+            cursor.execute("SELECT pg_backend_pid()")
+            names.append(name)
+            return cursor.fetchone()[0]
+
+    yield set_
+    with connection.cursor() as cursor:
+        for name in names:
+            cursor.execute(f"RESET {name}")
+
+
+@pytest.fixture
+def running_attempt(agent, node01, make_job, vision, alice, admit):
+    node, token = node01
+    job = make_job(vision, alice, gpus=1)
+    attempt = admit(job, node, gpu_indexes=(0,))
+    agent.heartbeat(token, readings(node), [running(attempt)])
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING
+    return node, token, job, attempt
+
+
+def test_an_exit_report_that_loses_a_deadlock_is_applied_once(
+    agent, running_attempt, session_settings, caplog
+):
+    node, token, job, attempt = running_attempt
+    heartbeat_pid = session_settings("deadlock_timeout", "300ms")
+    rival = Rival(
+        job.pk,
+        heartbeat_pid,
+        "UPDATE cluster_nodegeneration SET generation = generation + 1 WHERE node_id = %s",
+        [node.pk],
+    )
+    rival.start()
+    assert rival.locked.wait(timeout=20)
+
+    with caplog.at_level(logging.INFO, logger="controlplane.cluster.heartbeat"):
+        exit_report = running(attempt, state="exited", exit_code=0, finished_at=time.time())
+        answer = agent.heartbeat(token, readings(node), [exit_report])
+    rival.join(timeout=30)
+
+    assert rival.saw_heartbeat_wait
+    assert rival.error is None  # the rival went through: the heartbeat was the victim
+    assert any("lost a deadlock" in r.getMessage() for r in caplog.records)
+    assert answer["attempts"] == []
+    attempt.refresh_from_db()
+    job.refresh_from_db()
+    assert (attempt.state, attempt.exit_code) == (AttemptState.SUCCEEDED, 0)
+    assert job.state == JobState.SUCCEEDED
+    assert JobEvent.objects.filter(job=job, kind="succeeded").count() == 1
+    assert not Allocation.objects.filter(attempt=attempt, active=True).exists()
+
+
+def test_an_error_other_than_a_deadlock_is_not_retried(
+    agent, running_attempt, session_settings, caplog
+):
+    node, token, job, attempt = running_attempt
+    # The rival only holds the job; the heartbeat gives up waiting for it (SQLSTATE 55P03).
+    heartbeat_pid = session_settings("lock_timeout", "300ms")
+    rival = Rival(job.pk, heartbeat_pid, None, hold_s=1.5)
+    rival.start()
+    assert rival.locked.wait(timeout=20)
+
+    with (
+        caplog.at_level(logging.INFO, logger="controlplane.cluster.heartbeat"),
+        pytest.raises(OperationalError),
+    ):
+        exit_report = running(attempt, state="exited", exit_code=0, finished_at=time.time())
+        agent.post("heartbeat", agent.heartbeat_body(readings(node), [exit_report]), token)
+    rival.join(timeout=30)
+
+    assert rival.saw_heartbeat_wait and rival.error is None
+    assert not any("lost a deadlock" in r.getMessage() for r in caplog.records)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING  # rolled back whole, to be reported again
+    assert not JobEvent.objects.filter(job=job, kind="succeeded").exists()
