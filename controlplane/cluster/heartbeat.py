@@ -662,9 +662,11 @@ def _forget_unreported(node: Node, w: Work, hb: Heartbeat, now: dt.datetime) -> 
 
 
 # PostgreSQL's "deadlock detected". The triggers of migration 0002 make every write of an
-# attempt, allocation or cap lock its nodes' generation rows until commit; a scheduling cycle
-# writes many of them in several statements, so one of its transactions and a heartbeat's action
-# can take the same rows in opposite orders. PostgreSQL then aborts one of the two.
+# attempt, allocation or cap lock its nodes' generation rows until commit. A gang's action
+# locks all its nodes in one sorted statement, but a scheduling cycle's transaction locks its
+# nodes over several statements (preemptions, then starts, then each cap), so the two can take
+# the same rows in opposite orders; and a cancel locks the job before its attempts, where the
+# actions write the attempt before they lock the job. PostgreSQL then aborts one of the two.
 DEADLOCK_SQLSTATE = "40P01"
 DEADLOCK_TRIES = 4
 # The first pause, doubled for each further try; each is drawn from half to one and a half of
@@ -686,7 +688,8 @@ def _surviving_deadlocks(what: str, action, *args) -> None:
     """
     for attempt in range(1, DEADLOCK_TRIES + 1):
         try:
-            return action(*args)
+            action(*args)
+            return
         except OperationalError as exc:
             if not _is_deadlock(exc) or attempt == DEADLOCK_TRIES or connection.in_atomic_block:
                 raise
