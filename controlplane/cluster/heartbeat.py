@@ -497,13 +497,18 @@ def _reported_energy(
         w = work.get(r.attempt_id)
         if w is None or r.energy_j is None:
             continue
-        counters = {
-            u: samples[u].energy_j
-            for u in w.gpu_uuids
-            if u in samples and samples[u].energy_j is not None
-        }
-        rows[r.attempt_id] = (r.energy_j, r.energy_estimated, json.dumps(counters))
+        rows[r.attempt_id] = _energy_row(r, w, samples)
     return rows
+
+
+def _energy_row(r, w: Work, samples: dict[str, GpuSample]) -> tuple:
+    """(energy so far, estimated?, the attempt's GPUs' counters as JSON) for the batch."""
+    counters = {
+        u: samples[u].energy_j
+        for u in w.gpu_uuids
+        if u in samples and samples[u].energy_j is not None
+    }
+    return (r.energy_j, r.energy_estimated, json.dumps(counters))
 
 
 def answer_heartbeat(read: NodeRead, hb: Heartbeat, *, now: dt.datetime | None = None) -> bytes:
@@ -584,12 +589,7 @@ def _energy(work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuSample])
             continue
         if r.energy_j is None or r.energy_j == w.energy_j:
             continue
-        counters = {
-            u: samples[u].energy_j
-            for u in w.gpu_uuids
-            if u in samples and samples[u].energy_j is not None
-        }
-        rows[r.attempt_id] = (r.energy_j, r.energy_estimated, json.dumps(counters))
+        rows[r.attempt_id] = _energy_row(r, w, samples)
     return rows
 
 
