@@ -69,6 +69,12 @@ GPU_SERIES = [
         "Enforced power limit (in W).",
         lambda g: g.power_cap_w,
     ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "counter",
+        "Uncorrected (double-bit) ECC errors since the driver loaded.",
+        lambda g: g.ecc_errors,
+    ),
 ]
 
 
@@ -88,6 +94,27 @@ def render_metrics() -> str:
                 for g in gpus
             ),
         )
+    # DCGM exports the throttle reasons as one bitmask; ours arrive as names, so one series per
+    # reason in force. A GPU that reports none has no series; one that cannot tell, none either.
+    out.family(
+        "gpucp_gpu_throttled",
+        "gauge",
+        "1 while the reason holds the GPU's clocks down.",
+        (
+            (
+                {
+                    "reason": reason,
+                    "gpu": g.index,
+                    "UUID": g.uuid,
+                    "modelName": g.model,
+                    "Hostname": g.node.name,
+                },
+                1.0,
+            )
+            for g in gpus
+            for reason in g.throttle_reasons or ()
+        ),
+    )
     out.family(
         "gpucp_gpu_desired_power_cap_watts",
         "gauge",

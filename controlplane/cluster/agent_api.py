@@ -233,7 +233,7 @@ def gpu_sample(g: dict, i: int) -> GpuSample:
         uuid,
         True if healthy is None else healthy,
         *values,
-        throttle_reasons=tuple(reasons) if reasons else (),
+        throttle_reasons=None if reasons is None else tuple(reasons),
         ecc_errors=ecc,
     )
 
@@ -241,9 +241,9 @@ def gpu_sample(g: dict, i: int) -> GpuSample:
 def checked_gpu_sample(g: dict, i: int) -> GpuSample:
     p = f"gpus[{i}]."
     reasons = _get(g, "throttle_reasons", p, required=False)
-    if reasons is MISSING:
-        reasons = []
-    if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+    if reasons is not MISSING and (
+        not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons)
+    ):
         raise Invalid(p + "throttle_reasons", "Must be a list of strings.")
     return GpuSample(
         uuid=string(g, "uuid", p, required=True, max_length=96),
@@ -255,7 +255,7 @@ def checked_gpu_sample(g: dict, i: int) -> GpuSample:
         energy_j=number(g, "energy_j", p, minimum=0),
         temperature_c=number(g, "temperature_c", p),
         sm_clock_mhz=number(g, "sm_clock_mhz", p, minimum=0),
-        throttle_reasons=tuple(reasons),
+        throttle_reasons=None if reasons is MISSING else tuple(reasons),
         ecc_errors=integer(g, "ecc_errors", p, minimum=0),
     )
 

@@ -87,6 +87,10 @@ class GPU(models.Model):
     energy_j = models.FloatField(null=True, blank=True)
     temperature_c = models.FloatField(null=True, blank=True)
     sm_clock_mhz = models.FloatField(null=True, blank=True)
+    # Health as the agent last reported it: why the clocks are held down (NVML's reasons as
+    # names, [] = none), and uncorrected ECC errors since the driver loaded. Null: unknown.
+    throttle_reasons = models.JSONField(null=True, blank=True)
+    ecc_errors = models.BigIntegerField(null=True, blank=True)
     telemetry_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -48,8 +49,12 @@ LATEST_FIELDS = (
     "energy_j",
     "temperature_c",
     "sm_clock_mhz",
+    "throttle_reasons",
+    "ecc_errors",
     "telemetry_at",
 )
+# Written apart from the numbers: a JSON list of names and an integer count.
+HEALTH_FIELDS = ("throttle_reasons", "ecc_errors")
 # History fields averaged over the bucket; power_cap_w keeps the latest value instead, since a
 # cap is a setting, and its mean over a change would be a cap nobody ever set.
 MEAN_FIELDS = ("utilization_pct", "memory_used_mib", "power_draw_w", "temperature_c")
@@ -68,7 +73,7 @@ class GpuSample:
     energy_j: float | None = None
     temperature_c: float | None = None
     sm_clock_mhz: float | None = None
-    throttle_reasons: tuple[str, ...] = ()
+    throttle_reasons: tuple[str, ...] | None = None
     ecc_errors: int | None = None
 
 
@@ -166,11 +171,14 @@ def write_latest(
             s.energy_j,
             s.temperature_c,
             s.sm_clock_mhz,
+            None if s.throttle_reasons is None else json.dumps(list(s.throttle_reasons)),
+            s.ecc_errors,
         )
         for node_id, (at, samples) in readings.items()
         for s in samples.values()
     ]
-    numbers = [f for f in LATEST_FIELDS if f not in ("healthy", "telemetry_at")]
+    numbers = [f for f in LATEST_FIELDS if f not in HEALTH_FIELDS + ("healthy", "telemetry_at")]
+    json_type = "jsonb" if connection.vendor == "postgresql" else "text"
     readings_cte, params = rows_cte(
         "v",
         [
@@ -179,6 +187,8 @@ def write_latest(
             ("at", "timestamptz"),
             ("healthy", "boolean"),
             *((f, "double precision") for f in numbers),
+            ("throttle_reasons", json_type),
+            ("ecc_errors", "bigint"),
         ],
         rows,
     )
@@ -187,6 +197,8 @@ def write_latest(
         [
             "healthy = CASE WHEN x.u IS NULL THEN FALSE ELSE CAST(x.healthy AS BOOLEAN) END",
             *(f"{f} = CAST(x.{f} AS DOUBLE PRECISION)" for f in numbers),
+            f"throttle_reasons = CAST(x.throttle_reasons AS {json_type.upper()})",
+            "ecc_errors = CAST(x.ecc_errors AS BIGINT)",
             f"telemetry_at = CASE WHEN x.u IS NULL THEN {table}.telemetry_at ELSE x.at END",
         ]
     )

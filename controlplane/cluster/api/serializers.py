@@ -138,9 +138,19 @@ class GpuSerializer(serializers.ModelSerializer):
             "energy_j",
             "temperature_c",
             "sm_clock_mhz",
+            "throttle_reasons",
+            "ecc_errors",
             "telemetry_at",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "throttle_reasons": {
+                "help_text": "Why the clocks are held down now ([]: they are not); null: unknown"
+            },
+            "ecc_errors": {
+                "help_text": "Uncorrected ECC errors since the driver loaded; null: unknown"
+            },
+        }
 
 
 class JoinTokenSerializer(serializers.ModelSerializer):

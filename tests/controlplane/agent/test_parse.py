@@ -58,4 +58,5 @@ def test_a_reading_with_only_its_uuid_is_accepted_with_nothing_measured():
     sample = gpu_sample({"uuid": "GPU-x-0"}, 0)
     assert sample.healthy is True
     assert sample.power_draw_w is None
-    assert sample.throttle_reasons == ()
+    assert sample.throttle_reasons is None
+    assert sample.ecc_errors is None
