@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from controlplane.cluster.agent_auth import (
     rotate_node_token,
 )
 from controlplane.cluster.heartbeat import AttemptReport, ConditionReport, Heartbeat
-from controlplane.cluster.models import GPU, Node
+from controlplane.cluster.models import GPU, NODE_NAME_RE, JoinToken, Node
 from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs.models import JobAttempt, LogChunk
 
@@ -47,10 +46,18 @@ LOG_CHUNK_MAX_BYTES = 1024 * 1024
 # changes index waits during a registration.
 RETIRED_INDEX = 1000
 PARKED_INDEX = 1_000_000
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
 
 # --- validation ------------------------------------------------------------------------------
+
+
+class Refused(Exception):
+    """A well-formed request the credential does not allow (403) or the state forbids (409)."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        self.message = message
+        super().__init__(message)
 
 
 class Invalid(Exception):
@@ -330,6 +337,8 @@ def agent_view(*, node_auth: bool = True) -> Callable:
                 return unauthorized(str(exc))
             except Invalid as exc:
                 return JsonResponse({exc.field: [exc.message]}, status=400)
+            except Refused as exc:
+                return JsonResponse({"detail": exc.message}, status=exc.status)
 
         return wrapper
 
@@ -348,7 +357,8 @@ def register(request: HttpRequest) -> JsonResponse:
     try:
         with transaction.atomic():
             join = consume_join_token(raw)
-            node, token = _register_node(join.pool, data)
+            # Refused after the use was counted: the transaction rolls the count back too.
+            node, token = _register_node(join, data)
     except IntegrityError as exc:
         raise Invalid("gpus", f"Conflicts with another node's inventory: {exc}") from None
     log.info("node %s registered (%d GPUs)", node.name, len(data["gpus"]))
@@ -362,10 +372,22 @@ def register(request: HttpRequest) -> JsonResponse:
     )
 
 
-def _register_node(pool, data: dict) -> tuple[Node, str]:
+def _register_node(join: JoinToken, data: dict) -> tuple[Node, str]:
+    """Create the node, or update it when the join token was issued for its name.
+
+    A join token that names no node makes new nodes only: registering an existing name would
+    hand its holder that node's identity (a fresh node token, the node's work to come, the
+    right to report its attempts' exits).
+    """
+    name = data["name"]
+    if join.node_name and join.node_name != name:
+        # 403, not 409: the name may well be free; this credential is simply not for it.
+        raise Refused(
+            403, f"This join token was issued for node {join.node_name!r} only, not {name!r}."
+        )
     now = timezone.now()
     fields = {
-        "pool": pool,
+        "pool": join.pool,
         "cpus": data["cpus"],
         "memory_mib": data["memory_mib"],
         "labels": data["labels"],
@@ -375,7 +397,20 @@ def _register_node(pool, data: dict) -> tuple[Node, str]:
         "last_heartbeat_at": now,
         "ready": True,
     }
-    node, _ = Node.objects.select_for_update().update_or_create(name=data["name"], defaults=fields)
+    if join.node_name:
+        node, _ = Node.objects.select_for_update().update_or_create(name=name, defaults=fields)
+    else:
+        try:
+            # Create, not get-or-create: a name taken between a look-up and the insert (another
+            # registration racing this one) is refused by the unique constraint all the same.
+            with transaction.atomic():
+                node = Node.objects.create(name=name, **fields)
+        except IntegrityError:
+            raise Refused(
+                409,
+                f"A node named {name!r} is already registered. To join it again (its agent lost "
+                "its node token), use a join token issued for this node name (node_name).",
+            ) from None
     reported = {g["uuid"]: g for g in data["gpus"]}
     existing = {g.uuid: g for g in GPU.objects.select_for_update().filter(node=node)}
     # A GPU that left this node (pulled, swapped, dead) is kept for its history but marked

@@ -95,7 +95,7 @@ def db_datetime(value) -> datetime | None:
 
 
 def issue_join_token(
-    pool: Pool, *, expires_at: datetime, max_uses: int = 1, created_by=None
+    pool: Pool, *, expires_at: datetime, max_uses: int = 1, created_by=None, node_name: str = ""
 ) -> tuple[JoinToken, str]:
     """Create a join token and return it with its raw secret, which is never stored."""
     raw = new_raw_token(JOIN_TOKEN_PREFIX)
@@ -106,6 +106,7 @@ def issue_join_token(
         created_by=created_by,
         expires_at=expires_at,
         max_uses=max_uses,
+        node_name=node_name,
     )
     return token, raw
 

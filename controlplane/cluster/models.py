@@ -1,9 +1,14 @@
 """Pools, nodes, their GPUs, telemetry, and the tokens nodes join and talk with."""
 
+import re
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+# What a node may be called: a host name, loosely (agents register under theirs).
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
 
 class Pool(models.Model):
@@ -140,6 +145,9 @@ class JoinToken(models.Model):
     max_uses = models.PositiveIntegerField(default=1)
     uses = models.PositiveIntegerField(default=0)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Blank: the token registers new nodes only. A name: it registers that node alone, and may
+    # register it again (a host whose state directory, and so its node token, was lost).
+    node_name = models.CharField(max_length=253, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at"]

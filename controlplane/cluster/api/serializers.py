@@ -10,7 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.cluster.models import GPU, JoinToken, Node, NodeState, Pool
+from controlplane.cluster.models import GPU, NODE_NAME_RE, JoinToken, Node, NodeState, Pool
 from controlplane.tenancy.models import hash_token, new_raw_token
 
 # A budget above this is a typo (a large datacenter hall draws tens of megawatts).
@@ -171,6 +171,7 @@ class JoinTokenSerializer(serializers.ModelSerializer):
             "created_at",
             "expires_at",
             "max_uses",
+            "node_name",
             "uses",
             "revoked_at",
             "usable",
@@ -181,8 +182,19 @@ class JoinTokenSerializer(serializers.ModelSerializer):
                 "min_value": 1,
                 "max_value": MAX_JOIN_TOKEN_USES,
                 "help_text": "How many nodes may register with it",
-            }
+            },
+            "node_name": {
+                "help_text": "Blank: new nodes only. A node's name: that node only, and it may "
+                "register again (to re-join a node whose agent lost its state)"
+            },
         }
+
+    def validate_node_name(self, value):
+        if value and not NODE_NAME_RE.match(value):
+            raise serializers.ValidationError(
+                "Letters, digits, '.', '_' and '-' only, not at either end."
+            )
+        return value
 
     def validate_expires_at(self, value):
         now = timezone.now()
@@ -202,6 +214,7 @@ class JoinTokenSerializer(serializers.ModelSerializer):
             or timezone.now() + DEFAULT_JOIN_TOKEN_LIFETIME,
             pool=validated_data["pool"],
             max_uses=validated_data.get("max_uses", 1),
+            node_name=validated_data.get("node_name", ""),
         )
         token.raw_token = raw
         return token

@@ -79,6 +79,12 @@ class AgentClient:
         assert response.status_code == 201, response.content
         return response.json()["node_token"]
 
+    def rejoin(self, name: str, gpus: int = 8, **fields) -> str:
+        """Register an existing node again, as its admin would: with a join token for its name."""
+        response = self.post("register", inventory(name, gpus, **fields), rejoin_token(name))
+        assert response.status_code == 201, response.content
+        return response.json()["node_token"]
+
     def heartbeat_body(self, gpus: list[dict], attempts: list[dict] = (), **fields) -> dict:
         self.seq += 1
         body = {"seq": self.seq, "sent_at": time.time(), "gpus": gpus, "attempts": list(attempts)}
@@ -118,6 +124,16 @@ def _forget_answers_in_redis(settings):
 
     with heartbeat._answered_lock:
         heartbeat._answered.clear()
+
+
+def rejoin_token(name: str) -> str:
+    """A join token issued for this node's name, in its pool: the one kind that re-registers it."""
+    from controlplane.cluster.agent_auth import issue_join_token
+    from controlplane.cluster.models import Node
+
+    pool = Node.objects.get(name=name).pool
+    expires_at = timezone.now() + dt.timedelta(hours=1)
+    return issue_join_token(pool, expires_at=expires_at, node_name=name)[1]
 
 
 @pytest.fixture

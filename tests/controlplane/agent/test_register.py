@@ -11,7 +11,7 @@ from controlplane.cluster.agent_auth import AgentAuthError, consume_join_token, 
 from controlplane.cluster.models import GPU, JoinToken, Node
 from controlplane.tenancy.models import hash_token
 
-from .conftest import inventory, readings
+from .conftest import inventory, readings, rejoin_token
 
 
 def test_an_agent_registers_with_a_join_token_and_gets_a_node_token(agent, pool):
@@ -38,7 +38,7 @@ def test_an_agent_registers_with_a_join_token_and_gets_a_node_token(agent, pool)
 
 def test_registering_again_rotates_the_node_token_and_the_old_one_stops_working(agent):
     old = agent.register("node-01")
-    new = agent.register("node-01")
+    new = agent.rejoin("node-01")
     node = Node.objects.get(name="node-01")
 
     assert new != old
@@ -54,7 +54,7 @@ def test_registering_again_updates_the_inventory(agent):
     swapped["gpus"][1]["uuid"] = "GPU-replacement"
     swapped["gpus"][0]["index"], swapped["gpus"][2]["index"] = 2, 0
 
-    response = agent.post("register", swapped, agent.join_token)
+    response = agent.post("register", swapped, rejoin_token("node-01"))
 
     assert response.status_code == 201, response.content
     node = Node.objects.get(name="node-01")

@@ -191,7 +191,7 @@ def test_a_re_registered_node_is_answered_under_its_new_token_only(agent, steady
     node, old_token, attempt = steady_node
     heartbeat_steadily(agent, old_token, node, [running(attempt)])
 
-    new_token = agent.register("node-01")
+    new_token = agent.rejoin("node-01")
 
     body = agent.heartbeat_body(readings(node), [running(attempt)])
     assert agent.post("heartbeat", body, old_token).status_code == 401
