@@ -3,7 +3,26 @@
 `alice` (member of vision) and `bob` (member of nlp) must never see each other's data.
 """
 
+import threading
+
 import pytest
+from django.db.backends.signals import connection_created
+
+
+def _never_the_deadlock_victim(sender, connection, **kwargs):
+    # Transactional tests end with a flush (TRUNCATE of every table) while the suites' real
+    # control-plane processes (gunicorn's telemetry batches, Celery's cycles and sweeps) may
+    # still be reading and writing. Should the two deadlock, PostgreSQL aborts whichever waited
+    # deadlock_timeout first: let that be the product's transaction, which retries or redoes it
+    # next cycle, never the test harness's flush. Tests that provoke a deadlock on purpose set
+    # their own timeouts. Only the main thread's connection (the one that flushes): live-server
+    # and embedded-loop threads are the product and keep the server's default.
+    if connection.vendor == "postgresql" and threading.current_thread() is threading.main_thread():
+        with connection.cursor() as cursor:
+            cursor.execute("SET deadlock_timeout = '60s'")
+
+
+connection_created.connect(_never_the_deadlock_victim)
 
 
 @pytest.fixture

@@ -85,20 +85,23 @@ class Rival(threading.Thread):
 
 @pytest.fixture
 def session_settings():
-    """SET on the test's own connection (the heartbeat's), reset afterwards for later tests."""
-    names = []
+    """SET on the test's own connection (the heartbeat's), put back afterwards for later tests
+    (to the value it had, which tests/conftest.py chose, not the server's default)."""
+    before: dict[str, str] = {}
 
     def set_(name: str, value: str) -> int:
         with connection.cursor() as cursor:
+            if name not in before:
+                cursor.execute(f"SHOW {name}")
+                before[name] = cursor.fetchone()[0]
             cursor.execute(f"SET {name} = '{value}'")
             cursor.execute("SELECT pg_backend_pid()")
-            names.append(name)
             return cursor.fetchone()[0]
 
     yield set_
     with connection.cursor() as cursor:
-        for name in names:
-            cursor.execute(f"RESET {name}")
+        for name, value in before.items():
+            cursor.execute(f"SET {name} = '{value}'")
 
 
 @pytest.fixture
