@@ -119,7 +119,7 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
     from controlplane.scheduling.profiles import with_learned_profiles
 
     running = with_learned_profiles(running, now_s)
-    nodes = _load_nodes(pool_names, gpu_node, desired_caps)
+    nodes = load_nodes(pool_names, gpu_node, desired_caps)
     orphans = held_uuids - {u for uuids in running_gpus.values() for u in uuids}
     if orphans:
         # An active allocation of an attempt that is no longer active should not exist; while it
@@ -132,7 +132,7 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
         nodes=nodes,
         running=running,
         pending=pending,
-        tenants=_load_tenants(now_s),
+        tenants=load_tenants(now_s),
         pools=pools,
         history=_load_history(now_s),
     )
@@ -151,7 +151,7 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
 _last_nodes: dict = {"by_id": {}, "nodes": ()}
 
 
-def _load_nodes(
+def load_nodes(
     pool_names: dict[int, str], gpu_node: dict[str, str], desired_caps: dict[str, float | None]
 ) -> tuple[m.Node, ...]:
     node_rows = list(
@@ -441,7 +441,7 @@ def _pending(key: tuple) -> m.Pending:
     )
 
 
-def _load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
+def load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
     from controlplane.accounting.budgets import budget_states, scheduler_view
 
     now = from_unix_s(time.time() if now_s is None else now_s)

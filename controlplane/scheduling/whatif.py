@@ -48,7 +48,7 @@ from django.utils import timezone
 from controlplane.cluster.models import Pool
 from controlplane.jobs.models import PRIORITY_VALUE, AttemptState, Job, JobAttempt, JobState
 from controlplane.scheduling.cycle import scheduler_config
-from controlplane.scheduling.loader import _load_nodes, _load_tenants, raw_rows, unix_s
+from controlplane.scheduling.loader import load_nodes, load_tenants, raw_rows, unix_s
 from scheduler import model as m
 from scheduler.simulator.engine import JobOutcome, Progress, Result, SimOptions, replay
 from scheduler.simulator.metrics import Summary, summarize
@@ -289,7 +289,7 @@ def load_cluster() -> Cluster:
     """The current nodes, tenants (weights, quotas) and pools, as the scheduler sees them."""
     pool_rows = list(Pool.objects.order_by("name").values_list("id", "name", "power_budget_w"))
     pools = tuple(m.Pool(name=name, power_budget_w=budget) for _, name, budget in pool_rows)
-    loaded = _load_nodes({pk: name for pk, name, _ in pool_rows}, {}, {})
+    loaded = load_nodes({pk: name for pk, name, _ in pool_rows}, {}, {})
     nodes = tuple(
         replace(
             node,
@@ -299,7 +299,7 @@ def load_cluster() -> Cluster:
         )
         for node in loaded
     )
-    return Cluster(nodes=nodes, tenants=_load_tenants(), pools=pools)
+    return Cluster(nodes=nodes, tenants=load_tenants(), pools=pools)
 
 
 def load_history(since: dt.datetime, until: dt.datetime, cluster: Cluster) -> History:
