@@ -2,20 +2,16 @@
 real Celery worker on this session's queue for the what-if task."""
 
 import datetime as dt
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.db import connection
+
+from tests.celery_worker import running_worker
 
 T0 = dt.datetime(2026, 11, 2, 9, 0, tzinfo=dt.UTC)
 SINCE = "2026-11-01"
 UNTIL = "2026-12-01"
-WORKER_READY_TIMEOUT_S = 90.0
 
 
 @pytest.fixture
@@ -95,77 +91,12 @@ def finished_job(make_job):
     return make
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    user = db.get("USER") or "postgres"
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
-
-
-def purge_queue() -> None:
-    from controlplane.redis_client import get_redis
-
-    conn = get_redis()
-    # kombu's Redis transport keeps a queue as lists named after it (one per priority step).
-    for key in conn.scan_iter(match=f"{settings.CELERY_TASK_DEFAULT_QUEUE}*"):
-        conn.delete(key)
-
-
 @pytest.fixture(scope="module")
 def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
     """A worker consuming this session's queue (CELERY_QUEUE), on the test database; killed after."""
-    if not settings.REDIS_URL:
-        pytest.fail("REDIS_URL must point at a real Redis for the Celery worker test")
-    with django_db_blocker.unblock():
-        url = _database_url()
-    queue = settings.CELERY_TASK_DEFAULT_QUEUE
-    purge_queue()
-    log_path = Path(tmp_path_factory.mktemp("whatif-celery")) / "worker.log"
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "REDIS_URL": settings.REDIS_URL,
-        "CELERY_QUEUE": queue,
-        "SCHEDULER_EMBEDDED": "0",
-        "DB_CONN_MAX_AGE": "0",
-    }
-    cmd = [
-        str(Path(sys.executable).with_name("celery")),
-        "-A",
-        "controlplane",
-        "worker",
-        "-Q",
-        queue,
-        "--pool=solo",
-        "-n",
-        f"{queue}-whatif@%h",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        "-l",
-        "INFO",
-    ]
-    with open(log_path, "wb") as log_file:
-        worker = subprocess.Popen(
-            cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR
-        )
-    try:
-        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
-        while b" ready." not in log_path.read_bytes():
-            if worker.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Celery worker did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
-        worker.log_path = log_path
+    log_dir = Path(tmp_path_factory.mktemp("whatif-celery"))
+    with running_worker(django_db_blocker, log_dir, "whatif") as worker:
         yield worker
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        purge_queue()
 
 
 def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.05):
