@@ -339,34 +339,6 @@ def _node_read_sql() -> str:
     """
 
 
-def _work_read_sql() -> str:
-    qn = connection.ops.quote_name
-    attempt, job = qn(JobAttempt._meta.db_table), qn(Job._meta.db_table)
-    alloc, gpu = qn(Allocation._meta.db_table), qn(GPU._meta.db_table)
-    states = f"'{AttemptState.ADMITTED.value}', '{AttemptState.RUNNING.value}'"
-    # The same attempts as _work_sql (see there why a UNION), as one JSON array, with the caps.
-    return f"""
-        SELECT
-          (SELECT json_agg(json_build_array(
-                a.id, a.job_id, a.state, a.stop_requested_at IS NOT NULL, j.gpus,
-                j.image, j.command, j.env, j.cpus, j.memory_mib, j.max_runtime_s,
-                (SELECT json_agg(g.uuid ORDER BY g."index")
-                 FROM {alloc} al JOIN {gpu} g ON g.id = al.gpu_id
-                 WHERE al.attempt_id = a.id AND al.active AND g.node_id = %(node)s))
-                ORDER BY a.id)::text
-           FROM {attempt} a JOIN {job} j ON j.id = a.job_id
-           WHERE a.state IN ({states})
-             AND a.id IN (
-                 SELECT al.attempt_id FROM {gpu} g JOIN {alloc} al ON al.gpu_id = g.id
-                 WHERE g.node_id = %(node)s AND al.active
-                 UNION
-                 SELECT id FROM {attempt} WHERE node_id = %(node)s AND state IN ({states})
-             )),
-          (SELECT json_object_agg(g.uuid, g.desired_power_cap_w ORDER BY g."index")::text
-           FROM {gpu} g WHERE g.node_id = %(node)s AND g.desired_power_cap_w IS NOT NULL)
-    """
-
-
 _sql: dict[str, str] = {}
 
 
@@ -430,30 +402,9 @@ def prepared_answer(read: NodeRead) -> Prepared:
     if cached is not None and cached[0] == key:
         return cached[1]
     # Read after the generation: the work is at least as new as it, so caching it under that
-    # generation can only be ahead of it, never behind.
-    work_json, caps_json = _prepared_fetch("work", _work_read_sql, {"node": node.pk})
-    work: dict[int, Work] = {}
-    for row in json.loads(work_json or "[]"):
-        aid, job_id, state, stopping, gpus, image, command, env, cpus, mem, runtime, uuids = row
-        if not uuids and gpus != 0:
-            continue  # placed here but holds none of its GPUs: another node's, see load_work
-        work[aid] = Work(
-            attempt_id=aid,
-            job_id=job_id,
-            state=state,
-            stop_requested=stopping,
-            started_at=None,
-            energy_j=0.0,
-            job_gpus=gpus,
-            image=image,
-            command=command,
-            env=env,
-            cpus=float(cpus),
-            memory_mib=int(mem),
-            max_runtime_s=int(runtime),
-            gpu_uuids=uuids or [],
-        )
-    caps = {uuid: float(cap) for uuid, cap in json.loads(caps_json or "{}").items()}
+    # generation can only be ahead of it, never behind. Only a generation this process has not
+    # seen pays for these two reads.
+    work, caps = load_work(node.pk), desired_caps(node.pk)
     answer = desired_state(work, caps, node.heartbeat_interval_s)
     prepared = Prepared(work=work, body=json.dumps(answer).encode(), digest=digest(answer))
     _prepared[node.pk] = (key, prepared)
@@ -491,7 +442,8 @@ def is_steady(node: NodeInfo, work: dict[int, Work], hb: Heartbeat, now: dt.date
 def _reported_energy(
     work: dict[int, Work], hb: Heartbeat, samples: dict[str, GpuSample]
 ) -> dict[int, tuple]:
-    """_energy without the comparison with the stored figure, which the read does not carry."""
+    """_energy without the comparison with the stored figure: the cached work's copy of it goes
+    stale as soon as a batch writes a newer one (energy does not move the generation)."""
     rows = {}
     for r in hb.attempts:
         w = work.get(r.attempt_id)
