@@ -25,6 +25,8 @@ dictionary or set order, and the core reads no clock but the snapshot's.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from time import perf_counter
 
@@ -36,20 +38,30 @@ from scheduler.placement import ClusterIndex
 _DEFAULT_CONFIG = Config()
 
 
-def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
-    """Decide which pending jobs start where, what is preempted, and why the rest wait."""
-    # A large cycle allocates hundreds of thousands of small objects next to a snapshot that is
-    # itself young: the cyclic collector then walks them all again and again (a third of the
-    # time at 10,000 jobs) while finding next to nothing, since the steps build no cycles that
-    # outlive the call. It runs again once the plan is made.
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (unless it already was).
+
+    A large cycle allocates hundreds of thousands of small objects next to a snapshot that is
+    itself young: the collector then walks them all again and again (a third of the time at
+    10,000 jobs) while finding next to nothing, since planning builds no cycles that outlive
+    it. It runs again once the block is over. The control plane's cycle pauses it around load,
+    plan and apply with the same context manager.
+    """
     collecting = gc.isenabled()
     if collecting:
         gc.disable()
     try:
-        return _plan(snapshot, config)
+        yield
     finally:
         if collecting:
             gc.enable()
+
+
+def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
+    """Decide which pending jobs start where, what is preempted, and why the rest wait."""
+    with cyclic_gc_paused():
+        return _plan(snapshot, config)
 
 
 def _plan(snapshot: Snapshot, config: Config) -> Plan:

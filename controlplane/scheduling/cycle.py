@@ -8,7 +8,6 @@ plan behind, and the next cycle plans from the same state again.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import time
 from collections import Counter
@@ -20,6 +19,7 @@ from controlplane.scheduling.loader import from_unix_s, load_snapshot
 from controlplane.scheduling.lock import cycle_transaction
 from controlplane.scheduling.models import SchedulingCycle
 from scheduler import model as m
+from scheduler.policy import cyclic_gc_paused
 from scheduler.policy import plan as make_plan
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,7 @@ def run_scheduling_cycle(
     # Loading builds tens of thousands of rows and snapshot objects at once, and the cyclic
     # collector would walk them (and the whole Django process) over and over while they are
     # young, for nothing: they form no cycles. It runs again as soon as the cycle is over.
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
+    with cyclic_gc_paused():
         with cycle_transaction() as held:
             if not held:
                 log.debug("another scheduling cycle is running; skipping (%s)", trigger)
@@ -64,9 +61,6 @@ def run_scheduling_cycle(
             result = apply_plan(plan, loaded)
             t3 = time.perf_counter()
         t4 = time.perf_counter()
-    finally:
-        if collecting:
-            gc.enable()
     step_ms = {
         "lock": (t0 - began) * 1000.0,
         "load": (t1 - t0) * 1000.0,
