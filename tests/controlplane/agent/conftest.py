@@ -158,6 +158,26 @@ def node01(agent):
     return Node.objects.get(name="node-01"), token
 
 
+def running(attempt, **fields) -> dict:
+    """A heartbeat's report of an attempt that runs (started a second ago); fields override."""
+    report = {
+        "attempt_id": attempt.pk,
+        "state": "running",
+        "started_at": time.time() - 1,
+        "exit_code": None,
+        "finished_at": None,
+        "energy_j": 10.0,
+        "energy_estimated": False,
+    }
+    report.update(fields)
+    return report
+
+
+def exited(attempt, exit_code, **fields) -> dict:
+    """A heartbeat's report of an attempt whose container exited just now."""
+    return running(attempt, state="exited", exit_code=exit_code, finished_at=time.time(), **fields)
+
+
 def readings(node, **fields) -> list[dict]:
     return [gpu_reading(g.uuid, **fields) for g in node.gpus.order_by("index")]
 

@@ -12,30 +12,12 @@ from controlplane.cluster.telemetry import TELEMETRY_BUCKET_S
 from controlplane.jobs import actions
 from controlplane.jobs.models import AttemptState, Job, JobAttempt, JobEvent, JobState
 
-from .conftest import gpu_reading, readings
+from .conftest import exited, gpu_reading, readings, running
 
 
 @pytest.fixture
 def job(make_job, vision, alice):
     return make_job(vision, alice, command=["python", "train.py"], env={"EPOCHS": "3"}, gpus=2)
-
-
-def running(attempt, **fields):
-    report = {
-        "attempt_id": attempt.pk,
-        "state": "running",
-        "started_at": time.time() - 1,
-        "exit_code": None,
-        "finished_at": None,
-        "energy_j": 10.0,
-        "energy_estimated": False,
-    }
-    report.update(fields)
-    return report
-
-
-def exited(attempt, exit_code, **fields):
-    return running(attempt, state="exited", exit_code=exit_code, finished_at=time.time(), **fields)
 
 
 def test_a_heartbeat_records_the_latest_telemetry_on_the_gpu_rows(agent, node01):

@@ -16,23 +16,9 @@ from django.db import OperationalError, connection, transaction
 
 from controlplane.jobs.models import Allocation, AttemptState, JobEvent, JobState
 
-from .conftest import readings
+from .conftest import readings, running
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def running(attempt, **fields):
-    report = {
-        "attempt_id": attempt.pk,
-        "state": "running",
-        "started_at": time.time() - 5,
-        "exit_code": None,
-        "finished_at": None,
-        "energy_j": 10.0,
-        "energy_estimated": False,
-    }
-    report.update(fields)
-    return report
 
 
 class Rival(threading.Thread):

@@ -10,7 +10,6 @@ batch must still land on the rows.
 import datetime as dt
 import io
 import json
-import time
 
 import pytest
 from django.db import connection
@@ -22,20 +21,11 @@ from controlplane.cluster.models import GPU, GpuTelemetry, Node
 from controlplane.jobs import actions
 from controlplane.jobs.models import AttemptState, JobAttempt
 
-from .conftest import readings
+from .conftest import readings, running
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the steady path needs PostgreSQL's triggers"
 )
-
-
-def running(attempt, energy_j=10.0):
-    return {
-        "attempt_id": attempt.pk,
-        "state": "running",
-        "started_at": time.time() - 5,
-        "energy_j": energy_j,
-    }
 
 
 @pytest.fixture
@@ -78,7 +68,9 @@ def test_a_steady_heartbeat_leaves_its_readings_and_liveness_to_the_batch(
     )
     before = Node.objects.get(pk=node.pk).last_heartbeat_at
 
-    answer = agent.heartbeat(token, readings(node, power_draw_w=612.0), [running(attempt, 777.0)])
+    answer = agent.heartbeat(
+        token, readings(node, power_draw_w=612.0), [running(attempt, energy_j=777.0)]
+    )
 
     assert [a["attempt_id"] for a in answer["attempts"]] == [attempt.pk]
     # Nothing written yet: the request only read.
@@ -99,7 +91,7 @@ def test_readings_of_a_steady_heartbeat_are_written_inline_without_a_batch(
     node, token, attempt = steady_node
     settings.TELEMETRY_FLUSH_INTERVAL_S = 0
 
-    agent.heartbeat(token, readings(node, temperature_c=71.0), [running(attempt, 55.0)])
+    agent.heartbeat(token, readings(node, temperature_c=71.0), [running(attempt, energy_j=55.0)])
 
     assert set(GPU.objects.filter(node=node).values_list("temperature_c", flat=True)) == {71.0}
     assert JobAttempt.objects.get(pk=attempt.pk).energy_j == 55.0
