@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         "jobs outlive the agent and are adopted) [GPUCP_STOP_JOBS_ON_EXIT=1]",
     )
     p.add_argument(
+        "--no-fence",
+        action="store_true",
+        default=_env("GPUCP_FENCE", "1") in ("0", "false", "no"),
+        help="do not start the node's fence (agents.fence), which stops every attempt before "
+        "the node's lease runs out; without it a node cut off from the control plane keeps "
+        "running jobs that may be started elsewhere [GPUCP_FENCE=0]",
+    )
+    p.add_argument(
         "--job-path-prepend",
         default=_env("GPUCP_JOB_PATH_PREPEND", ""),
         metavar="DIR[:DIR...]",
@@ -192,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_grace_s=args.stop_grace_s,
         power_cap_dry_run=args.power_cap_dry_run,
         stop_jobs_on_exit=args.stop_jobs_on_exit,
+        fence=not args.no_fence,
         docker_url=args.docker_url,
         cpus=args.cpus,
         memory_mib=args.memory_mib,
@@ -243,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     except RegistrationRefused as exc:
         log.error("registration refused: %s", exc)
         return 3
+    except RuntimeError as exc:  # another agent holds the state directory
+        log.error("%s", exc)
+        return 4
     return 0
 
 

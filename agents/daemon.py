@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agents import __version__
+from agents import lease as leases
 from agents.client import (
     Backoff,
     ControlPlaneClient,
@@ -31,6 +32,7 @@ from agents.client import (
     Rejected,
     Unauthorized,
 )
+from agents.fence import AGENT_LOCK, ensure_fence, holding
 from agents.gpu.base import GpuBackend, GpuError, GpuTelemetry
 from agents.runtime.base import (
     AttemptSpec,
@@ -52,6 +54,11 @@ CAP_TOLERANCE_W = 0.5
 # Attempts the agent finished are remembered this long, so a stale answer can never start one
 # of them a second time.
 TOMBSTONE_TTL_S = 7 * 24 * 3600.0
+# How often the loop makes sure the node's fence runs.
+FENCE_CHECK_EVERY_S = 5.0
+# Why the node ended an attempt (reported as its stop_cause; absent: it ended by itself).
+FENCED = "fenced"
+UNWANTED = "unwanted"
 
 
 class RegistrationRefused(Exception):
@@ -83,6 +90,9 @@ class AgentConfig:
     memory_mib: int | None = None
     request_timeout_s: float = 10.0
     backoff_max_s: float = 30.0
+    # Start the node's fence (agents.fence) when none runs. Off only where jobs must never be
+    # stopped for lost contact, at the price of the promise that no job runs twice.
+    fence: bool = True
 
 
 @dataclass
@@ -104,6 +114,9 @@ class AttemptMeta:
     failed_at: float | None = None
     message: str = ""
     ended: bool = False  # its exit has been seen (energy frozen)
+    # Why the node ended it, when it did: "fenced" (its lease was running out) or "unwanted"
+    # (the control plane no longer listed it). Empty: it ended by itself.
+    stop_cause: str = ""
 
     @classmethod
     def from_dict(cls, data: dict) -> AttemptMeta:
@@ -155,6 +168,11 @@ class Agent:
         self._last_reported: dict[int, str] = {}
         self._watch_thread: threading.Thread | None = None
         self._speeds: dict[int, float] = {}
+        # The lease the last answered heartbeat earned (None: none yet, or no lease protocol).
+        self.lease: leases.Lease | None = leases.read_lease(self.state_dir)
+        self._deferred: dict[int, str] = {}  # attempts not started yet, and why (logged once)
+        self._degraded_logged = False
+        self._telemetry_at: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -168,21 +186,44 @@ class Agent:
         return self._stop.is_set()
 
     def run(self) -> None:
-        """Adopt what survived a restart, make sure the node is registered, then loop."""
+        """Adopt what survived a restart, make sure the node is registered, then loop.
+
+        The state directory is held (an flock) for the agent's lifetime: two agents on one
+        directory would start every attempt twice.
+        """
         try:
-            self.recover()
-            self.ensure_registered()
-            if self.config.watch and not self.stopping:
-                self._watch_thread = threading.Thread(
-                    target=self._watch_loop, name="watch", daemon=True
-                )
-                self._watch_thread.start()
-            self._loop()
-        finally:
-            self._shutdown()
+            with holding(self.state_dir / AGENT_LOCK):
+                try:
+                    # The fence first: adopted attempts of a lease that ran out while the
+                    # agent was away must stop before anything else happens.
+                    self.ensure_fence()
+                    self.recover()
+                    self.ensure_registered()
+                    if self.config.watch and not self.stopping:
+                        self._watch_thread = threading.Thread(
+                            target=self._watch_loop, name="watch", daemon=True
+                        )
+                        self._watch_thread.start()
+                    self._loop()
+                finally:
+                    self._shutdown()
+        except BlockingIOError as exc:
+            raise RuntimeError(f"another agent runs on {self.state_dir}") from exc
+
+    def ensure_fence(self) -> None:
+        """Start the node's fence unless one runs (config.fence)."""
+        if not self.config.fence:
+            return
+        try:
+            ensure_fence(
+                self.state_dir, self.runtime.name, self.config.node_name, self.config.docker_url
+            )
+        except OSError as exc:
+            log.error("cannot start the node's fence: %s", exc)
 
     def _loop(self) -> None:
         next_heartbeat = 0.0
+        next_fence_check = time.monotonic() + FENCE_CHECK_EVERY_S
         last_ok = True
         while not self.stopping:
             now = time.monotonic()
@@ -194,10 +235,22 @@ class Agent:
                 except Exception:  # a bug or an odd engine answer must never end the agent
                     log.exception("heartbeat cycle failed; trying again after a backoff")
                     last_ok = False
-                delay_s = self.interval_s if last_ok else self.backoff.next_delay_s()
+                delay_s = self.interval_s if last_ok else self._retry_delay_s()
                 next_heartbeat = time.monotonic() + delay_s
+            if now >= next_fence_check:
+                self.ensure_fence()
+                next_fence_check = now + FENCE_CHECK_EVERY_S
             wait_s = max(0.0, min(next_heartbeat - time.monotonic(), self.config.poll_interval_s))
             self._wake.wait(wait_s)
+
+    def _retry_delay_s(self) -> float:
+        """The backoff, but never so long that the lease runs out between two tries."""
+        delay_s = self.backoff.next_delay_s()
+        if self.lease is not None:
+            remaining_s = self.lease.remaining_s()
+            if remaining_s > 0:
+                delay_s = min(delay_s, max(0.5, remaining_s / 4))
+        return delay_s
 
     def _shutdown(self) -> None:
         if self.config.stop_jobs_on_exit:
@@ -346,6 +399,8 @@ class Agent:
         statuses = self._observe(telemetry)
         self._ship_logs(statuses)
         body = self._heartbeat_body(telemetry, statuses)
+        # The lease counts from here: the control plane records the heartbeat later than this.
+        sent_at = leases.boottime()
         try:
             answer = self.client.heartbeat(body)
         except Unauthorized as exc:
@@ -357,7 +412,10 @@ class Agent:
             return False
         except ControlPlaneUnavailable as exc:
             if self.connected:
-                log.warning("control plane unreachable (%s); jobs keep running", exc)
+                left = f"{self.lease.remaining_s():.0f} s" if self.lease else "no lease"
+                log.warning(
+                    "control plane unreachable (%s); jobs keep running (%s left)", exc, left
+                )
             self.connected = False
             return False
         if not self.connected:
@@ -366,9 +424,32 @@ class Agent:
         self.backoff.reset()
         self.heartbeats_ok += 1
         self._take_interval(answer)
+        self._renew_lease(sent_at, answer)
+        if answer.get("degraded"):
+            # The control plane kept our lease but could record nothing: no exit is
+            # acknowledged and its answer says nothing about what should run. Carry on as we are.
+            if not self._degraded_logged:
+                log.warning("control plane degraded: %s", answer.get("detail", ""))
+                self._degraded_logged = True
+            return True
+        self._degraded_logged = False
         self._forget_acknowledged(body, statuses)
         self.reconcile(answer, statuses)
         return True
+
+    def _renew_lease(self, sent_at: float, answer: dict) -> None:
+        """Record the lease this answer granted, for the fence (and for what we may start)."""
+        try:
+            lease_s = float(answer["lease_s"])
+        except (KeyError, TypeError, ValueError):
+            return  # a control plane without leases: nothing to keep
+        graces = {aid: self.config.stop_grace_s for aid in self._meta}
+        self.lease = leases.Lease.renewed(sent_at, lease_s, self.config.stop_grace_s, graces)
+        try:
+            leases.write_lease(self.state_dir, self.lease)
+        except OSError as exc:
+            # The fence keeps acting on the previous lease: too early, never too late.
+            log.error("cannot write the lease file: %s", exc)
 
     def _on_unauthorized(self, exc: Unauthorized) -> None:
         self.connected = False
@@ -384,6 +465,8 @@ class Agent:
         self._registered(answer)
 
     def _telemetry(self) -> list[GpuTelemetry]:
+        # The readings' time, for the energy at an attempt's exit (interpolated between them).
+        self._telemetry_at = self._clock()
         try:
             readings = self.gpu.telemetry()
         except GpuError as exc:
@@ -408,7 +491,7 @@ class Agent:
     def _observe(self, telemetry: list[GpuTelemetry]) -> dict[int, AttemptStatus]:
         """The runtime's view plus the agent's own failures; energy and limits kept up to date."""
         statuses = {s.attempt_id: s for s in self.runtime.statuses()}
-        now = self._clock()
+        now = self._clock() if self._telemetry_at is None else self._telemetry_at
         draw_w = {t.uuid: t.power_draw_w for t in telemetry}
         counters = {t.uuid: t.energy_j for t in telemetry}
         for attempt_id, meta in list(self._meta.items()):
@@ -426,17 +509,29 @@ class Agent:
             status = statuses.get(attempt_id)
             if status is None:
                 continue
+            running = status.state is AttemptState.RUNNING
             if not meta.ended:
-                self._update_energy(meta, counters, draw_w, now)
-            if status.state is AttemptState.RUNNING:
+                # An ended attempt's energy is its counters' at its exit, not at this look,
+                # which may come many seconds later on a busy host.
+                until = None if running else status.finished_at
+                self._update_energy(meta, counters, draw_w, now, until=until)
+            if running:
                 self._enforce_max_runtime(meta, status, now)
                 self._publish_speed(meta)
             elif not meta.ended:
                 meta.ended = True
+                if status.fenced or leases.fenced(self.state_dir, attempt_id) is not None:
+                    meta.stop_cause = FENCED
                 self.gpu.detach_load(attempt_id)
                 self._speeds.pop(attempt_id, None)
                 self._save_meta(meta)
-                log.info("attempt %d ended: %s %s", attempt_id, status.state, status.exit_code)
+                log.info(
+                    "attempt %d ended: %s %s%s",
+                    attempt_id,
+                    status.state,
+                    status.exit_code,
+                    f" ({meta.stop_cause})" if meta.stop_cause else "",
+                )
         return statuses
 
     def _update_energy(
@@ -445,9 +540,16 @@ class Agent:
         counters: dict[str, float | None],
         draw_w: dict[str, float | None],
         now: float,
+        *,
+        until: float | None = None,
     ) -> None:
+        """Bring the attempt's energy to `now`, or, for one that ended, to its exit `until`.
+
+        With counters, the energy at the exit is interpolated between the last reading taken
+        while it ran and this one, taken after: linear in between, so never more than the
+        GPUs' maximum power allows, whatever the delay of this look.
+        """
         total_j = 0.0
-        estimated = meta.energy_estimated
         for uuid in meta.gpu_uuids:
             start_j = meta.energy_start_j.get(uuid)
             counter_j = counters.get(uuid)
@@ -455,18 +557,22 @@ class Agent:
                 total_j += counter_j - start_j
                 continue
             # No counter (or it went back: the driver reloaded): integrate the draw instead.
-            estimated = True
             break
         else:
+            if until is not None and meta.energy_at is not None and meta.energy_at < now:
+                share = (min(max(until, meta.energy_at), now) - meta.energy_at) / (
+                    now - meta.energy_at
+                )
+                total_j = meta.energy_j + (total_j - meta.energy_j) * share
             meta.energy_j = max(meta.energy_j, total_j)
-            meta.energy_estimated = estimated
-            meta.energy_at = now
+            meta.energy_at = now if until is None else min(now, max(until, meta.energy_at or 0))
             return
         if meta.energy_at is not None:
             watts = sum(draw_w.get(uuid) or 0.0 for uuid in meta.gpu_uuids)
-            meta.energy_j += watts * max(now - meta.energy_at, 0.0)
+            end = now if until is None else min(now, until)
+            meta.energy_j += watts * max(end - meta.energy_at, 0.0)
         meta.energy_estimated = True
-        meta.energy_at = now
+        meta.energy_at = now if until is None else min(now, max(until, meta.energy_at or 0))
 
     def _enforce_max_runtime(self, meta: AttemptMeta, status: AttemptStatus, now: float) -> None:
         if meta.max_runtime_s is None or status.started_at is None:
@@ -510,6 +616,10 @@ class Agent:
             message = status.message or (meta.message if meta else "")
             if message:
                 entry["message"] = message
+            if status.state is not AttemptState.RUNNING:
+                cause = FENCED if status.fenced else (meta.stop_cause if meta else "")
+                if cause:
+                    entry["stop_cause"] = cause
             attempts.append(entry)
         self._last_reported = {k: s.state.value for k, s in statuses.items()}
         return {
@@ -590,6 +700,7 @@ class Agent:
         self._meta.pop(attempt_id, None)
         self._speeds.pop(attempt_id, None)
         self._last_reported.pop(attempt_id, None)
+        leases.forget_fenced(self.state_dir, attempt_id)
         for path in (self._attempts_dir / f"{attempt_id}.json", self._speed_path(attempt_id)):
             try:
                 path.unlink()
@@ -598,7 +709,13 @@ class Agent:
         log.info("attempt %d acknowledged and forgotten", attempt_id)
 
     def reconcile(self, answer: dict, statuses: dict[int, AttemptStatus]) -> None:
-        """Make the node match the desired state in ``answer``."""
+        """Make the node match the desired state in ``answer``.
+
+        Stops come first, and a GPU still held by a process being stopped is not given to a new
+        attempt until that process is gone: a stop is a signal and a grace, not an instant, and
+        two jobs must never share a GPU. Nothing starts unless the lease lasts long enough for
+        it to be stopped in time, should the next renewal not come.
+        """
         desired: dict[int, AttemptSpec] = {}
         for raw in answer.get("attempts") or ():
             try:
@@ -607,15 +724,45 @@ class Agent:
                 log.error("ignoring a desired attempt I cannot read (%s): %r", exc, raw)
                 continue
             desired[spec.attempt_id] = spec
+        held: dict[str, int] = {}  # GPU UUID -> the running attempt that holds it
+        for attempt_id, status in statuses.items():
+            if status.state is not AttemptState.RUNNING:
+                continue
+            spec = desired.get(attempt_id)
+            for uuid in spec.gpu_uuids if spec is not None else status.gpu_uuids:
+                held[uuid] = attempt_id
+            if spec is None:
+                self._stop_unwanted(attempt_id)
         for attempt_id, spec in desired.items():
             if attempt_id in self._meta or attempt_id in self._tombstones:
                 continue  # running, ended, or ended and forgotten: never start one twice
+            busy = {held[u] for u in spec.gpu_uuids if u in held and held[u] != attempt_id}
+            if busy:
+                self._defer(attempt_id, f"its GPUs are still held by attempt(s) {sorted(busy)}")
+                continue
+            if self.lease is not None and self.lease.remaining_s() < self.config.stop_grace_s:
+                self._defer(attempt_id, "the node's lease is about to run out")
+                continue
+            self._deferred.pop(attempt_id, None)
             self._start(spec)
-        for attempt_id, status in statuses.items():
-            if status.state is AttemptState.RUNNING and attempt_id not in desired:
-                log.info("attempt %d is not desired any more: stopping it", attempt_id)
-                self.runtime.stop(attempt_id, self.config.stop_grace_s)
+            for uuid in spec.gpu_uuids:
+                held[uuid] = attempt_id
+        for attempt_id in [a for a in self._deferred if a not in desired]:
+            del self._deferred[attempt_id]
         self._apply_caps(answer.get("power_caps_w") or {})
+
+    def _stop_unwanted(self, attempt_id: int) -> None:
+        meta = self._meta.get(attempt_id)
+        if meta is not None and not meta.stop_cause:
+            log.info("attempt %d is not desired any more: stopping it", attempt_id)
+            meta.stop_cause = UNWANTED
+            self._save_meta(meta)
+        self.runtime.stop(attempt_id, self.config.stop_grace_s)
+
+    def _defer(self, attempt_id: int, why: str) -> None:
+        if self._deferred.get(attempt_id) != why:
+            log.info("attempt %d waits: %s", attempt_id, why)
+            self._deferred[attempt_id] = why
 
     def _start(self, spec: AttemptSpec) -> None:
         meta = AttemptMeta(

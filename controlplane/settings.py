@@ -109,6 +109,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # wrote in between; taking the writer lock at BEGIN makes it wait its turn instead.
     DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+else:
+    # A database host that vanished must turn into an error in seconds, not the kernel's TCP
+    # timeout: heartbeats then take their degraded path and nodes keep their leases.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -185,11 +189,35 @@ SCHEDULER_CYCLE_INTERVAL_S = env_float("SCHEDULER_CYCLE_INTERVAL_S", 5.0)
 SCHEDULER_DEBOUNCE_S = env_float("SCHEDULER_DEBOUNCE_S", 0.5)
 SCHEDULER_EMBEDDED = env_bool("SCHEDULER_EMBEDDED", False)
 
-# Node liveness: a node silent for NODE_NOT_READY_AFTER_INTERVALS heartbeat intervals gets no new
-# work; after NODE_LOST_GRACE_S more its attempts are declared lost.
+# Node liveness (docs/agent-protocol.md, "Leases"). A node silent for
+# NODE_NOT_READY_AFTER_INTERVALS heartbeat intervals gets no new work. Each answered heartbeat
+# renews the node's lease of NODE_LEASE_S; an agent that cannot renew it stops its own attempts
+# before it runs out, and the control plane declares them lost only NODE_LEASE_MARGIN_S after
+# that, counting silence only while it could itself hear (its own outages never count).
 AGENT_HEARTBEAT_INTERVAL_S = env_float("AGENT_HEARTBEAT_INTERVAL_S", 10.0)
 NODE_NOT_READY_AFTER_INTERVALS = 3
-NODE_LOST_GRACE_S = env_float("NODE_LOST_GRACE_S", 60.0)
+NODE_LEASE_S = env_float("NODE_LEASE_S", 120.0)
+NODE_LEASE_MARGIN_S = env_float("NODE_LEASE_MARGIN_S", 10.0)
+if NODE_LEASE_S < 4 * AGENT_HEARTBEAT_INTERVAL_S or NODE_LEASE_MARGIN_S < 1.0:
+    # A lease of a few heartbeats would fence healthy nodes on one slow answer.
+    raise ImproperlyConfigured(
+        "NODE_LEASE_S must be at least 4 heartbeat intervals and NODE_LEASE_MARGIN_S at least 1 s"
+    )
+# A sweep that did not run for this long means the control plane was not listening: every node
+# then gets a whole lease again. Likewise when no node at all was heard for this long.
+LIVENESS_SWEEP_GAP_S = env_float(
+    "LIVENESS_SWEEP_GAP_S", max(3 * AGENT_HEARTBEAT_INTERVAL_S, NODE_LEASE_S / 4)
+)
+LIVENESS_DEAF_AFTER_S = NODE_NOT_READY_AFTER_INTERVALS * AGENT_HEARTBEAT_INTERVAL_S
+# A web process answers heartbeats from its cache only while the liveness it buffers reaches
+# the database within this (else it writes each one in the request): the lease margin covers it.
+LIVENESS_BACKLOG_MAX_S = min(3.0, NODE_LEASE_MARGIN_S / 2)
+# While the database cannot be reached, a web process still renews the leases of node tokens
+# it checked against the database within this long (recorded in Redis for the sweep).
+DEGRADED_TOKEN_TRUST_S = env_float("DEGRADED_TOKEN_TRUST_S", 3600.0)
+
+# How long an Idempotency-Key of a job submit replays its job; expired keys are deleted hourly.
+IDEMPOTENCY_KEY_TTL_S = env_float("IDEMPOTENCY_KEY_TTL_S", 24 * 3600.0)
 
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
@@ -206,6 +234,10 @@ CELERY_BEAT_SCHEDULE = {
     "node-liveness": {
         "task": "controlplane.cluster.tasks.sweep_node_liveness",
         "schedule": AGENT_HEARTBEAT_INTERVAL_S,
+    },
+    "submit-key-expiry": {
+        "task": "controlplane.jobs.tasks.delete_expired_submit_keys",
+        "schedule": 3600.0,
     },
 }
 

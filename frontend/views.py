@@ -220,9 +220,18 @@ def _submit_limits(tenant, usage, shape: validation.ClusterShape) -> dict[str, s
             limits["gpus"] = f"{tenant.slug} has no GPU quota: only 0-GPU jobs can run."
     if shape.largest_gpus_per_node:
         largest = ", ".join(f"{n} × {m}" for m, n in sorted(shape.largest_gpus_per_node.items()))
-        limits["gpu_type"] = f"Largest schedulable node per type: {largest}."
+        limits["gpu_type"] = f"Largest node per type: {largest}."
+        # The submit refuses only what no node could hold, down or not; a job larger than what
+        # takes work now is accepted and waits, so say what that is when some nodes are out.
+        now = shape.largest_gpus_per_node_now
+        if any(now.get(m, 0) < n for m, n in shape.largest_gpus_per_node.items()):
+            up = ", ".join(f"{now.get(m, 0)} × {m}" for m in sorted(shape.largest_gpus_per_node))
+            limits["gpu_type"] += (
+                f" Largest taking work now: {up}; a larger job waits for nodes that are down, "
+                "cordoned or draining."
+            )
     else:
-        limits["gpu_type"] = "No schedulable node has GPUs right now."
+        limits["gpu_type"] = "The cluster has no GPUs yet."
     if shape.max_node_cpus:
         limits["cpus"] = f"The largest node has {shape.max_node_cpus} CPUs."
     if shape.max_node_memory_mib:

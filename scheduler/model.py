@@ -32,7 +32,10 @@ class ReasonCode(enum.StrEnum):
     NO_CAPACITY = "no_capacity"  # not enough free GPUs of the type anywhere
     RESERVED = "reserved"  # free GPUs are held for the head of the queue
     GANG_FRAGMENTED = "gang_fragmented"  # enough GPUs in total, but not placeable together
-    NO_MATCHING_GPUS = "no_matching_gpus"  # no schedulable node has this GPU type / size at all
+    NO_MATCHING_GPUS = "no_matching_gpus"  # no registered node could ever hold it
+    # Registered nodes could hold it, but they are down, cordoned or draining (or the GPUs it
+    # needs are unhealthy) now: it waits for them to come back.
+    NODES_UNAVAILABLE = "nodes_unavailable"
     BUDGET_HOLD = "budget_hold"  # the tenant's energy or GPU-hour budget is spent (hold)
     BUDGET_NO_BORROWING = "budget_no_borrowing"
     WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # GPUs are being reclaimed for it

@@ -98,7 +98,7 @@ def _plan(snapshot: Snapshot, config: Config) -> Plan:
     t6 = perf_counter()
     steps["admit"] = t6 - t5
 
-    pending = reasons.decisions(admission.waiting, snapshot.now_s)
+    pending = reasons.decisions(admission.waiting, snapshot.now_s, snapshot.nodes)
     t7 = perf_counter()
     steps["reasons"] = t7 - t6
 

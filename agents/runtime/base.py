@@ -75,6 +75,9 @@ class AttemptStatus:
     # True once every byte of output is in the log the runtime serves (the attempt has ended and
     # its output has been drained), so the agent may forget it after shipping them.
     logs_complete: bool = False
+    # It never started because the node's lease had run out when it was to (the runtime's own
+    # last check before the job's process): the node's doing, not the job's.
+    fenced: bool = False
 
 
 def visible_devices_env(gpu_uuids: tuple[str, ...]) -> dict[str, str]:
@@ -158,6 +161,20 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def remove(self, attempt_id: int) -> None:
         """Forget an ended attempt and free what it left (its container, its files)."""
+
+    # -- for the fence (agents.fence), a process of its own ----------------------------------------
+    #
+    # The fence must act when the agent cannot (dead, paused), so these look at the host afresh
+    # (the attempt folders, the engine's labels) instead of this object's memory, and change
+    # nothing but the processes' fate.
+
+    @abc.abstractmethod
+    def running_attempts(self) -> list[int]:
+        """Ids of the attempts whose processes run on this host now."""
+
+    @abc.abstractmethod
+    def signal_attempt(self, attempt_id: int, sig: int) -> None:
+        """Send ``sig`` to everything of the attempt now (no grace, no bookkeeping)."""
 
     def close(self) -> None:
         """Release connections; running attempts keep running."""

@@ -356,6 +356,28 @@ class DockerRuntime(Runtime):
     def read_logs(self, attempt_id: int, offset: int, max_bytes: int) -> bytes:
         return read_file_range(self.log_path(attempt_id), offset, max_bytes)
 
+    def _containers_of_node(self, **filters: Any) -> list[Any]:
+        labels = [f"{NODE_LABEL}={self._node}", f"{MANAGED_LABEL}=true"]
+        return self._client.containers.list(filters={"label": labels, **filters})
+
+    def running_attempts(self) -> list[int]:
+        running = []
+        for container in self._containers_of_node(status="running"):
+            attempt = (container.labels or {}).get(ATTEMPT_LABEL, "")
+            if attempt.isdigit():
+                running.append(int(attempt))
+        return sorted(running)
+
+    def signal_attempt(self, attempt_id: int, sig: int) -> None:
+        label = f"{ATTEMPT_LABEL}={attempt_id}"
+        for container in self._client.containers.list(
+            filters={"label": [f"{NODE_LABEL}={self._node}", label]}
+        ):
+            try:
+                container.kill(signal=int(sig))
+            except (docker.errors.DockerException, requests.RequestException) as exc:
+                log.info("attempt %d: kill %s: %s", attempt_id, sig, exc)
+
     @staticmethod
     def _remove_quietly(container: Any) -> None:
         try:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.lease import LEASE_FILE
 from agents.runtime.base import (
     AttemptSpec,
     AttemptState,
@@ -107,6 +108,7 @@ class ProcessRuntime(Runtime):
         if relative:
             raise ValueError(f"job PATH folders must be absolute, got {', '.join(relative)}")
         self._root = Path(state_dir) / "process"
+        self._lease_path = Path(state_dir) / LEASE_FILE
         self._root.mkdir(parents=True, exist_ok=True)
         self._python = python
         self._job_path_prepend = tuple(job_path_prepend)
@@ -156,7 +158,16 @@ class ProcessRuntime(Runtime):
             env["GPUCP_JOB_ID"] = str(spec.job_id)
         with open(self.log_path(spec.attempt_id), "ab") as output:
             popen = subprocess.Popen(
-                [self._python, "-I", str(SUPERVISOR), str(attempt_dir), "--", *spec.command],
+                [
+                    self._python,
+                    "-I",
+                    str(SUPERVISOR),
+                    str(attempt_dir),
+                    "--lease",
+                    str(self._lease_path),
+                    "--",
+                    *spec.command,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -218,6 +229,7 @@ class ProcessRuntime(Runtime):
                 finished_at=exit_record.get("finished_at"),
                 message=exit_record["error"],
                 logs_complete=True,
+                fenced=bool(exit_record.get("fenced")),
                 **common,
             )
         return AttemptStatus(
@@ -311,6 +323,21 @@ class ProcessRuntime(Runtime):
 
     def read_logs(self, attempt_id: int, offset: int, max_bytes: int) -> bytes:
         return read_file_range(self.log_path(attempt_id), offset, max_bytes)
+
+    def running_attempts(self) -> list[int]:
+        running = []
+        for entry in self._root.iterdir():
+            if not entry.name.isdigit() or (entry / "exit.json").exists():
+                continue
+            child = _read_json(entry / "child.json")
+            if child is not None and _alive(child.get("pid"), child.get("start_ticks")):
+                running.append(int(entry.name))
+        return sorted(running)
+
+    def signal_attempt(self, attempt_id: int, sig: int) -> None:
+        child = _read_json(self._dir(attempt_id) / "child.json")
+        if child is not None and _alive(child.get("pid"), child.get("start_ticks")):
+            self._signal_group(int(child["pid"]), sig)
 
     def remove(self, attempt_id: int) -> None:
         with self._lock:

@@ -18,13 +18,14 @@ from collections.abc import Callable
 from functools import wraps
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F, Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.cluster import heartbeat as hb_logic
+from controlplane.cluster import lease
 from controlplane.cluster.agent_auth import (
     AgentAuthError,
     authenticate_node,
@@ -278,6 +279,9 @@ def parse_heartbeat(body: dict) -> Heartbeat:
         exit_code = integer(a, "exit_code", p)
         if state == hb_logic.EXITED and exit_code is None:
             raise Invalid(p + "exit_code", "Required when state is exited.")
+        stop_cause = string(a, "stop_cause", p, max_length=32)
+        if stop_cause is not None and stop_cause not in hb_logic.STOP_CAUSES:
+            raise Invalid(p + "stop_cause", f"One of {', '.join(hb_logic.STOP_CAUSES)}.")
         attempts.append(
             AttemptReport(
                 attempt_id=integer(a, "attempt_id", p, required=True, minimum=1),
@@ -288,6 +292,7 @@ def parse_heartbeat(body: dict) -> Heartbeat:
                 energy_j=number(a, "energy_j", p, minimum=0),
                 energy_estimated=boolean(a, "energy_estimated", p, default=False),
                 message=string(a, "message", p, max_length=2000) or "",
+                stop_cause=stop_cause,
             )
         )
     conditions = []
@@ -367,6 +372,7 @@ def register(request: HttpRequest) -> JsonResponse:
             "node": node.name,
             "node_token": token,
             "heartbeat_interval_s": node.heartbeat_interval_s,
+            "lease_s": lease.lease_s(),
         },
         status=201,
     )
@@ -467,11 +473,19 @@ def answer_heartbeat_request(
     checked here rather than by agent_view's separate lookup.
     """
     try:
-        read = hb_logic.read_node(node_token_digest(authorization))
-        if read is None:
-            raise AgentAuthError("Invalid node token.")
+        digest = node_token_digest(authorization)
         report = parse_heartbeat(parse_body(body))
-        return 200, hb_logic.answer_heartbeat(read, report), []
+        try:
+            read = hb_logic.read_node(digest)
+            if read is None:
+                raise AgentAuthError("Invalid node token.")
+            return 200, hb_logic.answer_heartbeat(read, report), []
+        except (OperationalError, InterfaceError) as exc:
+            if not database_unreachable(exc):
+                raise
+            # PostgreSQL is out of reach (down, restarting, failing over): keep the node's
+            # lease if that can be recorded elsewhere, so that our outage stops no job.
+            return degraded_heartbeat(digest, exc)
     except AgentAuthError as exc:
         return (
             401,
@@ -480,6 +494,49 @@ def answer_heartbeat_request(
         )
     except Invalid as exc:
         return 400, json.dumps({exc.field: [exc.message]}).encode(), []
+
+
+def database_unreachable(exc: Exception) -> bool:
+    """True when the error says the database cannot be talked to at all, not that a statement
+    failed (a lock timeout, a deadlock: those are answered as errors, and retried by the agent).
+
+    No SQLSTATE (the connection was refused or broke), class 08 (connection exception) or
+    57P (the server is shutting down, or not accepting connections yet).
+    """
+    if isinstance(exc, InterfaceError):
+        return True
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
+def degraded_heartbeat(digest: str, cause: Exception) -> tuple[int, bytes, list]:
+    """Answer a heartbeat while PostgreSQL cannot be reached: renew the lease, change nothing.
+
+    The renewal counts only once it is recorded where the liveness sweep reads it: here, Redis
+    (controlplane.cluster.lease). The token cannot be checked against the node rows, so only a
+    token this process found there recently is taken. The answer carries no desired state:
+    the agent keeps running what it runs, starts and stops nothing, and keeps every exit report
+    (nothing was recorded) for the next answer that is not degraded.
+    """
+    retry = [("Retry-After", "1")]
+    trusted = lease.trusted_node(digest)
+    if trusted is None or not settings.REDIS_URL:
+        log.warning("heartbeat refused while the database is unreachable: %s", cause)
+        return 503, b'{"detail": "The database is unreachable; try again."}', retry
+    now = timezone.now()
+    try:
+        lease.record_degraded_renewal(trusted.node_id, now)
+    except Exception as exc:
+        log.warning("database and Redis both unreachable (%s; %s): no lease renewed", cause, exc)
+        return 503, b'{"detail": "The control plane cannot record heartbeats now."}', retry
+    log.debug("lease of %s renewed through Redis: the database is unreachable", trusted.name)
+    answer = {
+        "degraded": True,
+        "detail": "The database is unreachable: lease renewed, nothing else changed.",
+        "lease_s": lease.lease_s(),
+        "heartbeat_interval_s": trusted.heartbeat_interval_s,
+    }
+    return 200, json.dumps(answer).encode(), []
 
 
 class WatchSlots:

@@ -27,6 +27,7 @@ STATUS_LINES = {
     401: "401 Unauthorized",
     413: "413 Content Too Large",
     500: "500 Internal Server Error",
+    503: "503 Service Unavailable",
 }
 
 

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from controlplane.cluster import telemetry
+from controlplane.cluster import lease, telemetry
 from controlplane.cluster.agent_auth import db_datetime, node_by_token_hash
 from controlplane.cluster.models import GPU, Node, NodeGeneration
 from controlplane.cluster.telemetry import GpuSample
@@ -44,6 +44,12 @@ FAILED_TO_START = "failed_to_start"
 ATTEMPT_REPORT_STATES = (RUNNING, EXITED, FAILED_TO_START)
 
 
+# Why an attempt's process ended when the agent ended it (absent: it ended by itself).
+FENCED = "fenced"  # its node's lease was running out: the agent's fence stopped it
+UNWANTED = "unwanted"  # the control plane's answer no longer listed it
+STOP_CAUSES = (FENCED, UNWANTED)
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptReport:
     attempt_id: int
@@ -54,6 +60,7 @@ class AttemptReport:
     energy_j: float | None = None
     energy_estimated: bool = False
     message: str = ""
+    stop_cause: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +86,7 @@ class Work:
     attempt_id: int
     job_id: int
     state: str
-    stop_requested: bool
+    stop_requested_at: dt.datetime | None
     started_at: dt.datetime | None
     energy_j: float
     job_gpus: int
@@ -90,6 +97,10 @@ class Work:
     memory_mib: int
     max_runtime_s: int
     gpu_uuids: list[str] = field(default_factory=list)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_requested_at is not None
 
     @property
     def wanted(self) -> bool:
@@ -165,7 +176,7 @@ def load_work(node_id: int) -> dict[int, Work]:
                 attempt_id=aid,
                 job_id=job_id,
                 state=state,
-                stop_requested=stop_at is not None,
+                stop_requested_at=db_datetime(stop_at),
                 started_at=db_datetime(started_at),
                 energy_j=energy_j,
                 job_gpus=gpus,
@@ -203,6 +214,8 @@ def desired_state(
         ],
         "power_caps_w": caps,
         "heartbeat_interval_s": heartbeat_interval_s,
+        # The agent counts it from when it sent the heartbeat this answers (lease.py).
+        "lease_s": lease.lease_s(),
     }
 
 
@@ -363,7 +376,9 @@ def read_node(token_digest: str) -> NodeRead | None:
     if connection.vendor != "postgresql":
         node = node_by_token_hash(token_digest)
         if node is None:
+            lease.forget_token(token_digest)
             return None
+        lease.remember_checked_token(token_digest, node.pk, node.name, node.heartbeat_interval_s)
         info = NodeInfo(
             node.pk,
             node.name,
@@ -376,8 +391,10 @@ def read_node(token_digest: str) -> NodeRead | None:
         return NodeRead(info, None)
     row = _prepared_fetch("node", _node_read_sql, [token_digest])
     if row is None:
+        lease.forget_token(token_digest)
         return None
     node_id, name, ready, last_heartbeat_at, interval_s, conditions, generation = row
+    lease.remember_checked_token(token_digest, node_id, name, interval_s)
     info = NodeInfo(
         node_id,
         name,
@@ -434,9 +451,10 @@ def is_steady(node: NodeInfo, work: dict[int, Work], hb: Heartbeat, now: dt.date
         r = reports.get(aid)
         if r is None or r.state != RUNNING or w.state != AttemptState.RUNNING:
             return False
-    # A report of an attempt that is not the node's active work changes nothing on the full
-    # path either (it is left out of the answer, so the agent stops it).
-    return True
+    # A running report of an attempt that is not the node's active work changes nothing on the
+    # full path either (it is left out of the answer, so the agent stops it); an exit report of
+    # one may be a late report of an attempt declared lost, which the full path records.
+    return all(r.state == RUNNING for r in hb.attempts if r.attempt_id not in work)
 
 
 def _reported_energy(
@@ -467,7 +485,11 @@ def answer_heartbeat(read: NodeRead, hb: Heartbeat, *, now: dt.datetime | None =
     """The JSON answer to one heartbeat: the steady path when it applies, else the full one."""
     now = now or timezone.now()
     node = read.node
-    if read.generation is not None:
+    # A steady answer renews the lease before its liveness reaches the database (the batch):
+    # only while this process's batches get there in time, which the lease margin allows for.
+    if read.generation is not None and telemetry.buffer.alive_backlog_s() < (
+        settings.LIVENESS_BACKLOG_MAX_S
+    ):
         prepared = prepared_answer(read)
         if is_steady(node, prepared.work, hb, now):
             samples = {s.uuid: s for s in hb.gpus}
@@ -570,24 +592,108 @@ def _apply_report(
     if r.state == RUNNING:
         return
     attempt = _full_attempt(w.attempt_id)
-    if r.state == EXITED:
+    finished_at = from_unix(r.finished_at, not_after=now) or now
+    if r.stop_cause is not None and not w.stop_requested:
+        # The node stopped it on its own (its lease was running out, or it was not in the
+        # answer it had): not the job's doing, so the job is requeued (or fails, when it is
+        # not restartable and had started) as for a lost node, and its GPUs are free: the
+        # node says the process is gone.
+        why = (
+            f"its node {node.name} stopped it: no heartbeat had been answered for its lease"
+            if r.stop_cause == FENCED
+            else f"the agent on {node.name} stopped it: it was not in its desired state"
+        )
         actions.finish_attempt(
             attempt,
             exit_code=r.exit_code,
-            finished_at=from_unix(r.finished_at, not_after=now) or now,
+            finished_at=finished_at,
             energy_j=r.energy_j,
             energy_estimated=r.energy_estimated,
+            lost=True,
+            never_started=r.state == FAILED_TO_START,
+            reported=True,
+            message=why[0].upper() + why[1:],
+        )
+    elif r.state == EXITED:
+        actions.finish_attempt(
+            attempt,
+            exit_code=r.exit_code,
+            finished_at=finished_at,
+            energy_j=r.energy_j,
+            energy_estimated=r.energy_estimated,
+            reported=True,
         )
     else:
         actions.finish_attempt(
             attempt,
             exit_code=None,
-            finished_at=from_unix(r.finished_at, not_after=now) or now,
+            finished_at=finished_at,
             energy_j=r.energy_j,
             energy_estimated=r.energy_estimated,
+            reported=True,
             message=f"Failed to start on {node.name}: {r.message or 'no reason given'}",
         )
     w.state = AttemptState.FAILED  # no longer active: left out of the answer
+
+
+def _apply_late_report(node: Node, r: AttemptReport, now: dt.datetime) -> None:
+    """An exit report of an attempt that is no longer active: a late one counts once.
+
+    Only for an attempt declared lost while this node was silent, held on this node alone (a
+    gang's members report for their own parts, which cannot tell how the whole ended).
+    """
+    if r.state == RUNNING:
+        return
+    attempt = (
+        JobAttempt.objects.select_related("node", "job")
+        .filter(pk=r.attempt_id, state=AttemptState.LOST, exit_reported_at__isnull=True)
+        .first()
+    )
+    if attempt is None:
+        return
+    nodes = set(
+        Allocation.objects.filter(attempt_id=attempt.pk).values_list("gpu__node_id", flat=True)
+    )
+    if attempt.node_id != node.pk or nodes - {node.pk}:
+        return
+    actions.record_late_exit(
+        attempt,
+        exit_code=r.exit_code,
+        finished_at=from_unix(r.finished_at, not_after=now) or now,
+        energy_j=r.energy_j,
+        energy_estimated=r.energy_estimated,
+        ended_by_itself=r.state == EXITED and r.stop_cause is None,
+        message=(
+            f"was stopped by its node {node.name} as its lease ran out"
+            if r.stop_cause == FENCED
+            else ""
+        ),
+    )
+
+
+def _withdraw_unstarted(
+    node: Node, w: Work, previous_heard: dt.datetime | None, now: dt.datetime
+) -> None:
+    """An admitted attempt told to stop before its agent started it is finished, never run.
+
+    The agent reports every attempt it started, in every heartbeat, until an exit is
+    acknowledged; and it starts only what an answer lists. Once the node has been answered
+    after the stop was asked (so its answers no longer list the attempt) and its next heartbeat
+    does not report it, the agent never started it and never will: its GPUs are free.
+    """
+    if w.state != AttemptState.ADMITTED or w.stop_requested_at is None or not w.all_gpus_here:
+        return
+    if previous_heard is None or previous_heard <= w.stop_requested_at:
+        return
+    actions.finish_attempt(
+        _full_attempt(w.attempt_id),
+        exit_code=None,
+        finished_at=now,
+        never_started=True,
+        reported=True,
+        message=f"Stopped on {node.name} before it started",
+    )
+    w.state = AttemptState.STOPPED
 
 
 def _forget_unreported(node: Node, w: Work, hb: Heartbeat, now: dt.datetime) -> None:
@@ -659,14 +765,27 @@ def _surviving_deadlocks(what: str, action, *args) -> None:
 def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = None) -> dict:
     """Apply one heartbeat of `node` and return the desired state to answer with."""
     now = now or timezone.now()
+    # When this node was last answered, before this heartbeat: its answers since then left out
+    # whatever had been told to stop by then.
+    previous_heard = node.last_heartbeat_at
     work, caps = _record(node, hb, now)
     counters = {s.uuid: s.energy_j for s in hb.gpus if s.energy_j is not None}
     reports = {r.attempt_id: r for r in hb.attempts}
     for aid, r in reports.items():
         w = work.get(aid)
         if w is None:
-            # Finished, lost, or not this node's: nothing to record; left out of the answer,
-            # so the agent stops it if it still runs.
+            # Finished, lost, or not this node's: left out of the answer, so the agent stops it
+            # if it still runs. An exit of one declared lost is how it really ended: recorded.
+            try:
+                _surviving_deadlocks(
+                    f"late report on attempt {aid} of {node.name}",
+                    _apply_late_report,
+                    node,
+                    r,
+                    now,
+                )
+            except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
+                log.info("late report on attempt %s of %s not applied: %s", aid, node.name, exc)
             continue
         try:
             _surviving_deadlocks(
@@ -681,8 +800,16 @@ def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = No
                 _surviving_deadlocks(
                     f"loss of attempt {aid} of {node.name}", _forget_unreported, node, w, hb, now
                 )
+                _surviving_deadlocks(
+                    f"withdrawal of attempt {aid} of {node.name}",
+                    _withdraw_unstarted,
+                    node,
+                    w,
+                    previous_heard,
+                    now,
+                )
             except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
-                log.info("attempt %s of %s not declared lost: %s", aid, node.name, exc)
+                log.info("attempt %s of %s not finished: %s", aid, node.name, exc)
 
     answer = desired_state(work, caps, node.heartbeat_interval_s)
     remember_answer(node, digest(answer))

@@ -174,3 +174,21 @@ class NodeGeneration(models.Model):
         Node, on_delete=models.CASCADE, primary_key=True, db_constraint=False, related_name="+"
     )
     generation = models.BigIntegerField(default=0)
+
+
+class LivenessClock(models.Model):
+    """Since when the control plane has been able to hear its nodes without a break (one row).
+
+    The liveness sweep counts a node's silence from the later of its last heartbeat and
+    `hearing_since`. Whenever the control plane itself could not hear (no sweep ran for a while:
+    the database, the broker or the worker was down; or no node at all was heard: the web tier
+    was down), `hearing_since` moves to the moment it could again, so that every node gets a
+    whole lease from then before any of its attempts is declared lost.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_sweep_at = models.DateTimeField(null=True, blank=True)
+    hearing_since = models.DateTimeField(null=True, blank=True)
+    # Why the last sweep found the control plane deaf ("" when it could hear), for the operator
+    # who wonders why nothing is declared lost.
+    deaf_reason = models.CharField(max_length=200, blank=True, default="")

@@ -338,6 +338,10 @@ class TelemetryBuffer:
         self._readings: dict[int, tuple[dt.datetime, dict[str, GpuSample]]] = {}
         self._energy: dict[int, tuple] = {}
         self._alive: dict[int, dt.datetime] = {}
+        # When the oldest liveness not yet in the database was buffered (monotonic), or None;
+        # and the same for the batch being written right now.
+        self._alive_since: float | None = None
+        self._writing_since: float | None = None
         self._answers: dict[str, tuple[str, int]] = {}
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -356,6 +360,8 @@ class TelemetryBuffer:
             self._energy.update(energy)
             if alive:
                 self._alive[node_id] = at
+                if self._alive_since is None:
+                    self._alive_since = time.monotonic()
             self._start_thread()
 
     def add_answer(self, key: str, answer_digest: str, ttl_s: int) -> None:
@@ -373,6 +379,15 @@ class TelemetryBuffer:
         with self._lock:
             return len(self._readings)
 
+    def alive_backlog_s(self) -> float:
+        """How long the oldest buffered liveness has waited for the database (0: none waits).
+
+        Heartbeats answered from the buffer renew leases on the strength of it; past a few
+        seconds (a database that does not take the batches) they must write it themselves.
+        """
+        waiting = [t for t in (self._alive_since, self._writing_since) if t is not None]
+        return time.monotonic() - min(waiting) if waiting else 0.0
+
     def flush(self) -> int:
         """Write what is buffered now; returns how many nodes' readings were written."""
         from django.db import transaction
@@ -381,6 +396,8 @@ class TelemetryBuffer:
             readings, self._readings = self._readings, {}
             energy, self._energy = self._energy, {}
             alive, self._alive = self._alive, {}
+            alive_since, self._alive_since = self._alive_since, None
+            self._writing_since = alive_since
             answers, self._answers = self._answers, {}
         if answers:
             write_answers(answers)
@@ -390,8 +407,17 @@ class TelemetryBuffer:
                 # as one statement, never while attempt or GPU rows wait.
                 write_alive(alive)
             except Exception:
-                # The next heartbeat of each node carries its liveness again.
+                # Kept for the next batch, and its age with it: while it grows, heartbeats of
+                # this process stop renewing leases from the buffer (alive_backlog_s).
                 log.exception("could not record liveness of %d nodes", len(alive))
+                with self._lock:
+                    for node_id, at in alive.items():
+                        if node_id not in self._alive or self._alive[node_id] < at:
+                            self._alive[node_id] = at
+                    if alive_since is not None:
+                        self._alive_since = min(alive_since, self._alive_since or alive_since)
+            finally:
+                self._writing_since = None
         if not readings and not energy:
             return 0
         try:

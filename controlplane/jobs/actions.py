@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Count, F, OuterRef, Subquery, Value, When
+from django.db.models import Case, Count, F, OuterRef, Subquery, Sum, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -28,6 +28,7 @@ from controlplane.jobs.models import (
     JobAttempt,
     JobEvent,
     JobState,
+    SubmitKey,
 )
 from controlplane.jobs.transitions import is_allowed
 
@@ -63,11 +64,16 @@ def transition(
     actor=None,
     kind: str = "transition",
     data: dict | None = None,
+    late_report: bool = False,
     **fields,
 ) -> Job:
-    """Move job to to_state, or raise. The only code that writes Job.state."""
+    """Move job to to_state, or raise. The only code that writes Job.state.
+
+    late_report: the move corrects the outcome of a job whose lost attempt turned out to have
+    ended by itself (record_late_exit), which may take a few moves no other cause may.
+    """
     from_state = job.state
-    if not is_allowed(from_state, to_state):
+    if not is_allowed(from_state, to_state, late_report=late_report):
         raise IllegalTransition(job, from_state, to_state)
     now = timezone.now()
     updates = {"state": to_state, "state_reason": reason, **fields}
@@ -117,6 +123,39 @@ def submit_job(*, tenant, user, **fields) -> Job:
     )
     request_cycle("submit")
     return job
+
+
+def submit_job_once(
+    *, tenant, user, key: str, request_sha256: str, **fields
+) -> tuple[SubmitKey, bool]:
+    """submit_job under the user's Idempotency-Key: the job and its key in one transaction.
+
+    Returns the key's row and True; or, when another submit with this user's key committed
+    first, that submit's row and False (the caller replays its job, or refuses a different
+    body). Two requests racing with one key may both get past any look-up the caller made: the
+    unique constraint on (user, key) makes the second insert wait for the first transaction,
+    then fail, which rolls back its job with it. So a key only ever creates one job.
+    """
+    try:
+        with transaction.atomic():
+            # An expired key replays nothing: free it for this submit.
+            SubmitKey.objects.expired().filter(user=user, key=key).delete()
+            job = submit_job(tenant=tenant, user=user, **fields)
+            row = SubmitKey.objects.create(
+                user=user, key=key, request_sha256=request_sha256, job=job
+            )
+    except IntegrityError:
+        row = SubmitKey.objects.filter(user=user, key=key).first()
+        if row is None:
+            raise  # not the key's constraint: a real error
+        return row, False
+    return row, True
+
+
+def delete_expired_submit_keys(now=None) -> int:
+    """Delete the Idempotency-Keys older than IDEMPOTENCY_KEY_TTL_S; returns how many."""
+    deleted, _ = SubmitKey.objects.expired(now).delete()
+    return deleted
 
 
 def _notify_nodes_on_commit(attempts: list[JobAttempt]) -> None:
@@ -433,13 +472,44 @@ def _book_usage(
     attempt: JobAttempt, finished_at, energy_j: float | None, energy_estimated: bool
 ) -> dict:
     begun = attempt.started_at or attempt.created_at
-    gpu_count = attempt.allocations.count()
+    max_power_w = list(attempt.allocations.values_list("gpu__power_max_w", flat=True))
     seconds = max(0.0, (finished_at - begun).total_seconds())
+    energy_j, energy_estimated = bounded_energy(
+        attempt.pk,
+        energy_j if energy_j is not None else attempt.energy_j,
+        energy_estimated,
+        sum(max_power_w),
+        seconds,
+    )
     return {
-        "gpu_seconds": seconds * gpu_count,
-        "energy_j": energy_j if energy_j is not None else attempt.energy_j,
+        "gpu_seconds": seconds * len(max_power_w),
+        "energy_j": energy_j,
         "energy_estimated": energy_estimated,
     }
+
+
+def bounded_energy(
+    attempt_id: int, energy_j: float, estimated: bool, max_power_w: float, seconds: float
+) -> tuple[float, bool]:
+    """The energy booked for an attempt: never more than its GPUs can draw in its run time.
+
+    A GPU cannot draw more than its maximum power limit, so a report implying more (a counter
+    read late, after the run ended; a reset counter) is wrong by construction: it is booked at
+    that bound and marked estimated, so that no tenant is charged for energy nobody drew.
+    """
+    bound_j = max_power_w * seconds
+    if energy_j > bound_j:
+        log.warning(
+            "attempt %s reported %.0f J, more than its GPUs' %.0f W can draw in %.1f s: "
+            "booked %.0f J, estimated",
+            attempt_id,
+            energy_j,
+            max_power_w,
+            seconds,
+            bound_j,
+        )
+        return bound_j, True
+    return energy_j, estimated
 
 
 @transaction.atomic
@@ -451,18 +521,25 @@ def finish_attempt(
     energy_j: float | None = None,
     energy_estimated: bool = False,
     lost: bool = False,
+    never_started: bool = False,
+    reported: bool = False,
     message: str = "",
 ) -> bool:
     """The agent says the attempt's container is gone (or the node is lost).
 
     exit_code None without lost means it never started (message says why): the job FAILS
     at once. message, when given, is the reason recorded for a lost or never-started attempt.
+    lost with never_started: the node says the attempt never ran (its agent stopped it before
+    it could start): the job is requeued, restartable or not, since nothing of it ran.
+    reported: this comes from the node's own report (not from the liveness sweep), which a
+    later report must not apply a second time.
 
     Books usage, frees the GPUs, and moves the job: to SUCCEEDED / FAILED when it ended by
     itself; PREEMPTED then PENDING when it was preempted; LOST then PENDING or FAILED when
     its node vanished. Idempotent: a repeated report changes nothing.
     """
-    finished_at = finished_at or timezone.now()
+    now = timezone.now()
+    finished_at = finished_at or now
     stopped_on_purpose = attempt.stop_requested_at is not None
     if lost:
         new_state = AttemptState.LOST
@@ -472,7 +549,11 @@ def finish_attempt(
         new_state = AttemptState.SUCCEEDED if exit_code == 0 else AttemptState.FAILED
     usage = _book_usage(attempt, finished_at, energy_j, energy_estimated)
     changed = JobAttempt.objects.filter(pk=attempt.pk, state__in=ACTIVE_ATTEMPT_STATES).update(
-        state=new_state, finished_at=finished_at, exit_code=exit_code, **usage
+        state=new_state,
+        finished_at=finished_at,
+        exit_code=exit_code,
+        exit_reported_at=now if reported else None,
+        **usage,
     )
     if not changed:
         return False
@@ -491,20 +572,20 @@ def finish_attempt(
             JobState.LOST,
             reason=message or f"Node {attempt.node.name} stopped answering",
             kind="lost",
+            data={"attempt": attempt.pk},
         )
-        if job.restartable:
-            transition(
-                job, JobState.PENDING, reason="Requeued after its node was lost", kind="requeued"
-            )
+        if job.restartable or never_started:
+            why = "it never started" if never_started else "its node was lost"
+            transition(job, JobState.PENDING, reason=f"Requeued: {why}", kind="requeued")
         else:
             transition(
                 job,
                 JobState.FAILED,
-                reason="Its node was lost and the job is not restartable",
+                reason=f"Not restartable, and its node was lost: {message}".rstrip(": "),
                 kind="failed",
             )
     elif stopped_on_purpose and attempt.stop_reason in ("preempted", "drained"):
-        if job.state == JobState.ADMITTED:
+        if job.state == JobState.ADMITTED and not never_started:
             transition(
                 job,
                 JobState.RUNNING,
@@ -543,6 +624,106 @@ def finish_attempt(
                 exit_code=exit_code,
             )
     request_cycle("job_end")
+    return True
+
+
+@transaction.atomic
+def record_late_exit(
+    attempt: JobAttempt,
+    *,
+    exit_code: int | None,
+    finished_at,
+    energy_j: float | None,
+    energy_estimated: bool,
+    ended_by_itself: bool,
+    message: str = "",
+) -> bool:
+    """A node back from silence says how an attempt declared lost really ended. Counted once.
+
+    The attempt's real end, exit code and energy are recorded. When its process ended by
+    itself (not stopped by its node's fence), that is the job's real outcome: a job requeued
+    for the loss whose copy has not started is finished with it (the copy, if admitted, is
+    withdrawn), and a job failed for the loss becomes what its process did. A copy that already
+    runs is left to finish; the job then keeps its outcome and the report is kept as history.
+    Returns False when the attempt is not a lost one awaiting its report.
+    """
+    now = timezone.now()
+    locked = (
+        JobAttempt.objects.select_for_update()
+        .filter(pk=attempt.pk, state=AttemptState.LOST, exit_reported_at__isnull=True)
+        .first()
+    )
+    if locked is None:
+        return False
+    ended_at = min(finished_at, locked.finished_at or finished_at)
+    fields = {"exit_code": exit_code, "exit_reported_at": now, "finished_at": ended_at}
+    fields.update(_book_usage(locked, ended_at, energy_j, energy_estimated))
+    if ended_by_itself and exit_code is not None:
+        fields["state"] = AttemptState.SUCCEEDED if exit_code == 0 else AttemptState.FAILED
+    JobAttempt.objects.filter(pk=locked.pk).update(**fields)
+    job = Job.objects.select_for_update().get(pk=locked.job_id)
+    how = (
+        f"exited with code {exit_code}"
+        if ended_by_itself and exit_code is not None
+        else (message or "was stopped by its node")
+    )
+    story = (
+        f"Attempt {locked.number}, declared lost, really {how} at {ended_at:%H:%M:%S} UTC "
+        "(reported when its node answered again)"
+    )
+    if not (ended_by_itself and exit_code is not None):
+        record_event(job, "late_report", story, data={"attempt": locked.pk, "exit_code": exit_code})
+        return True
+    outcome = JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED
+    kind = "succeeded" if exit_code == 0 else "failed"
+    latest = job.attempt_count == locked.number
+    if job.state == JobState.PENDING and latest:
+        transition(
+            job,
+            outcome,
+            reason=story,
+            kind=kind,
+            exit_code=exit_code,
+            late_report=True,
+            finished_at=ended_at,
+        )
+    elif job.state == JobState.ADMITTED and not latest:
+        copies = list(
+            JobAttempt.objects.filter(
+                job=job, number__gt=locked.number, state=AttemptState.ADMITTED
+            )
+        )
+        for copy in copies:
+            request_stop(copy, reason="superseded", message=f"Withdrawn: {story}")
+        transition(
+            job,
+            outcome,
+            reason=story,
+            kind=kind,
+            exit_code=exit_code,
+            late_report=True,
+            finished_at=ended_at,
+        )
+        if copies:
+            _notify_nodes_on_commit(copies)
+    elif job.state == JobState.FAILED and latest and job.exit_code is None:
+        # Failed for the loss alone (it is not restartable): what its process did decides.
+        if outcome == JobState.SUCCEEDED:
+            transition(
+                job,
+                outcome,
+                reason=story,
+                kind=kind,
+                exit_code=0,
+                late_report=True,
+                finished_at=ended_at,
+            )
+        else:
+            Job.objects.filter(pk=job.pk).update(exit_code=exit_code, state_reason=story)
+            record_event(job, "late_report", story, data={"attempt": locked.pk})
+    else:
+        record_event(job, "late_report", story, data={"attempt": locked.pk, "exit_code": exit_code})
+    request_cycle("late_report")
     return True
 
 
@@ -812,6 +993,7 @@ def finish_attempts(reports: Sequence[ExitReport]) -> Outcome:
                 energy_j=r.energy_j,
                 energy_estimated=r.energy_estimated,
                 lost=r.lost,
+                reported=True,
                 message=r.message,
             )
         except (IllegalTransition, ConcurrentUpdate) as exc:
@@ -824,26 +1006,37 @@ def finish_attempts(reports: Sequence[ExitReport]) -> Outcome:
 
 def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int]:
     ids = [a.pk for a in attempts]
-    gpu_counts = dict(
-        Allocation.objects.filter(attempt_id__in=ids)
+    gpus = {
+        pk: (n, max_power_w or 0.0)
+        for pk, n, max_power_w in Allocation.objects.filter(attempt_id__in=ids)
         .values("attempt_id")
-        .annotate(n=Count("id"))
-        .values_list("attempt_id", "n")
-    )
+        .annotate(n=Count("id"), max_power_w=Sum("gpu__power_max_w"))
+        .values_list("attempt_id", "n", "max_power_w")
+    }
     rows, moves = [], []
     for attempt in attempts:
         r = reports[attempt.pk]
         finished_at = r.finished_at or now
         begun = attempt.started_at or attempt.created_at
+        seconds = max(0.0, (finished_at - begun).total_seconds())
+        count, max_power_w = gpus.get(attempt.pk, (0, 0.0))
+        energy_j, estimated = bounded_energy(
+            attempt.pk,
+            r.energy_j if r.energy_j is not None else attempt.energy_j,
+            r.energy_estimated,
+            max_power_w,
+            seconds,
+        )
         rows.append(
             (
                 attempt.pk,
                 AttemptState.SUCCEEDED if r.exit_code == 0 else AttemptState.FAILED,
                 finished_at,
                 r.exit_code,
-                max(0.0, (finished_at - begun).total_seconds()) * gpu_counts.get(attempt.pk, 0),
-                r.energy_j if r.energy_j is not None else attempt.energy_j,
-                r.energy_estimated,
+                now,
+                seconds * count,
+                energy_j,
+                estimated,
             )
         )
         ok = r.exit_code == 0
@@ -860,7 +1053,15 @@ def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int
         )
     changed = _update_each(
         JobAttempt,
-        ("state", "finished_at", "exit_code", "gpu_seconds", "energy_j", "energy_estimated"),
+        (
+            "state",
+            "finished_at",
+            "exit_code",
+            "exit_reported_at",
+            "gpu_seconds",
+            "energy_j",
+            "energy_estimated",
+        ),
         rows,
         only_if={"state": ACTIVE_ATTEMPT_STATES},
     )

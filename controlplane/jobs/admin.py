@@ -4,7 +4,7 @@ through jobs.actions like every other change of a job's state."""
 from django.contrib import admin, messages
 
 from controlplane.jobs import actions
-from controlplane.jobs.models import Job, JobAttempt, JobEvent
+from controlplane.jobs.models import Job, JobAttempt, JobEvent, SubmitKey
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -100,6 +100,27 @@ class JobAttemptAdmin(admin.ModelAdmin):
     list_select_related = ["job", "node"]
     search_fields = ["job__name"]
 
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(SubmitKey)
+class SubmitKeyAdmin(admin.ModelAdmin):
+    """Idempotency-Keys of submits, to answer "did my retry make a second job?"."""
+
+    list_display = ["id", "user", "key", "job", "created_at"]
+    list_select_related = ["user", "job"]
+    search_fields = ["key", "user__username"]
+    date_hierarchy = "created_at"
+    raw_id_fields = ["job"]
+
+    # Written only by a submit, in the job's transaction; deleted by the expiry task.
     def has_add_permission(self, request):
         return False
 

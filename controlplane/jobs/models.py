@@ -3,6 +3,8 @@
 Job.state is written only by controlplane.jobs.actions.
 """
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -127,6 +129,9 @@ class JobAttempt(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    # When the node's report of the end arrived. Null for an attempt the liveness sweep declared
+    # lost until its node, back again, says how it really ended (a late report counts once).
+    exit_reported_at = models.DateTimeField(null=True, blank=True)
     gpu_seconds = models.FloatField(default=0.0)
     energy_j = models.FloatField(default=0.0)
     energy_estimated = models.BooleanField(default=False)
@@ -198,3 +203,46 @@ class LogChunk(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["attempt", "offset"], name="log_chunk_unique_offset")
         ]
+
+
+class SubmitKeyQuerySet(models.QuerySet):
+    """Keys live IDEMPOTENCY_KEY_TTL_S; an expired one replays nothing and is deleted."""
+
+    def live(self, now=None):
+        return self.filter(created_at__gt=_submit_key_cutoff(now))
+
+    def expired(self, now=None):
+        return self.filter(created_at__lte=_submit_key_cutoff(now))
+
+
+def _submit_key_cutoff(now=None):
+    return (now or timezone.now()) - timedelta(seconds=settings.IDEMPOTENCY_KEY_TTL_S)
+
+
+class SubmitKey(models.Model):
+    """An Idempotency-Key a user sent with a submit, and the job that submit created.
+
+    Written in the job's own transaction (jobs.actions.submit_job_once), so a job whose answer
+    was lost always has its key, and a retry gets that job back instead of a second one. The
+    unique constraint, not a look-up, is what makes two requests racing with one key create
+    one job.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="submit_keys"
+    )
+    key = models.CharField(max_length=255)
+    # SHA-256 of the request body as canonical JSON: the same key with another body is refused.
+    request_sha256 = models.CharField(max_length=64)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="submit_keys")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = SubmitKeyQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key"], name="submit_key_unique_per_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"submit key {self.key!r} of user {self.user_id} -> job {self.job_id}"

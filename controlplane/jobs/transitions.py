@@ -14,5 +14,17 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
-def is_allowed(from_state: str, to_state: str) -> bool:
-    return to_state in ALLOWED_TRANSITIONS.get(from_state, frozenset())
+# Only a late report may take these: a node declared lost comes back and says that the attempt
+# really ended by itself. The job then ends as its process did, even though the loss had
+# requeued it (PENDING, or ADMITTED with a copy not yet started) or failed it (not restartable).
+LATE_REPORT_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.SUCCEEDED, S.FAILED}),
+    S.ADMITTED: frozenset({S.SUCCEEDED, S.FAILED}),
+    S.FAILED: frozenset({S.SUCCEEDED}),
+}
+
+
+def is_allowed(from_state: str, to_state: str, *, late_report: bool = False) -> bool:
+    if to_state in ALLOWED_TRANSITIONS.get(from_state, frozenset()):
+        return True
+    return late_report and to_state in LATE_REPORT_TRANSITIONS.get(from_state, frozenset())

@@ -79,31 +79,41 @@ DEFAULTS: dict[str, object] = {
 
 @dataclass(frozen=True)
 class ClusterShape:
-    """What the cluster can hold, read once per submission."""
+    """What the cluster's registered nodes can hold, read once per submission.
+
+    Every registered node counts, ready or not, cordoned or not: a node that is down now may be
+    back in a minute, so a job that waits for it is valid, and its pending reason (the
+    scheduler's) says what it waits for. Only what no registered node could ever hold is refused.
+    """
 
     gpu_models: frozenset[str]
-    # model -> the most GPUs of that model on one schedulable node
+    # model -> the most GPUs of that model on one registered node
     largest_gpus_per_node: dict[str, int]
     max_node_memory_mib: int
     max_node_cpus: int
+    # model -> the most GPUs of that model on one node that takes work now (ready, and neither
+    # cordoned nor draining): what the web form's hints say about now, never a reason to refuse
+    largest_gpus_per_node_now: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def load(cls) -> ClusterShape:
-        models: set[str] = set()
         largest: dict[str, int] = defaultdict(int)
+        largest_now: dict[str, int] = defaultdict(int)
         rows = GPU.objects.values("model", "node_id", "node__ready", "node__state").annotate(
             count=Count("id")
         )
         for row in rows:
-            models.add(row["model"])
+            model = row["model"]
+            largest[model] = max(largest[model], row["count"])
             if row["node__ready"] and row["node__state"] == NodeState.READY:
-                largest[row["model"]] = max(largest[row["model"]], row["count"])
+                largest_now[model] = max(largest_now[model], row["count"])
         sizes = Node.objects.aggregate(memory_mib=Max("memory_mib"), cpus=Max("cpus"))
         return cls(
-            gpu_models=frozenset(models),
+            gpu_models=frozenset(largest),
             largest_gpus_per_node=dict(largest),
             max_node_memory_mib=sizes["memory_mib"] or 0,
             max_node_cpus=sizes["cpus"] or 0,
+            largest_gpus_per_node_now=dict(largest_now),
         )
 
 
@@ -388,7 +398,7 @@ def _gpu_count_problem(gpus: int, gpu_type: str, tenant: Tenant, cluster: Cluste
     largest = max(cluster.largest_gpus_per_node.get(m, 0) for m in within_quota)
     if gpus > largest:
         of_type = f" of type {gpu_type}" if gpu_type else " of one type"
-        return f"No schedulable node has {gpus} GPUs{of_type}: the largest has {largest}."
+        return f"No node has {gpus} GPUs{of_type}: the largest has {largest}."
     return ""
 
 

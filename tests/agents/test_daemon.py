@@ -58,7 +58,8 @@ def make_agent(cp, state_dir, *, gpu=None, clock=None, join=True, **overrides):
         stop_grace_s=5.0,
         backoff_max_s=0.4,
         request_timeout_s=3.0,
-        **overrides,
+        # The fence is a process of its own, tested in test_fence.py.
+        **{"fence": False, **overrides},
     )
     if gpu is None:
         gpu_type, count = parse_spec("simulated:A100-SXM4-80GB:2")

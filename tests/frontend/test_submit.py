@@ -57,7 +57,7 @@ BAD_INPUT = [
     ("gpus", {"gpus": "-1"}, "0 or more"),
     ("gpus", {"gpus": "1.5"}, "whole number"),
     ("gpus", {"gpus": "17"}, "at most 16 GPUs"),
-    ("gpus", {"gpus": "8"}, "No schedulable node has 8 GPUs"),
+    ("gpus", {"gpus": "8"}, "No node has 8 GPUs"),
     ("gpu_type", {"gpu_type": "TPU-v5"}, "No GPU of type"),
     ("cpus", {"cpus": "0"}, "more than 0"),
     ("cpus", {"cpus": "500"}, "No node has 500 CPUs"),
@@ -142,7 +142,7 @@ def test_the_form_opens_with_sensible_defaults_and_the_tenants_limits(client, al
     assert " checked" in re.search(r'<input[^>]*name="preemptible"[^>]*>', html).group(0)
     assert " checked" in re.search(r'<input[^>]*name="restartable"[^>]*>', html).group(0)
     assert "Quota of vision: H100-SXM-80GB: limit 16 (guaranteed 8, 0 in use now)." in html
-    assert "Largest schedulable node per type: 4 × H100-SXM-80GB." in html
+    assert "Largest node per type: 4 × H100-SXM-80GB." in html
     assert "The largest node has 64 CPUs." in html
 
 

@@ -1,8 +1,24 @@
-"""The jobs endpoint: submit, list, detail, cancel, logs. Every write goes through jobs.actions."""
+"""The jobs endpoint: submit, list, detail, cancel, logs. Every write goes through jobs.actions.
+
+A submit may carry an `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header, as
+Stripe does it): a retry with the same key gets the first job back, with `Idempotent-Replayed:
+true`, never a second job; the same key with another body is a 422.
+"""
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
+from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -16,7 +32,7 @@ from controlplane.jobs.api.serializers import (
 )
 from controlplane.jobs.filtersets import JobFilterSet
 from controlplane.jobs.logs import read_log
-from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent
+from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, SubmitKey
 from controlplane.permissions import (
     Conflict,
     Need,
@@ -32,11 +48,80 @@ class ConflictSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
+IDEMPOTENCY_KEY = "Idempotency-Key"
+REPLAYED = "Idempotent-Replayed"
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]{1,255}")
+
+
+class IdempotencyKeyReused(exceptions.APIException):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "This Idempotency-Key was used with a different request body."
+    default_code = "idempotency_key_reused"
+
+
+def idempotency_key(request) -> str | None:
+    """The request's Idempotency-Key, None without one; a 400 naming the header if malformed.
+
+    The draft sends the key as a structured-field string ("..."), Stripe's clients send it
+    bare: both name the same key.
+    """
+    raw = request.headers.get(IDEMPOTENCY_KEY)
+    if raw is None:
+        return None
+    key = raw.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = re.sub(r'\\(["\\])', r"\1", key[1:-1])
+    if not _PRINTABLE_ASCII.fullmatch(key):
+        raise serializers.ValidationError(
+            {IDEMPOTENCY_KEY: ["Must be 1 to 255 printable ASCII characters, e.g. a UUID."]}
+        )
+    return key
+
+
+def request_sha256(body: Mapping) -> str:
+    """The fingerprint of a request body: SHA-256 of its JSON with sorted keys, no spaces."""
+    canonical = json.dumps(
+        body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 @extend_schema_view(
     create=extend_schema(
         request=JobSubmitSerializer,
-        responses={201: JobDetailSerializer},
-        description="Submit a job. It is stored PENDING; 400 names every field at fault.",
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_KEY,
+                str,
+                OpenApiParameter.HEADER,
+                description=(
+                    "A key of your choice (1-255 printable ASCII characters, e.g. a UUID) that "
+                    "makes the submit safe to retry: a submit with a key you used in the last "
+                    "24 hours (IDEMPOTENCY_KEY_TTL_S) creates nothing and answers the job the "
+                    "first one created, with Idempotent-Replayed: true. Keys are per user."
+                ),
+            ),
+            OpenApiParameter(
+                REPLAYED,
+                str,
+                OpenApiParameter.HEADER,
+                response=[201],
+                enum=["true"],
+                description="Present when the answer is the job an earlier submit with the "
+                "same Idempotency-Key created.",
+            ),
+        ],
+        responses={
+            201: JobDetailSerializer,
+            422: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="The Idempotency-Key was used before with a different body",
+            ),
+        },
+        description=(
+            "Submit a job. It is stored PENDING; 400 names every field at fault. With an "
+            "Idempotency-Key header, retrying is safe: the same key never creates a second job."
+        ),
     ),
 )
 class JobViewSet(
@@ -87,6 +172,48 @@ class JobViewSet(
         context = super().get_serializer_context()
         context["tenant"] = getattr(self, "_tenant", None)
         return context
+
+    def create(self, request, *args, **kwargs):
+        key = idempotency_key(request)
+        if key is None:
+            return super().create(request, *args, **kwargs)
+        fingerprint = request_sha256(request_body(request))
+        # Before any validation: a retry gets its job back even if the same body would be
+        # refused now (a quota lowered, a node removed since).
+        earlier = SubmitKey.objects.live().filter(user=request.user, key=key).first()
+        if earlier is None:
+            tenant = self.tenant_for_create()
+            serializer = self.get_serializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            earlier, created = actions.submit_job_once(
+                tenant=tenant,
+                user=request.user,
+                key=key,
+                request_sha256=fingerprint,
+                **serializer.validated_data,
+            )
+            if created:
+                return Response(self._detail(earlier.job_id), status=status.HTTP_201_CREATED)
+        return self._replay(earlier, fingerprint)
+
+    def _replay(self, earlier: SubmitKey, fingerprint: str) -> Response:
+        if earlier.request_sha256 != fingerprint:
+            raise IdempotencyKeyReused(
+                {
+                    IDEMPOTENCY_KEY: [
+                        "This key was used with a different request body. Send that body again "
+                        "to get its job, or use a new key for a new job."
+                    ]
+                }
+            )
+        try:
+            data = self._detail(earlier.job_id)
+        except Job.DoesNotExist:
+            # Submitted to a tenant the user has left since: it is not theirs to see any more.
+            raise exceptions.NotFound(
+                "The job this Idempotency-Key created is not visible to you any more."
+            ) from None
+        return Response(data, status=status.HTTP_201_CREATED, headers={REPLAYED: "true"})
 
     def perform_create(self, serializer, **extra):
         # The tenant is in the serializer's context already; submit_job gets it from there.

@@ -48,7 +48,7 @@ def test_a_finished_attempt_books_its_gpu_hours_and_energy_to_its_tenant(
     make_job, make_node, vision, alice
 ):
     _finished_attempt(
-        make_job, make_node, vision, alice, gpus=2, seconds=1800, energy_j=2 * J_PER_KWH
+        make_job, make_node, vision, alice, gpus=2, seconds=1800, energy_j=0.5 * J_PER_KWH
     )
     Budget.objects.create(tenant=vision, kind="gpu_hours", period="day", amount=10, action="hold")
     Budget.objects.create(
@@ -56,8 +56,33 @@ def test_a_finished_attempt_books_its_gpu_hours_and_energy_to_its_tenant(
     )
     states = {s.kind: s for s in budget_states()}
     assert states["gpu_hours"].used == pytest.approx(1.0, rel=0.01)  # 2 GPUs x 30 min
-    assert states["energy_kwh"].used == pytest.approx(2.0)
+    assert states["energy_kwh"].used == pytest.approx(0.5)
     assert not states["energy_kwh"].exhausted
+
+
+def test_energy_beyond_what_the_gpus_can_draw_is_booked_at_their_maximum_and_marked_estimated(
+    make_job, make_node, vision, alice
+):
+    # 2 GPUs of at most 700 W for 30 min can draw 0.7 kWh; a report of 2 kWh (a counter read
+    # long after the exit, a counter that jumped) cannot be what they drew.
+    attempt = _finished_attempt(
+        make_job, make_node, vision, alice, gpus=2, seconds=1800, energy_j=2 * J_PER_KWH
+    )
+    attempt.refresh_from_db()
+    seconds = (attempt.finished_at - attempt.started_at).total_seconds()
+    assert attempt.energy_j == pytest.approx(2 * 700.0 * seconds)
+    assert attempt.energy_j / seconds <= 2 * 700.0
+    assert attempt.energy_estimated is True
+
+
+def test_energy_within_what_the_gpus_can_draw_is_booked_as_reported(
+    make_job, make_node, vision, alice
+):
+    attempt = _finished_attempt(
+        make_job, make_node, vision, alice, gpus=2, seconds=1800, energy_j=0.5 * J_PER_KWH
+    )
+    attempt.refresh_from_db()
+    assert (attempt.energy_j, attempt.energy_estimated) == (0.5 * J_PER_KWH, False)
 
 
 def test_a_spent_budget_gives_its_action_to_its_tenant_only(
@@ -73,7 +98,7 @@ def test_a_spent_budget_gives_its_action_to_its_tenant_only(
 
 
 def test_the_strictest_action_wins_when_two_budgets_are_spent(make_job, make_node, vision, alice):
-    _finished_attempt(make_job, make_node, vision, alice, seconds=7200, energy_j=5 * J_PER_KWH)
+    _finished_attempt(make_job, make_node, vision, alice, seconds=7200, energy_j=1.2 * J_PER_KWH)
     Budget.objects.create(
         tenant=vision, kind="gpu_hours", period="day", amount=1, action="no_borrowing"
     )

@@ -194,3 +194,46 @@ def admit(db):
         return attempt
 
     return do
+
+
+@pytest.fixture(autouse=True)
+def _no_degraded_renewals(settings):
+    """Each test starts with no lease renewed through Redis (node ids repeat across tests)."""
+    if settings.REDIS_URL:
+        from controlplane.cluster.lease import DEGRADED_RENEWALS_KEY
+        from controlplane.redis_client import get_redis
+
+        get_redis().delete(DEGRADED_RENEWALS_KEY)
+
+
+def hearing_until(now, *, witness: bool = True) -> None:
+    """Make the control plane one that has been sweeping and hearing all along, up to `now`.
+
+    Its previous sweep was a second before `now` and it could hear since long before; with
+    `witness`, another node (`witness`, no GPUs) was heard at `now`, so the silence of the
+    others is theirs, not the control plane's.
+    """
+    from controlplane.cluster.models import LivenessClock, Node, Pool
+
+    LivenessClock.objects.update_or_create(
+        pk=1,
+        defaults={
+            "last_sweep_at": now - dt.timedelta(seconds=1),
+            "hearing_since": now - dt.timedelta(days=30),
+            "deaf_reason": "",
+        },
+    )
+    if witness:
+        pool = Pool.objects.order_by("pk").first() or Pool.objects.create(name="default")
+        Node.objects.update_or_create(
+            name="witness", defaults={"pool": pool, "last_heartbeat_at": now, "ready": True}
+        )
+
+
+def sweep_while_hearing(now=None, *, witness: bool = True) -> dict:
+    """One liveness sweep at `now` by a control plane that could hear all along (hearing_until)."""
+    from controlplane.cluster.tasks import sweep_node_liveness
+
+    now = now or timezone.now()
+    hearing_until(now, witness=witness)
+    return sweep_node_liveness(now)

@@ -149,10 +149,14 @@ def test_an_exit_report_ends_the_job_with_its_exit_code_and_energy(
 ):
     node, token = node01
     attempt = admit(job, node, gpu_indexes=(0, 1))
-    agent.heartbeat(token, readings(node), [running(attempt)])
+    # Long enough for two 700 W GPUs to draw 9 kJ: more would be booked at that bound.
+    started = time.time() - 60
+    agent.heartbeat(token, readings(node), [running(attempt, started_at=started)])
 
     answer = agent.heartbeat(
-        token, readings(node), [exited(attempt, exit_code, energy_j=9000.0, energy_estimated=True)]
+        token,
+        readings(node),
+        [exited(attempt, exit_code, started_at=started, energy_j=9000.0, energy_estimated=True)],
     )
 
     assert answer["attempts"] == []

@@ -133,14 +133,13 @@ def test_a_cap_change_reaches_a_steady_node_on_its_next_heartbeat(agent, steady_
 
 
 def test_work_lost_by_the_sweep_leaves_the_answer_of_a_returning_node(agent, steady_node):
-    from controlplane.cluster.tasks import sweep_node_liveness
+    from .conftest import sweep_while_hearing
 
     node, token, attempt = steady_node
     heartbeat_steadily(agent, token, node, [running(attempt)])
     silent_since = timezone.now() - dt.timedelta(hours=1)
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=silent_since)
-    sweep_node_liveness()  # not ready
-    sweep_node_liveness()  # and, past the grace, its attempt lost
+    sweep_while_hearing()  # not ready, and its lease long gone: its attempt lost
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.LOST
 
     answer = agent.heartbeat(token, readings(node), [running(attempt)])

@@ -3,7 +3,6 @@
 import pytest
 from django.core.exceptions import ValidationError
 
-from controlplane.cluster.models import NodeState
 from controlplane.jobs.models import Job, JobEvent, JobState
 from controlplane.jobs.validation import validate_submission
 from controlplane.tenancy.models import Membership, Quota
@@ -126,14 +125,6 @@ def test_a_tenant_without_a_quota_for_a_type_gets_no_gpus_of_it(world):
     world.fixture("make_node")("a100-node", gpus=4, model="A100-SXM4-80GB")
     response = submit(world, gpus=1, gpu_type="A100-SXM4-80GB")
     assert_refused(response, "gpus")
-
-
-def test_gpus_need_a_schedulable_node_that_has_that_many(world):
-    world.node.state = NodeState.CORDONED
-    world.node.save(update_fields=["state"])
-    response = submit(world, gpus=1)
-    assert_refused(response, "gpus")
-    assert "schedulable" in response.json()["gpus"][0]
 
 
 def test_an_any_type_job_is_refused_when_no_type_fits_both_quota_and_node(world):

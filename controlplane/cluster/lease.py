@@ -1,0 +1,197 @@
+"""Node leases on the control plane's side (the timing argument is in docs/agent-protocol.md).
+
+Every answered heartbeat renews its node's lease of NODE_LEASE_S. The agent counts the lease from
+the moment it SENT that heartbeat and stops its own attempts before the lease runs out; the
+control plane declares a node's attempts lost only NODE_LEASE_MARGIN_S after the lease ran out
+as the control plane counts it, so the old processes are gone before their GPUs are given away.
+
+What this module adds to "the last heartbeat was long ago":
+
+- Silence is counted only while the control plane could hear. `LivenessClock.hearing_since`
+  moves forward whenever it could not (see `note_hearing`), and silence counts from the later of
+  a node's last heartbeat and that moment.
+- A renewal is granted only once it is recorded where the sweep reads it: the node row in
+  PostgreSQL, or, while a web process cannot reach PostgreSQL, a Redis hash
+  (`record_degraded_renewal`) that the sweep reads beside the node rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from controlplane.cluster.models import LivenessClock, Node
+
+log = logging.getLogger(__name__)
+
+# Node id -> Unix time of the last renewal a web process granted without PostgreSQL.
+DEGRADED_RENEWALS_KEY = "gpucp:degraded-renewals"
+DEGRADED_RENEWALS_TTL_S = 7 * 24 * 3600
+
+
+class LeaseStoreUnavailable(Exception):
+    """Redis could not be read: renewals granted without PostgreSQL cannot be ruled out."""
+
+
+def lease_s() -> float:
+    return float(settings.NODE_LEASE_S)
+
+
+def lost_after() -> dt.timedelta:
+    """Silence after which a node's attempts are declared lost: its lease, and the margin."""
+    return dt.timedelta(seconds=lease_s() + float(settings.NODE_LEASE_MARGIN_S))
+
+
+def not_ready_after(node: Node) -> dt.timedelta:
+    return dt.timedelta(seconds=settings.NODE_NOT_READY_AFTER_INTERVALS * node.heartbeat_interval_s)
+
+
+# --- hearing -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hearing:
+    """What one sweep decided about the control plane's own ability to hear."""
+
+    since: dt.datetime
+    deaf_reason: str  # why `since` moved at this sweep; "" when it did not
+
+
+def note_hearing(now: dt.datetime) -> Hearing:
+    """Record this sweep, and move `hearing_since` to now if the control plane was deaf.
+
+    Deaf means: no sweep for LIVENESS_SWEEP_GAP_S (the database, the broker, beat or the
+    worker was down, so nobody was listening to the silence either), or no node at all heard
+    for LIVENESS_DEAF_AFTER_S (the web tier or the way to it was down: with every node silent
+    at once, the likelier fault is ours), or renewals granted without PostgreSQL cannot be read.
+    Moving `hearing_since` only ever delays a loss; it can never cause one.
+    """
+    with transaction.atomic():
+        clock, _ = LivenessClock.objects.select_for_update().get_or_create(pk=1)
+        reasons = []
+        if clock.last_sweep_at is None or clock.hearing_since is None:
+            reasons.append("first liveness sweep")
+        elif (now - clock.last_sweep_at).total_seconds() > settings.LIVENESS_SWEEP_GAP_S:
+            gap_s = (now - clock.last_sweep_at).total_seconds()
+            reasons.append(f"no liveness sweep for {gap_s:.0f} s")
+        if not reasons and not _anyone_heard(now):
+            reasons.append(f"no node heard for {settings.LIVENESS_DEAF_AFTER_S:.0f} s")
+        reason = "; ".join(reasons)[:200]
+        if reason and not clock.deaf_reason:
+            log.warning(
+                "the control plane could not hear its nodes (%s): every node gets a whole lease "
+                "from when it can again before anything is declared lost",
+                reason,
+            )
+        elif clock.deaf_reason and not reason:
+            log.info("the control plane hears its nodes again (was: %s)", clock.deaf_reason)
+        if reason:
+            clock.hearing_since = now
+        clock.deaf_reason = reason
+        if clock.last_sweep_at is None or now > clock.last_sweep_at:
+            clock.last_sweep_at = now
+        clock.save()
+        return Hearing(since=clock.hearing_since, deaf_reason=reason)
+
+
+def _anyone_heard(now: dt.datetime) -> bool:
+    horizon = now - dt.timedelta(seconds=settings.LIVENESS_DEAF_AFTER_S)
+    if not Node.objects.exists():
+        return True  # nobody to hear: nothing can be declared lost anyway
+    if Node.objects.filter(last_heartbeat_at__gte=horizon).exists():
+        return True
+    try:
+        renewals = degraded_renewals(None)
+    except LeaseStoreUnavailable:
+        return False
+    return any(at >= horizon for at in renewals.values())
+
+
+def silent_since(node: Node, hearing_since: dt.datetime, renewed: dt.datetime | None = None):
+    """From when the node's silence counts: its last renewal, or when we could hear again."""
+    heard = node.last_heartbeat_at or node.created_at
+    return max(heard, hearing_since, renewed or heard)
+
+
+# --- renewals granted while PostgreSQL is out of reach -----------------------------------------
+
+
+def record_degraded_renewal(node_id: int, at: dt.datetime) -> None:
+    """Record a renewal in Redis; raises if it could not be recorded (then no renewal is due)."""
+    from controlplane.redis_client import get_redis
+
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.hset(DEGRADED_RENEWALS_KEY, str(node_id), repr(at.timestamp()))
+    pipe.expire(DEGRADED_RENEWALS_KEY, DEGRADED_RENEWALS_TTL_S)
+    pipe.execute()
+
+
+def degraded_renewals(node_ids: Iterable[int] | None) -> dict[int, dt.datetime]:
+    """The renewals granted without PostgreSQL, for these nodes (None: all)."""
+    if not settings.REDIS_URL:
+        return {}
+    from controlplane.redis_client import get_redis
+
+    try:
+        if node_ids is None:
+            raw = get_redis().hgetall(DEGRADED_RENEWALS_KEY)
+            pairs = [(k, v) for k, v in raw.items()]
+        else:
+            ids = [str(i) for i in node_ids]
+            if not ids:
+                return {}
+            pairs = list(zip(ids, get_redis().hmget(DEGRADED_RENEWALS_KEY, ids), strict=True))
+    except Exception as exc:
+        raise LeaseStoreUnavailable(str(exc)) from exc
+    renewals = {}
+    for key, value in pairs:
+        if value is None:
+            continue
+        renewals[int(key)] = dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
+    return renewals
+
+
+# --- node tokens a web process may trust while PostgreSQL is out of reach ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedNode:
+    node_id: int
+    name: str
+    heartbeat_interval_s: float
+    checked_at_monotonic: float
+
+
+_trusted_lock = threading.Lock()
+_trusted: dict[str, TrustedNode] = {}
+
+
+def remember_checked_token(digest: str, node_id: int, name: str, interval_s: float) -> None:
+    """This process just found this token hash on this node's row in PostgreSQL."""
+    entry = TrustedNode(node_id, name, interval_s, time.monotonic())
+    with _trusted_lock:
+        _trusted[digest] = entry
+
+
+def forget_token(digest: str) -> None:
+    """PostgreSQL no longer knows this token (rotated, revoked): never trust it again."""
+    with _trusted_lock:
+        _trusted.pop(digest, None)
+
+
+def trusted_node(digest: str) -> TrustedNode | None:
+    """The node this process last saw holding this token, if it saw it recently enough."""
+    with _trusted_lock:
+        entry = _trusted.get(digest)
+    if entry is None:
+        return None
+    if time.monotonic() - entry.checked_at_monotonic > settings.DEGRADED_TOKEN_TRUST_S:
+        return None
+    return entry
