@@ -520,18 +520,10 @@ class Agent:
                 self._publish_speed(meta)
             elif not meta.ended:
                 meta.ended = True
-                if status.fenced or leases.fenced(self.state_dir, attempt_id) is not None:
-                    meta.stop_cause = FENCED
                 self.gpu.detach_load(attempt_id)
                 self._speeds.pop(attempt_id, None)
                 self._save_meta(meta)
-                log.info(
-                    "attempt %d ended: %s %s%s",
-                    attempt_id,
-                    status.state,
-                    status.exit_code,
-                    f" ({meta.stop_cause})" if meta.stop_cause else "",
-                )
+                log.info("attempt %d ended: %s %s", attempt_id, status.state, status.exit_code)
         return statuses
 
     def _update_energy(
@@ -617,7 +609,7 @@ class Agent:
             if message:
                 entry["message"] = message
             if status.state is not AttemptState.RUNNING:
-                cause = FENCED if status.fenced else (meta.stop_cause if meta else "")
+                cause = self._stop_cause(attempt_id, status, meta)
                 if cause:
                     entry["stop_cause"] = cause
             attempts.append(entry)
@@ -629,6 +621,13 @@ class Agent:
             "attempts": attempts,
             "conditions": list(self._conditions.values()),
         }
+
+    def _stop_cause(self, attempt_id: int, status: AttemptStatus, meta: AttemptMeta | None) -> str:
+        """Who ended an attempt that ended: the fence (even one that acted while this agent was
+        dead: its note is on disk), this agent, or "" for the job itself."""
+        if status.fenced or leases.fenced(self.state_dir, attempt_id) is not None:
+            return FENCED
+        return meta.stop_cause if meta is not None else ""
 
     # -- logs ------------------------------------------------------------------------------------
 

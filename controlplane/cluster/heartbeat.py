@@ -433,10 +433,10 @@ def is_steady(node: NodeInfo, work: dict[int, Work], hb: Heartbeat, now: dt.date
 
     Every attempt of the node runs and is reported running, the conditions are the ones on
     record, and the node is ready and well inside its liveness window. The last guards against
-    a liveness sweep: it declares attempts lost only after NODE_NOT_READY_AFTER_INTERVALS
-    intervals plus NODE_LOST_GRACE_S of silence, under the node lock, which only the full path
-    takes; a node heard from within the first part cannot be judged lost while this heartbeat
-    (and the batch carrying its liveness, TELEMETRY_FLUSH_INTERVAL_S later) is in flight.
+    a liveness sweep: it declares attempts lost only after a lease and its margin of silence,
+    under the node lock, which only the full path takes; a node heard from within
+    NODE_NOT_READY_AFTER_INTERVALS intervals cannot be judged lost while this heartbeat (and
+    the batch carrying its liveness, at most LIVENESS_BACKLOG_MAX_S later) is in flight.
     """
     if not node.ready or node.last_heartbeat_at is None:
         return False

@@ -64,6 +64,8 @@ class TinyControlPlane:
         self.desired_attempts: list[dict] = []
         self.power_caps_w: dict[str, float] = {}
         self.heartbeat_interval_s = 60.0
+        self.lease_s: float | None = None  # granted in every answer when set
+        self.degraded = False  # answer like a control plane whose database is out of reach
         self.logs: dict[int, bytes] = {}
         self.log_posts: list[tuple[int, int, int]] = []  # (attempt, offset, bytes)
         self.fail_next_log_posts = 0
@@ -195,10 +197,14 @@ class TinyControlPlane:
             self.heartbeats.append(body)
             self.heartbeat_tokens.append(token)
             self.lock.notify_all()
+            lease = {} if self.lease_s is None else {"lease_s": self.lease_s}
+            if self.degraded:
+                return {"degraded": True, "heartbeat_interval_s": self.heartbeat_interval_s, **lease}
             return {
                 "attempts": list(self.desired_attempts),
                 "power_caps_w": dict(self.power_caps_w),
                 "heartbeat_interval_s": self.heartbeat_interval_s,
+                **lease,
             }
 
     def _watch(self, body: dict) -> dict:

@@ -32,7 +32,10 @@ BIN = Path(sys.executable).parent
 # This suite's ports, inside the range given to it (18400-18499; the benchmarks use 184[5-9]x).
 E2E_PORTS = range(18400, 18450)
 HEARTBEAT_INTERVAL_S = 1.0
-NODE_LOST_GRACE_S = 4.0
+# A node's lease and the control plane's margin: its attempts are lost 14 s after it was last
+# heard, and its fence gives them notice 9 s after (12 - a 1 s margin - the 2 s stop grace).
+NODE_LEASE_S = 12.0
+NODE_LEASE_MARGIN_S = 2.0
 IMAGE = "localhost/busybox:latest"
 # Every process this suite starts, and every job those start, carries these in its environment
 # (the session's, and the test's for agents), so the clean-up can find and end exactly them:
@@ -154,7 +157,11 @@ def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
         "DATABASE_URL": database_url,
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
         "AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
-        "NODE_LOST_GRACE_S": str(NODE_LOST_GRACE_S),
+        "NODE_LEASE_S": str(NODE_LEASE_S),
+        "NODE_LEASE_MARGIN_S": str(NODE_LEASE_MARGIN_S),
+        # The solo worker runs cycles and sweeps in turn; a slow cycle must not read as the
+        # control plane having stopped listening (which only delays losses, but by a lease).
+        "LIVENESS_SWEEP_GAP_S": "6",
         "SCHEDULER_CYCLE_INTERVAL_S": "1",
         "SCHEDULER_DEBOUNCE_S": "0.2",
         "SCHEDULER_EMBEDDED": "0",

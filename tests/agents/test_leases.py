@@ -1,0 +1,316 @@
+"""The node's side of leases: the lease each answer grants, the fence that stops attempts before it
+runs out, what the agent will not start, and reports that say who ended an attempt.
+
+Real processes throughout (the process runtime, the fence as a process of its own where that
+is what is tested); the control plane is the tiny one of conftest.py.
+"""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from agents import lease as leases
+from agents.fence import AGENT_LOCK, FENCE_LOCK, Fence, ensure_fence, holding, is_held
+from agents.runtime.base import AttemptSpec, AttemptState
+from agents.runtime.process import ProcessRuntime
+from tests.agents.conftest import wait_until
+from tests.agents.test_daemon import attempt, ended, make_agent, runtime_state, uuids, waiting_on
+
+
+def write_lease(state_dir, *, kill_in_s: float, grace_s: float = 5.0, lease_s: float = 60.0):
+    """A lease whose SIGKILL moment is `kill_in_s` from now (negative: past)."""
+    margin_s = leases.margin_for(lease_s)
+    lease = leases.Lease(
+        boot_id=leases.boot_id(),
+        expires_at=leases.boottime() + kill_in_s + margin_s,
+        lease_s=lease_s,
+        margin_s=margin_s,
+        grace_s=grace_s,
+        renewed_at_unix=time.time(),
+    )
+    leases.write_lease(state_dir, lease)
+    return lease
+
+
+def trapping(marker, log):
+    """A job that notes its SIGTERM (then exits 143) and otherwise runs until marker exists."""
+    return (
+        "sh",
+        "-c",
+        f"trap 'echo term >> {log}; exit 143' TERM; echo start >> {log}; "
+        f"while [ ! -e {marker} ]; do sleep 0.05; done",
+    )
+
+
+def running_job(control_plane, state_dir, tmp_path, attempt_id=1, **agent_options):
+    control_plane.lease_s = 60.0
+    agent = make_agent(control_plane, state_dir, **agent_options)
+    log = tmp_path / f"job-{attempt_id}.log"
+    control_plane.set_desired([attempt(attempt_id, *trapping(tmp_path / "go", log))])
+    agent.cycle()
+    wait_until(lambda: log.exists() and "start" in log.read_text(), what="the job to start")
+    return agent, log
+
+
+# --- the lease an answer grants ----------------------------------------------------------------
+
+
+def test_an_answer_renews_the_lease_counted_from_when_the_heartbeat_was_sent(
+    control_plane, state_dir
+):
+    control_plane.lease_s = 30.0
+    agent = make_agent(control_plane, state_dir)
+    before = leases.boottime()
+    agent.cycle()
+    after = leases.boottime()
+
+    lease = leases.read_lease(state_dir)
+    assert before + 30.0 <= lease.expires_at <= after + 30.0
+    assert lease.kill_at == lease.expires_at - leases.margin_for(30.0)
+    assert lease.of_this_boot
+
+
+def test_without_a_lease_in_the_answer_nothing_is_written(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    agent.cycle()
+    assert leases.read_lease(state_dir) is None
+
+
+def test_a_lease_of_another_boot_is_void(state_dir):
+    lease = write_lease(state_dir, kill_in_s=3600)
+    lease.boot_id = "another-boot"
+    assert lease.remaining_s() == float("-inf")
+
+
+def test_retries_come_often_enough_that_the_lease_cannot_run_out_between_two(
+    control_plane, state_dir
+):
+    agent = make_agent(control_plane, state_dir)
+    agent.backoff.max_s = 30.0
+    agent.backoff.failures = 10
+    agent.lease = write_lease(state_dir, kill_in_s=8.0)
+    assert agent._retry_delay_s() <= 8.0 / 4 + 0.01
+
+
+# --- what the agent will not start -------------------------------------------------------------
+
+
+def test_nothing_starts_when_the_lease_would_run_out_before_it_could_be_stopped(
+    control_plane, state_dir, tmp_path
+):
+    control_plane.lease_s = 4.0  # its SIGKILL moment is 3 s away; the grace is 5 s
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(2, "true")])
+    agent.cycle()
+    assert runtime_state(agent, 2) is None
+
+    control_plane.lease_s = 60.0
+    agent.cycle()
+    assert runtime_state(agent, 2) is not None
+
+
+def test_the_supervisor_refuses_a_start_under_a_lease_that_ran_out(state_dir):
+    write_lease(state_dir, kill_in_s=-1.0)
+    runtime = ProcessRuntime(state_dir)
+    status = runtime.start(AttemptSpec(attempt_id=3, command=("sh", "-c", "echo job-output")))
+    status = wait_until(
+        lambda: next((s for s in runtime.statuses() if s.state is not AttemptState.RUNNING), None),
+        what="the refusal",
+    )
+    assert status.state is AttemptState.FAILED_TO_START and status.fenced
+    assert "lease ran out" in status.message
+    assert b"job-output" not in runtime.read_logs(3, 0, 1000)
+
+
+def test_a_gpu_of_an_attempt_being_stopped_goes_to_the_next_one_only_once_it_is_gone(
+    control_plane, state_dir, tmp_path
+):
+    agent = make_agent(control_plane, state_dir)
+    gpu = uuids(agent)[0]
+    trace = tmp_path / "trace"
+    # The first job takes a second to stop on SIGTERM; the next one notes when it starts.
+    slow_to_stop = f"trap 'sleep 1; echo old-gone >> {trace}; exit 143' TERM; " + (
+        "while true; do sleep 0.05; done"
+    )
+    control_plane.set_desired([attempt(4, "sh", "-c", slow_to_stop, gpus=[gpu])])
+    agent.cycle()
+    wait_until(lambda: runtime_state(agent, 4) is AttemptState.RUNNING, what="the first job")
+    time.sleep(0.2)  # its trap is set
+
+    control_plane.set_desired([attempt(5, "sh", "-c", f"echo new-start >> {trace}", gpus=[gpu])])
+    agent.cycle()
+    assert runtime_state(agent, 5) is None, "started while the GPU was still held"
+    ended(agent, 4)
+    agent.cycle()
+    ended(agent, 5)
+
+    assert trace.read_text().split() == ["old-gone", "new-start"]
+    (stopped,) = [r for r in control_plane.reported(4) if r["state"] == "exited"]
+    assert stopped["stop_cause"] == "unwanted"
+
+
+def test_an_attempt_that_ends_by_itself_reports_no_stop_cause(control_plane, state_dir):
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(6, "true")])
+    agent.cycle()
+    ended(agent, 6)
+    agent.cycle()
+    (report,) = [r for r in control_plane.reported(6) if r["state"] == "exited"]
+    assert "stop_cause" not in report
+
+
+# --- a control plane that keeps the lease but records nothing ----------------------------------
+
+
+def test_a_degraded_answer_renews_the_lease_and_changes_nothing_else(
+    control_plane, state_dir, tmp_path
+):
+    agent, log = running_job(control_plane, state_dir, tmp_path, attempt_id=7)
+    control_plane.set_desired([attempt(8, "true")])
+    control_plane.degraded = True
+    (tmp_path / "go").touch()
+    ended(agent, 7)
+    before = leases.boottime()
+
+    assert agent.cycle()
+
+    assert leases.read_lease(state_dir).expires_at >= before + 60.0
+    assert runtime_state(agent, 8) is None  # nothing started on its word
+    assert 7 in agent._meta  # the exit was not acknowledged: reported again next time
+    control_plane.degraded = False
+    agent.cycle()
+    assert [r["state"] for r in control_plane.reported(7)][-2:] == ["exited", "exited"]
+
+
+def test_a_degraded_answer_stops_nothing(control_plane, state_dir, tmp_path):
+    agent, _ = running_job(control_plane, state_dir, tmp_path, attempt_id=9)
+    control_plane.degraded = True
+    agent.cycle()
+    agent.cycle()
+    assert runtime_state(agent, 9) is AttemptState.RUNNING
+    (tmp_path / "go").touch()
+
+
+# --- the fence ---------------------------------------------------------------------------------
+
+
+def test_the_fence_does_nothing_while_the_lease_holds(control_plane, state_dir, tmp_path):
+    agent, log = running_job(control_plane, state_dir, tmp_path, attempt_id=10)
+    fence = Fence(state_dir, ProcessRuntime(state_dir))
+    assert fence.check() == {}
+    assert runtime_state(agent, 10) is AttemptState.RUNNING
+    (tmp_path / "go").touch()
+
+
+def test_the_fence_gives_notice_at_the_grace_before_the_lease_runs_out_then_kills(
+    control_plane, state_dir, tmp_path
+):
+    agent, log = running_job(control_plane, state_dir, tmp_path, attempt_id=11)
+    lease = write_lease(state_dir, kill_in_s=3.0, grace_s=5.0)  # inside the grace already
+    fence = Fence(state_dir, ProcessRuntime(state_dir))
+
+    assert fence.check() == {11: "term"}
+    assert fence.check() == {}  # one notice, not one per look
+    ended(agent, 11)
+    assert log.read_text().split() == ["start", "term"]
+    assert leases.fenced(state_dir, 11) is not None
+    # Had it ignored the notice, the lease's end brings the SIGKILL.
+    assert fence._due(lease, 11, lease.kill_at) == "kill"
+
+    agent.cycle()
+    (report,) = [r for r in control_plane.reported(11) if r["state"] == "exited"]
+    assert (report["exit_code"], report["stop_cause"]) == (143, "fenced")
+
+
+def test_the_fence_kills_at_once_what_runs_past_the_lease(control_plane, state_dir, tmp_path):
+    agent, log = running_job(control_plane, state_dir, tmp_path, attempt_id=12)
+    write_lease(state_dir, kill_in_s=-0.1)
+
+    assert Fence(state_dir, ProcessRuntime(state_dir)).check() == {12: "kill"}
+
+    ended(agent, 12)
+    assert "term" not in log.read_text()  # no time was left for a notice
+    agent.cycle()
+    (report,) = [r for r in control_plane.reported(12) if r["state"] == "exited"]
+    assert (report["exit_code"], report["stop_cause"]) == (137, "fenced")
+
+
+def test_a_fence_process_stops_the_jobs_of_a_paused_agent_and_then_goes(
+    control_plane, state_dir, tmp_path
+):
+    """The agent cannot act (SIGSTOP, dead): the fence, a process of its own, still does."""
+    agent, log = running_job(control_plane, state_dir, tmp_path, attempt_id=13)
+    write_lease(state_dir, kill_in_s=1.5, grace_s=1.0)
+    process = ensure_fence(state_dir, "process", "node-t", None)
+    try:
+        assert process is not None
+        wait_until(lambda: is_held(state_dir / FENCE_LOCK), what="the fence to hold its lock")
+        assert ensure_fence(state_dir, "process", "node-t", None) is None  # one per node
+        wait_until(lambda: runtime_state(agent, 13) is not AttemptState.RUNNING, 10, "the fence")
+        assert log.read_text().split() == ["start", "term"]
+        # No agent holds the state directory and nothing runs: the fence has nothing to guard.
+        process.wait(timeout=20)
+    finally:
+        if process is not None and process.poll() is None:
+            process.kill()
+
+
+def test_the_fence_stays_while_an_agent_holds_the_state_directory(state_dir):
+    with holding(state_dir / AGENT_LOCK):
+        process = ensure_fence(state_dir, "process", "node-t", None)
+        try:
+            time.sleep(7)
+            assert process.poll() is None
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=10)
+    assert process.returncode == 0
+
+
+# --- energy at the exit ------------------------------------------------------------------------
+
+
+class RealTimeClock:
+    """A wall clock the test moves by hand, starting in the past so that a real exit (stamped
+    by the supervisor with the real time) falls between two of its readings."""
+
+    def __init__(self, start: float) -> None:
+        self.now_s = start
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_an_exit_seen_late_is_booked_with_the_energy_at_the_exit(
+    control_plane, state_dir, tmp_path
+):
+    clock = RealTimeClock(time.time() - 100.0)
+    agent = make_agent(control_plane, state_dir, clock=clock)
+    gpu = uuids(agent)[0]
+    control_plane.set_desired([attempt(14, *waiting_on(tmp_path / "go"), gpus=[gpu])])
+    agent.cycle()
+    started = clock.now_s
+    clock.now_s += 50.0
+    agent.cycle()
+    draw_w = {g["uuid"]: g["power_draw_w"] for g in control_plane.last_heartbeat()["gpus"]}[gpu]
+    (tmp_path / "go").touch()
+    ended(agent, 14)
+    # The agent looks again only a minute after the exit (a busy host).
+    clock.now_s = time.time() + 60.0
+    agent.cycle()
+
+    (report,) = [r for r in control_plane.reported(14) if r["state"] == "exited"]
+    ran_s = report["finished_at"] - started
+    assert report["energy_j"] == pytest.approx(draw_w * ran_s, rel=0.02)
+    assert report["energy_j"] / ran_s <= agent.gpu.inventory()[0].power_max_w
+
+
+def test_the_state_dir_holds_the_lease_for_people_to_read(control_plane, state_dir):
+    control_plane.lease_s = 30.0
+    make_agent(control_plane, state_dir).cycle()
+    data = json.loads((state_dir / leases.LEASE_FILE).read_text())
+    assert set(data) >= {"boot_id", "expires_at", "lease_s", "margin_s", "renewed_at_unix"}
+    assert oct(os.stat(state_dir).st_mode & 0o777) == "0o700"
