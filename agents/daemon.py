@@ -443,8 +443,14 @@ class Agent:
             lease_s = float(answer["lease_s"])
         except (KeyError, TypeError, ValueError):
             return  # a control plane without leases: nothing to keep
+        try:
+            margin_s = float(answer["fence_margin_s"])
+        except (KeyError, TypeError, ValueError):
+            margin_s = leases.margin_for(lease_s)
         graces = {aid: self.config.stop_grace_s for aid in self._meta}
-        self.lease = leases.Lease.renewed(sent_at, lease_s, self.config.stop_grace_s, graces)
+        self.lease = leases.Lease.renewed(
+            sent_at, lease_s, self.config.stop_grace_s, graces, margin_s=margin_s
+        )
         try:
             leases.write_lease(self.state_dir, self.lease)
         except OSError as exc:

@@ -26,6 +26,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -125,8 +126,9 @@ class Fence:
             f"(last renewed {time.time() - lease.renewed_at_unix:.0f} s ago)"
         )
 
-    def run(self) -> None:
-        """Loop until no agent holds the state directory and nothing runs for a while."""
+    def run(self, *, stay: bool = False) -> None:
+        """Loop until no agent holds the state directory and nothing runs for a while (or, with
+        `stay`, for good: a fence run as a service of its own)."""
         idle_since: float | None = None
         while True:
             try:
@@ -135,7 +137,7 @@ class Fence:
             except Exception:  # an engine hiccup must never end the fence
                 log.exception("fence check failed; trying again")
                 busy = True
-            if busy or is_held(self.state_dir / AGENT_LOCK):
+            if stay or busy or is_held(self.state_dir / AGENT_LOCK):
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
@@ -189,11 +191,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="gpucp-fence",
         description="Stop this node's attempts before its lease runs out (see agents/fence.py).",
     )
-    p.add_argument("--state-dir", required=True)
-    p.add_argument("--runtime", choices=("docker", "process"), required=True)
-    p.add_argument("--node-name", required=True)
-    p.add_argument("--docker-url", default=None)
-    p.add_argument("--log-level", default="INFO")
+    env = os.environ.get
+    p.add_argument("--state-dir", default=env("GPUCP_STATE_DIR") or "/var/lib/gpucp-agent")
+    p.add_argument(
+        "--runtime", choices=("docker", "process"), default=env("GPUCP_RUNTIME") or "docker"
+    )
+    p.add_argument("--node-name", default=env("GPUCP_NODE_NAME") or socket.gethostname())
+    p.add_argument("--docker-url", default=env("GPUCP_DOCKER_URL") or None)
+    p.add_argument("--log-level", default=env("GPUCP_LOG_LEVEL") or "INFO")
+    p.add_argument(
+        "--stay",
+        action="store_true",
+        help="keep guarding when no agent runs (a fence run as a service of its own)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper(), logging.INFO),
@@ -214,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             # SIGTERM (a service manager, the agent's demo shutdown) ends the fence cleanly.
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
             try:
-                Fence(state_dir, runtime).run()
+                Fence(state_dir, runtime).run(stay=args.stay)
             finally:
                 runtime.close()
     except BlockingIOError:

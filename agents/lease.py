@@ -37,7 +37,8 @@ def boot_id() -> str:
 
 
 def margin_for(lease_s: float) -> float:
-    """How long before its lease runs out every attempt must be gone.
+    """How long before its lease runs out every attempt must be gone, where the control plane
+    does not say (it does: `fence_margin_s`, the same by default).
 
     It covers the fence's poll, a SIGKILL taking effect, and clock rates that differ between
     this host and the control plane's (a drift of 1e-4 costs 12 ms over 120 s).
@@ -81,14 +82,20 @@ class Lease:
 
     @classmethod
     def renewed(
-        cls, sent_at: float, lease_s: float, grace_s: float, graces: dict[int, float]
+        cls,
+        sent_at: float,
+        lease_s: float,
+        grace_s: float,
+        graces: dict[int, float],
+        *,
+        margin_s: float | None = None,
     ) -> Lease:
         """The lease a heartbeat sent at `sent_at` (boottime) earned."""
         return cls(
             boot_id=boot_id(),
             expires_at=sent_at + lease_s,
             lease_s=lease_s,
-            margin_s=margin_for(lease_s),
+            margin_s=margin_for(lease_s) if margin_s is None else margin_s,
             grace_s=grace_s,
             graces={str(k): float(v) for k, v in graces.items()},
             renewed_at_unix=time.time(),

@@ -198,11 +198,8 @@ AGENT_HEARTBEAT_INTERVAL_S = env_float("AGENT_HEARTBEAT_INTERVAL_S", 10.0)
 NODE_NOT_READY_AFTER_INTERVALS = 3
 NODE_LEASE_S = env_float("NODE_LEASE_S", 120.0)
 NODE_LEASE_MARGIN_S = env_float("NODE_LEASE_MARGIN_S", 10.0)
-if NODE_LEASE_S < 4 * AGENT_HEARTBEAT_INTERVAL_S or NODE_LEASE_MARGIN_S < 1.0:
-    # A lease of a few heartbeats would fence healthy nodes on one slow answer.
-    raise ImproperlyConfigured(
-        "NODE_LEASE_S must be at least 4 heartbeat intervals and NODE_LEASE_MARGIN_S at least 1 s"
-    )
+# How long before its lease runs out a node's fence has killed every attempt (told to agents).
+NODE_FENCE_MARGIN_S = env_float("NODE_FENCE_MARGIN_S", max(1.0, 0.05 * NODE_LEASE_S))
 # A sweep that did not run for this long means the control plane was not listening: every node
 # then gets a whole lease again. Likewise when no node at all was heard for this long.
 LIVENESS_SWEEP_GAP_S = env_float(
@@ -212,6 +209,20 @@ LIVENESS_DEAF_AFTER_S = NODE_NOT_READY_AFTER_INTERVALS * AGENT_HEARTBEAT_INTERVA
 # A web process answers heartbeats from its cache only while the liveness it buffers reaches
 # the database within this (else it writes each one in the request): the lease margin covers it.
 LIVENESS_BACKLOG_MAX_S = min(3.0, NODE_LEASE_MARGIN_S / 2)
+if NODE_LEASE_S < 4 * AGENT_HEARTBEAT_INTERVAL_S:
+    # A lease of a few heartbeats would fence healthy nodes on one slow answer.
+    raise ImproperlyConfigured("NODE_LEASE_S must be at least 4 heartbeat intervals")
+if (
+    NODE_LEASE_MARGIN_S + NODE_FENCE_MARGIN_S
+    < AGENT_HEARTBEAT_INTERVAL_S + LIVENESS_BACKLOG_MAX_S + 1
+):
+    # The timing argument of docs/agent-protocol.md ("Leases"): the last renewal a node was
+    # answered may be a heartbeat interval plus a batch newer than the last one recorded (a web
+    # process killed before its batch), and the hosts' clocks may differ by a second.
+    raise ImproperlyConfigured(
+        "NODE_LEASE_MARGIN_S + NODE_FENCE_MARGIN_S must be at least one heartbeat interval "
+        "+ LIVENESS_BACKLOG_MAX_S + 1 s"
+    )
 # While the database cannot be reached, a web process still renews the leases of node tokens
 # it checked against the database within this long (recorded in Redis for the sweep).
 DEGRADED_TOKEN_TRUST_S = env_float("DEGRADED_TOKEN_TRUST_S", 3600.0)

@@ -372,7 +372,7 @@ def register(request: HttpRequest) -> JsonResponse:
             "node": node.name,
             "node_token": token,
             "heartbeat_interval_s": node.heartbeat_interval_s,
-            "lease_s": lease.lease_s(),
+            **lease.grant(),
         },
         status=201,
     )
@@ -533,7 +533,7 @@ def degraded_heartbeat(digest: str, cause: Exception) -> tuple[int, bytes, list]
     answer = {
         "degraded": True,
         "detail": "The database is unreachable: lease renewed, nothing else changed.",
-        "lease_s": lease.lease_s(),
+        **lease.grant(),
         "heartbeat_interval_s": trusted.heartbeat_interval_s,
     }
     return 200, json.dumps(answer).encode(), []

@@ -215,7 +215,7 @@ def desired_state(
         "power_caps_w": caps,
         "heartbeat_interval_s": heartbeat_interval_s,
         # The agent counts it from when it sent the heartbeat this answers (lease.py).
-        "lease_s": lease.lease_s(),
+        **lease.grant(),
     }
 
 

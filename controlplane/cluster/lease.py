@@ -44,6 +44,12 @@ def lease_s() -> float:
     return float(settings.NODE_LEASE_S)
 
 
+def grant() -> dict[str, float]:
+    """What every answer tells the agent: its lease, and how long before its end the node's
+    fence must have stopped every attempt (docs/agent-protocol.md, "Leases")."""
+    return {"lease_s": lease_s(), "fence_margin_s": float(settings.NODE_FENCE_MARGIN_S)}
+
+
 def lost_after() -> dt.timedelta:
     """Silence after which a node's attempts are declared lost: its lease, and the margin."""
     return dt.timedelta(seconds=lease_s() + float(settings.NODE_LEASE_MARGIN_S))

@@ -199,7 +199,11 @@ class TinyControlPlane:
             self.lock.notify_all()
             lease = {} if self.lease_s is None else {"lease_s": self.lease_s}
             if self.degraded:
-                return {"degraded": True, "heartbeat_interval_s": self.heartbeat_interval_s, **lease}
+                return {
+                    "degraded": True,
+                    "heartbeat_interval_s": self.heartbeat_interval_s,
+                    **lease,
+                }
             return {
                 "attempts": list(self.desired_attempts),
                 "power_caps_w": dict(self.power_caps_w),

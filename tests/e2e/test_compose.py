@@ -31,9 +31,26 @@ def compose_config(*args: str, env: dict | None = None) -> dict:
 @needs_compose
 def test_docker_compose_config_accepts_the_file_as_it_is():
     services = compose_config()["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "web", "worker", "beat", "agent"}
-    # The agent belongs on GPU hosts: `up` on the control-plane host leaves it out.
-    assert services["agent"]["profiles"] == ["agent"]
+    assert set(services) == {
+        "postgres", "redis", "migrate", "web", "worker", "beat", "agent", "fence"
+    }  # fmt: skip
+    # The agent and its fence belong on GPU hosts: `up` on the control-plane host leaves them out.
+    assert services["agent"]["profiles"] == services["fence"]["profiles"] == ["agent"]
+
+
+@needs_compose
+def test_the_fence_guards_the_agents_state_and_engine_from_a_container_of_its_own():
+    services = compose_config("--profile", "agent")["services"]
+    agent, fence = services["agent"], services["fence"]
+    assert fence["command"] == ["python", "-m", "agents.fence", "--stay"]
+    assert fence["restart"] == "unless-stopped"
+    for key in ("GPUCP_RUNTIME", "GPUCP_DOCKER_URL", "GPUCP_STATE_DIR", "GPUCP_NODE_NAME"):
+        assert fence["environment"][key] == agent["environment"][key], key
+
+    def mounts(service):
+        return {v.split(":")[1] if isinstance(v, str) else v["target"] for v in service["volumes"]}
+
+    assert mounts(fence) == mounts(agent) == {"/var/run/docker.sock", "/var/lib/gpucp-agent"}
 
 
 @needs_compose

@@ -26,11 +26,13 @@ def lease(settings):
     return 130.0
 
 
-def test_every_answer_grants_the_lease_the_sweep_counts_with(agent, node01, lease):
+def test_every_answer_grants_the_lease_the_sweep_counts_with(agent, node01, lease, settings):
     node, token = node01
-    assert agent.heartbeat(token, readings(node))["lease_s"] == 120.0
+    settings.NODE_FENCE_MARGIN_S = 6.0
+    answer = agent.heartbeat(token, readings(node))
+    assert (answer["lease_s"], answer["fence_margin_s"]) == (120.0, 6.0)
     response = agent.post("register", _inventory("node-02"), agent.join_token)
-    assert response.json()["lease_s"] == 120.0
+    assert (response.json()["lease_s"], response.json()["fence_margin_s"]) == (120.0, 6.0)
 
 
 def _inventory(name):
