@@ -73,3 +73,26 @@ def test_cancel_kills_the_running_job(cluster):
     # Told through the watch, not found at a periodic heartbeat minutes later.
     assert time.monotonic() - started < 60
     assert job["attempts"][0]["gpus"][0]["active"] is False
+
+
+def test_a_submit_retried_with_the_same_idempotency_key_runs_one_job(cluster):
+    """A client that lost the answer to its POST sends it again: one job, run once."""
+    import requests
+
+    cluster.start_agent("e2e-a")
+    body = {"image": "localhost/busybox:latest", "command": ["sh", "-c", "echo once"], "gpus": 1}
+    headers = {**cluster._headers(), "Idempotency-Key": "e2e-retry-1"}
+    answers = [
+        requests.post(f"{cluster.api}/jobs/", json=body, headers=headers, timeout=30)
+        for _ in range(3)
+    ]
+
+    assert [a.status_code for a in answers] == [201, 201, 201]
+    assert len({a.json()["id"] for a in answers}) == 1
+    assert [a.headers.get("Idempotent-Replayed") for a in answers] == [None, "true", "true"]
+    job = cluster.wait_for_state(answers[0].json()["id"], "SUCCEEDED", "FAILED")
+    assert len(job["attempts"]) == 1
+    mine = requests.get(
+        f"{cluster.api}/jobs/", params={"limit": 100}, headers=cluster._headers(), timeout=30
+    ).json()["results"]
+    assert len(mine) == 1
