@@ -18,11 +18,19 @@ from collections.abc import Callable
 from functools import wraps
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    transaction,
+)
 from django.db.models import F, Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
 
 from controlplane.cluster import heartbeat as hb_logic
 from controlplane.cluster import lease
@@ -475,17 +483,25 @@ def answer_heartbeat_request(
     try:
         digest = node_token_digest(authorization)
         report = parse_heartbeat(parse_body(body))
-        try:
-            read = hb_logic.read_node(digest)
-            if read is None:
-                raise AgentAuthError("Invalid node token.")
-            return 200, hb_logic.answer_heartbeat(read, report), []
-        except (OperationalError, InterfaceError) as exc:
-            if not database_unreachable(exc):
-                raise
-            # PostgreSQL is out of reach (down, restarting, failing over): keep the node's
-            # lease if that can be recorded elsewhere, so that our outage stops no job.
-            return degraded_heartbeat(digest, exc)
+        for first_try in (True, False):
+            try:
+                read = hb_logic.read_node(digest)
+                if read is None:
+                    raise AgentAuthError("Invalid node token.")
+                return 200, hb_logic.answer_heartbeat(read, report), []
+            except (OperationalError, InterfaceError) as exc:
+                if not database_unreachable(exc):
+                    raise
+                if first_try and not connection.in_atomic_block:
+                    # Most often a kept connection that PostgreSQL dropped when it restarted:
+                    # once more on a fresh one. Repeating a heartbeat is harmless (every write
+                    # it makes is guarded by the state it expects).
+                    connection.close()
+                    continue
+                # PostgreSQL is out of reach (down, restarting, failing over): keep the node's
+                # lease if that can be recorded elsewhere, so that our outage stops no job.
+                return degraded_heartbeat(digest, exc)
+        raise AssertionError("unreachable")
     except AgentAuthError as exc:
         return (
             401,
@@ -618,12 +634,31 @@ def wait_for_change(node: Node, timeout_s: float) -> bool:
                 if pubsub.get_message(timeout=min(remaining, 1.0)) is not None:
                     return True
             return False
+        except (RedisError, OSError, ValueError) as exc:
+            # Redis went away (or its connection broke under us): look again once a second
+            # for what is left of the timeout instead of failing a request that only waits.
+            log.warning("watch of %s falls back to polling: %s", node.name, exc)
+            return _poll_for_change(node, deadline)
         finally:
-            pubsub.close()
+            try:
+                pubsub.close()
+            except (RedisError, OSError, ValueError):
+                pass
     seen = notify.node_version(node.name)
     if _differs_from_last_answer(node):
         return True
     return notify.wait_for_node_change(node.name, seen, timeout_s)
+
+
+def _poll_for_change(node: Node, deadline: float) -> bool:
+    while (remaining := deadline - time.monotonic()) > 0:
+        time.sleep(min(remaining, 1.0))
+        try:
+            if _differs_from_last_answer(node):
+                return True
+        except (DatabaseError, RedisError, OSError):
+            return False  # the agent's periodic heartbeat carries on regardless
+    return False
 
 
 def _differs_from_last_answer(node: Node) -> bool:

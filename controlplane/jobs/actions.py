@@ -677,20 +677,13 @@ def record_late_exit(
     outcome = JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED
     kind = "succeeded" if exit_code == 0 else "failed"
     latest = job.attempt_count == locked.number
-    if job.state == JobState.PENDING and latest:
-        transition(
-            job,
-            outcome,
-            reason=story,
-            kind=kind,
-            exit_code=exit_code,
-            late_report=True,
-            finished_at=ended_at,
-        )
-    elif job.state == JobState.ADMITTED and not latest:
+    if job.state in (JobState.PENDING, JobState.ADMITTED):
+        # Requeued for the loss, and no copy has started: the job is done. An admitted copy
+        # is withdrawn (its agent may be starting it: it is told to stop, and its GPUs free
+        # when the agent confirms, as for any stop).
         copies = list(
             JobAttempt.objects.filter(
-                job=job, number__gt=locked.number, state=AttemptState.ADMITTED
+                job=job, number__gt=locked.number, state__in=ACTIVE_ATTEMPT_STATES
             )
         )
         for copy in copies:
