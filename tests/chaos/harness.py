@@ -554,6 +554,9 @@ class Deployment:
                 shutil.which("redis-server") or "redis-server",
                 "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(self.run_dir), "--protected-mode", "no",
+                # Redis rewrites its title over its environment, where the run's marker is:
+                # without this, teardown cannot find it, and it outlives the run.
+                "--set-proc-title", "no",
             ],
         )  # fmt: skip
         web = Proc(
@@ -827,6 +830,11 @@ class Deployment:
         self._torn_down = True
         self._stop.set()
         needle = f"{RUN_MARKER}={self.run_id}"
+        # The processes this harness started itself, first: their marker is the second line.
+        for component in self.components.values():
+            if isinstance(component, Proc) and component.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(component.proc.pid, signal.SIGKILL)
         for _ in range(30):
             pids = processes_with_env(needle)
             if not pids:
