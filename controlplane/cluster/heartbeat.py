@@ -603,36 +603,22 @@ def _apply_report(
             if r.stop_cause == FENCED
             else f"the agent on {node.name} stopped it: it was not in its desired state"
         )
-        actions.finish_attempt(
-            attempt,
-            exit_code=r.exit_code,
-            finished_at=finished_at,
-            energy_j=r.energy_j,
-            energy_estimated=r.energy_estimated,
-            lost=True,
-            never_started=r.state == FAILED_TO_START,
-            reported=True,
-            message=why[0].upper() + why[1:],
-        )
+        lost, message = True, why[0].upper() + why[1:]
     elif r.state == EXITED:
-        actions.finish_attempt(
-            attempt,
-            exit_code=r.exit_code,
-            finished_at=finished_at,
-            energy_j=r.energy_j,
-            energy_estimated=r.energy_estimated,
-            reported=True,
-        )
+        lost, message = False, ""
     else:
-        actions.finish_attempt(
-            attempt,
-            exit_code=None,
-            finished_at=finished_at,
-            energy_j=r.energy_j,
-            energy_estimated=r.energy_estimated,
-            reported=True,
-            message=f"Failed to start on {node.name}: {r.message or 'no reason given'}",
-        )
+        lost, message = False, f"Failed to start on {node.name}: {r.message or 'no reason given'}"
+    actions.finish_attempt(
+        attempt,
+        exit_code=r.exit_code if r.state == EXITED else None,
+        finished_at=finished_at,
+        energy_j=r.energy_j,
+        energy_estimated=r.energy_estimated,
+        lost=lost,
+        never_started=lost and r.state == FAILED_TO_START,
+        reported=True,
+        message=message,
+    )
     w.state = AttemptState.FAILED  # no longer active: left out of the answer
 
 

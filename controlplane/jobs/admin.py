@@ -19,6 +19,19 @@ class ReadOnlyInline(admin.TabularInline):
         return False
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """History, written only through the actions: admins look, never add, edit or delete."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class JobAttemptInline(ReadOnlyInline):
     model = JobAttempt
     fields = ["number", "node", "state", "borrowed", "started_at", "finished_at", "exit_code"]
@@ -33,7 +46,7 @@ class JobEventInline(ReadOnlyInline):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "name",
@@ -50,17 +63,8 @@ class JobAdmin(admin.ModelAdmin):
     list_select_related = ["tenant", "submitted_by"]
     date_hierarchy = "submitted_at"
     inlines = [JobAttemptInline, JobEventInline]
-    actions = ["cancel"]
-
     # Jobs are submitted through the API or the web form, which validate them; history is kept.
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    actions = ["cancel"]
 
     @admin.action(description="Cancel the selected jobs")
     def cancel(self, request, queryset):
@@ -84,7 +88,7 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(admin.ModelAdmin):
+class JobAttemptAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "job",
@@ -100,18 +104,9 @@ class JobAttemptAdmin(admin.ModelAdmin):
     list_select_related = ["job", "node"]
     search_fields = ["job__name"]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(SubmitKey)
-class SubmitKeyAdmin(admin.ModelAdmin):
+class SubmitKeyAdmin(ReadOnlyAdmin):
     """Idempotency-Keys of submits, to answer "did my retry make a second job?"."""
 
     list_display = ["id", "user", "key", "job", "created_at"]
@@ -121,11 +116,3 @@ class SubmitKeyAdmin(admin.ModelAdmin):
     raw_id_fields = ["job"]
 
     # Written only by a submit, in the job's transaction; deleted by the expiry task.
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

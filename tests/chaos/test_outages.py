@@ -17,6 +17,7 @@ from tests.chaos.harness import Deployment, Timings
 from tests.chaos.invariants import read_ledger
 from tests.chaos.scenario import LEDGER_JOB, Api, HttpLog, provision_tenant
 from tests.chaos.test_chaos_short import _missing_prerequisite
+from tests.e2e.conftest import wait_until as wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -43,17 +44,6 @@ def deployment(tmp_path):
 
 def ledger_job(ledger: Path, duration_s: float, exit_code: int) -> list[str]:
     return [sys.executable, "-I", str(LEDGER_JOB), str(ledger), str(duration_s), str(exit_code)]
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(1.0)
 
 
 def test_a_database_outage_longer_than_the_lost_node_threshold_loses_nothing(deployment, tmp_path):
