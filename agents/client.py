@@ -146,9 +146,14 @@ class ControlPlaneClient:
                 url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
             )
         except requests.RequestException as exc:
+            self._drop_connection()
             raise ControlPlaneUnavailable(f"{url}: {exc}") from exc
         status = response.status_code
         if status >= 500 or status == 429:
+            if status != 429:
+                # The next try on a new connection: behind a load balancer, or among a
+                # server's worker processes, it may reach one that can answer.
+                self._drop_connection()
             raise ControlPlaneUnavailable(f"{url}: HTTP {status}", status)
         if status in (401, 403):
             raise Unauthorized(f"{url}: HTTP {status} {response.text[:200]}", status)
@@ -190,6 +195,12 @@ class ControlPlaneClient:
             self.timeout_s,
         )
         return int(answer["next_offset"])
+
+    def _drop_connection(self) -> None:
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+            self._local.session = None
 
     def close(self) -> None:
         """Close this thread's connection."""

@@ -134,6 +134,7 @@ def consume_join_token(raw: str | None) -> JoinToken:
 def rotate_node_token(node: Node) -> str:
     """Give the node a fresh token; the previous one stops working at once."""
     raw = new_raw_token(NODE_TOKEN_PREFIX)
+    _forget_current_token(node)
     Node.objects.filter(pk=node.pk).update(token_hash=hash_token(raw), token_prefix=raw[:12])
     node.token_hash = hash_token(raw)
     node.token_prefix = raw[:12]
@@ -142,6 +143,16 @@ def rotate_node_token(node: Node) -> str:
 
 def revoke_node_token(node: Node) -> None:
     """Cut a node off (a stolen token, a decommissioned host): it must register again."""
+    _forget_current_token(node)
     Node.objects.filter(pk=node.pk).update(token_hash=None, token_prefix="")
     node.token_hash = None
     node.token_prefix = ""
+
+
+def _forget_current_token(node: Node) -> None:
+    """The token the node holds now stops being trusted anywhere once this change commits, even
+    by a web process answering heartbeats while the database is out of reach."""
+    from controlplane.cluster import lease
+
+    current = Node.objects.filter(pk=node.pk).values_list("token_hash", flat=True).first()
+    lease.forget_token_on_commit(current)

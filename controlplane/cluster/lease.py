@@ -18,6 +18,7 @@ What this module adds to "the last heartbeat was long ago":
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -165,6 +166,16 @@ def degraded_renewals(node_ids: Iterable[int] | None) -> dict[int, dt.datetime]:
 
 
 # --- node tokens a web process may trust while PostgreSQL is out of reach ----------------------
+#
+# A token is trusted when a web process found it on its node's row recently. Each process keeps
+# what it checked itself, and shares it through Redis (a key per token hash, expiring after
+# DEGRADED_TOKEN_TRUST_S) so that a web process started during an outage, or one an agent's
+# kept-alive connection happens to reach, can renew too. A rotated or revoked token's key is
+# deleted when the change commits.
+
+TRUSTED_TOKEN_KEY = "gpucp:trusted-node-token:"
+# A process shares a token again at most this often (the key's expiry is far longer).
+TOKEN_SHARE_EVERY_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,23 +192,78 @@ _trusted: dict[str, TrustedNode] = {}
 
 def remember_checked_token(digest: str, node_id: int, name: str, interval_s: float) -> None:
     """This process just found this token hash on this node's row in PostgreSQL."""
-    entry = TrustedNode(node_id, name, interval_s, time.monotonic())
+    now = time.monotonic()
+    entry = TrustedNode(node_id, name, interval_s, now)
     with _trusted_lock:
+        previous = _trusted.get(digest)
         _trusted[digest] = entry
+    shared = previous is not None and now - previous.checked_at_monotonic < TOKEN_SHARE_EVERY_S
+    if settings.REDIS_URL and not (shared and previous.node_id == node_id):
+        _share(digest, entry)
 
 
-def forget_token(digest: str) -> None:
+def _share(digest: str, entry: TrustedNode) -> None:
+    from controlplane.cluster import telemetry
+
+    value = json.dumps([entry.node_id, entry.name, entry.heartbeat_interval_s])
+    ttl_s = int(settings.DEGRADED_TOKEN_TRUST_S)
+    if telemetry.flush_interval_s() > 0:
+        telemetry.buffer.add_answer(TRUSTED_TOKEN_KEY + digest, value, ttl_s)
+    else:
+        telemetry.write_answers({TRUSTED_TOKEN_KEY + digest: (value, ttl_s)})
+
+
+def forget_token(digest: str | None) -> None:
     """PostgreSQL no longer knows this token (rotated, revoked): never trust it again."""
+    if not digest:
+        return
+    with _trusted_lock:
+        known = _trusted.pop(digest, None)
+    if settings.REDIS_URL and known is not None:
+        _unshare(digest)
+
+
+def _unshare(digest: str) -> None:
+    from controlplane.redis_client import get_redis
+
+    try:
+        get_redis().delete(TRUSTED_TOKEN_KEY + digest)
+    except Exception:
+        log.warning("could not withdraw a node token's trust from Redis", exc_info=True)
+
+
+def forget_token_on_commit(digest: str | None) -> None:
+    """A node's token changes in this transaction: its old one loses all trust once it commits."""
+    if digest:
+        transaction.on_commit(lambda: _forget_everywhere(digest))
+
+
+def _forget_everywhere(digest: str) -> None:
     with _trusted_lock:
         _trusted.pop(digest, None)
+    if settings.REDIS_URL:
+        _unshare(digest)
 
 
 def trusted_node(digest: str) -> TrustedNode | None:
-    """The node this process last saw holding this token, if it saw it recently enough."""
+    """The node holding this token as this process, or another through Redis, last checked it
+    against PostgreSQL within DEGRADED_TOKEN_TRUST_S; None when nobody did."""
     with _trusted_lock:
         entry = _trusted.get(digest)
-    if entry is None:
+    if entry is not None:
+        if time.monotonic() - entry.checked_at_monotonic <= settings.DEGRADED_TOKEN_TRUST_S:
+            return entry
         return None
-    if time.monotonic() - entry.checked_at_monotonic > settings.DEGRADED_TOKEN_TRUST_S:
+    if not settings.REDIS_URL:
         return None
-    return entry
+    from controlplane.redis_client import get_redis
+
+    try:
+        raw = get_redis().get(TRUSTED_TOKEN_KEY + digest)
+    except Exception:
+        return None
+    if raw is None:
+        return None
+    node_id, name, interval_s = json.loads(raw)
+    # Shared at most TOKEN_SHARE_EVERY_S ago, and the key expires with the trust.
+    return TrustedNode(int(node_id), str(name), float(interval_s), time.monotonic())

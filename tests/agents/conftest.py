@@ -64,6 +64,7 @@ class TinyControlPlane:
         self.desired_attempts: list[dict] = []
         self.power_caps_w: dict[str, float] = {}
         self.heartbeat_interval_s = 60.0
+        self.connections_opened = 0
         self.lease_s: float | None = None  # granted in every answer when set
         self.degraded = False  # answer like a control plane whose database is out of reach
         self.logs: dict[int, bytes] = {}
@@ -116,6 +117,7 @@ class TinyControlPlane:
                 super().setup()
                 with cp.lock:
                     cp._connections.add(self.connection)
+                    cp.connections_opened += 1
 
             def finish(self) -> None:
                 with cp.lock:

@@ -67,6 +67,26 @@ def test_an_unreachable_control_plane_is_unavailable_not_a_crash(control_plane, 
         client.watch(0.1)
 
 
+def test_after_a_server_error_the_next_call_goes_out_on_a_new_connection(control_plane, state_dir):
+    """Kept alive, every call would reach the same server process, even one that cannot answer
+    (a web worker started during a database outage): a new connection may reach another."""
+    client = ControlPlaneClient(
+        control_plane.url, state_dir=state_dir, join_token=control_plane.JOIN_TOKEN
+    )
+    client.register(registration())
+    client.send_logs(1, 0, "a")
+    kept = control_plane.connections_opened
+    client.send_logs(1, 1, "b")
+    assert control_plane.connections_opened == kept  # kept alive while all is well
+
+    control_plane.fail_next_log_posts = 1
+    with pytest.raises(ControlPlaneUnavailable):
+        client.send_logs(1, 2, "c")
+    client.send_logs(1, 2, "c")
+
+    assert control_plane.connections_opened == kept + 1
+
+
 def test_server_errors_are_retryable_and_client_errors_are_not(control_plane, state_dir):
     client = ControlPlaneClient(
         control_plane.url, state_dir=state_dir, join_token=control_plane.JOIN_TOKEN

@@ -90,6 +90,45 @@ def test_while_the_database_is_out_of_reach_an_unknown_token_gets_no_lease(
     assert leases.degraded_renewals([node.pk]) == {}
 
 
+def test_a_token_another_web_process_checked_is_trusted_through_redis(
+    agent, node01, monkeypatch, settings, lease
+):
+    """A web process started during the outage (or the one an agent's kept-alive connection
+    reaches) never saw the token itself: the others shared it."""
+    if not settings.REDIS_URL:
+        pytest.skip("needs Redis (REDIS_URL)")
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    with leases._trusted_lock:
+        leases._trusted.clear()  # this process is a new one
+    database_down(monkeypatch)
+
+    response = agent.post("heartbeat", agent.heartbeat_body(readings(node)), token)
+
+    assert response.status_code == 200 and response.json()["degraded"] is True
+    assert node.pk in leases.degraded_renewals([node.pk])
+
+
+def test_a_rotated_token_loses_its_trust_everywhere(
+    agent, node01, monkeypatch, settings, lease, django_capture_on_commit_callbacks
+):
+    if not settings.REDIS_URL:
+        pytest.skip("needs Redis (REDIS_URL)")
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    with django_capture_on_commit_callbacks(execute=True):
+        agent.rejoin("node-01")  # a new node token; the old one must not renew anything
+    database_down(monkeypatch)
+
+    response = agent.post("heartbeat", agent.heartbeat_body(readings(node)), token)
+
+    assert response.status_code == 503
+    digest = node_token_digest(f"Bearer {token}")
+    from controlplane.redis_client import get_redis
+
+    assert get_redis().get(leases.TRUSTED_TOKEN_KEY + digest) is None
+
+
 def test_a_token_refused_by_the_database_is_never_trusted_again_when_it_is_down(
     agent, node01, monkeypatch, lease
 ):
