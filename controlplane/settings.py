@@ -208,7 +208,7 @@ LIVENESS_SWEEP_GAP_S = env_float(
 LIVENESS_DEAF_AFTER_S = NODE_NOT_READY_AFTER_INTERVALS * AGENT_HEARTBEAT_INTERVAL_S
 # A web process answers heartbeats from its cache only while the liveness it buffers reaches
 # the database within this (else it writes each one in the request): the lease margin covers it.
-LIVENESS_BACKLOG_MAX_S = min(3.0, NODE_LEASE_MARGIN_S / 2)
+LIVENESS_BACKLOG_MAX_S = env_float("LIVENESS_BACKLOG_MAX_S", min(3.0, NODE_LEASE_MARGIN_S / 2))
 if NODE_LEASE_S < 4 * AGENT_HEARTBEAT_INTERVAL_S:
     # A lease of a few heartbeats would fence healthy nodes on one slow answer.
     raise ImproperlyConfigured("NODE_LEASE_S must be at least 4 heartbeat intervals")
