@@ -29,7 +29,7 @@ from controlplane.cluster.api.node_state import set_node_state
 from controlplane.cluster.api.serializers import NODE_ACTION_STATES
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
 from controlplane.jobs import actions, validation
-from controlplane.jobs.logs import read_log
+from controlplane.jobs.logs import read_log, read_log_bytes
 from controlplane.jobs.models import ACTIVE_JOB_STATES, Job, JobState
 from controlplane.permissions import is_cluster_admin, require_role, tenant_roles, visible_tenants
 from controlplane.tenancy import actions as tenancy_actions
@@ -431,10 +431,11 @@ def job_log(request, pk: int):
     )
     if attempt is None:
         raise Http404("This job has not started, so it has no output yet.")
-    text, _, truncated = read_log(attempt, None)
+    # The bytes as the program wrote them (NUL, invalid UTF-8 and all); pages show them escaped.
+    raw, _, truncated = read_log_bytes(attempt, None)
     if truncated:
-        text = "[earlier output left out: only the last 4 MiB are shown]\n" + text
-    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+        raw = b"[earlier output left out: only the last 4 MiB are shown]\n" + raw
+    response = HttpResponse(raw, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = (
         f'inline; filename="job-{job.pk}-attempt-{attempt.number}.log"'
     )

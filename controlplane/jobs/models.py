@@ -190,12 +190,30 @@ class JobEvent(models.Model):
         return f"{self.kind} {self.from_state}->{self.to_state}"
 
 
+class OutputBytesField(models.BinaryField):
+    """Bytes (bytea): a program's output is bytes, and text columns refuse some (NUL) or would
+    need them decoded. Accepts str too, as UTF-8; always reads back as bytes."""
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        if isinstance(value, str):
+            value = value.encode()
+        return super().get_db_prep_value(value, connection, prepared)
+
+    def from_db_value(self, value, expression, connection):
+        if isinstance(value, str):  # a row SQLite kept as text
+            return value.encode()
+        return None if value is None else bytes(value)
+
+
 class LogChunk(models.Model):
-    """A piece of an attempt's output, keyed by byte offset so a resent chunk is stored once."""
+    """A piece of an attempt's output, keyed by byte offset so a resent chunk is stored once.
+
+    `data` holds the bytes exactly as the program wrote them (controlplane.jobs.logs decides
+    how they are shown)."""
 
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="log_chunks")
     offset = models.PositiveBigIntegerField()
-    data = models.TextField()
+    data = OutputBytesField()
     received_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -12,7 +12,8 @@ def attempt(node01, make_job, vision, alice, admit):
 
 
 def output(attempt) -> str:
-    return "".join(LogChunk.objects.filter(attempt=attempt).values_list("data", flat=True))
+    chunks = LogChunk.objects.filter(attempt=attempt).values_list("data", flat=True)
+    return b"".join(chunks).decode()
 
 
 def ship(agent, token, attempt, offset, data):
