@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -45,6 +46,54 @@ ALLOWED_HOSTS = [
 ]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
+# Transport security (docs/deployment.md). Production is served over HTTPS by a TLS proxy in
+# front of gunicorn: cookies never travel in clear text, browsers remember to use HTTPS (HSTS),
+# and a request that reached the app over plain HTTP is redirected. Each can be turned off by
+# its variable, which `manage.py check --deploy` then reports.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", PRODUCTION)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", PRODUCTION)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
+SECURE_HSTS_SECONDS = int(
+    os.environ.get("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if PRODUCTION else 0)
+)
+# A domain whose subdomains still serve plain HTTP must not include them (nor preload).
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", PRODUCTION)
+
+
+def proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """The header in Django's form: 'X-Forwarded-Proto: https' -> ('HTTP_X_FORWARDED_PROTO',
+    'https'); a name alone expects "https"; empty means no proxy is trusted."""
+    if not value.strip():
+        return None
+    name, _, expected = value.partition(":")
+    return "HTTP_" + name.strip().upper().replace("-", "_"), expected.strip() or "https"
+
+
+# Which request header says the client spoke HTTPS to the TLS proxy. Only safe when that proxy
+# always sets (or strips) it: a client reaching gunicorn directly could otherwise claim HTTPS.
+# Hence no default: the operator names the header their proxy sets.
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(os.environ.get("SECURE_PROXY_SSL_HEADER", ""))
+
+# Content-Security-Policy, in every mode. Pages load only this site's own files: no inline
+# <script> or <style>, no eval (htmx runs with allowEval off, see frontend/base.html) and no CDN
+# (Swagger UI comes from drf_spectacular_sidecar). Inline style *attributes* stay allowed: the
+# usage and budget bars are sized by them, and a style attribute cannot run script.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "style-src-attr": [UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -55,6 +104,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    # Swagger UI's files served by us, not a CDN: the Content-Security-Policy allows only 'self'.
+    "drf_spectacular_sidecar",
+    "csp",
     "django_htmx",
     "controlplane.tenancy",
     "controlplane.cluster",
@@ -66,6 +118,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # In every mode, so the tests and `make run` exercise the policy production serves.
+    "csp.middleware.CSPMiddleware",
     # gunicorn serves no files: WhiteNoise answers /static/ from STATIC_ROOT (collectstatic).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -165,6 +219,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Tenants, quotas, budgets, nodes, GPUs and jobs of a multi-tenant GPU cluster.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Served from our own static files (drf_spectacular_sidecar): the CSP allows no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     # Several models have a field named "state" with different choices; name each set.
     "ENUM_NAME_OVERRIDES": {

@@ -528,6 +528,9 @@ class Deployment:
             "REDIS_URL": self.redis_url,
             "CELERY_QUEUE": self.queue,
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            # Plain HTTP on loopback with no TLS proxy in front: production's redirect to HTTPS
+            # would answer every agent and client with a 301.
+            "SECURE_SSL_REDIRECT": "0",
             "SCHEDULER_EMBEDDED": "0",
             "LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",

@@ -196,7 +196,7 @@ def test_a_running_job_page_shows_node_gpus_caps_usage_log_and_charts(client, al
     assert html.count('class="line series-0"') == 2
     assert 'class="line series-cap dashed"' in html
     assert "GPU 0 latest 90 %" in html  # the chart's text alternative: the last bucket
-    assert 'hx-trigger="every 3s [' in html
+    assert 'hx-trigger="every 3s" data-pause-while-focused' in html
 
 
 def test_the_job_chart_covers_only_the_attempts_own_gpus_and_time(client, alice, running_job, node):

@@ -18,3 +18,12 @@ function revealCopyButtons(root) {
 }
 document.addEventListener("DOMContentLoaded", function () { revealCopyButtons(document); });
 document.addEventListener("htmx:afterSettle", function (event) { revealCopyButtons(event.target); });
+// Live regions poll (hx-trigger="every Ns"); one marked data-pause-while-focused skips its poll
+// while focus is inside it, so a swap never takes away what the reader is on. Here rather than
+// an hx-trigger condition: those are evaluated code, which the Content-Security-Policy forbids.
+document.addEventListener("htmx:beforeRequest", function (event) {
+  const region = event.detail.elt;
+  if (region.hasAttribute("data-pause-while-focused") && region.contains(document.activeElement)) {
+    event.preventDefault();
+  }
+});
