@@ -8,6 +8,7 @@ from controlplane.jobs.api.views import JobViewSet
 from controlplane.tenancy.api.views import (
     ApiTokenViewSet,
     BudgetViewSet,
+    InvitationViewSet,
     MembershipViewSet,
     QuotaViewSet,
     TenantViewSet,
@@ -16,6 +17,7 @@ from controlplane.tenancy.api.views import (
 router = DefaultRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("memberships", MembershipViewSet, basename="membership")
+router.register("invitations", InvitationViewSet, basename="invitation")
 router.register("quotas", QuotaViewSet, basename="quota")
 router.register("budgets", BudgetViewSet, basename="budget")
 router.register("pools", PoolViewSet, basename="pool")

@@ -108,6 +108,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "csp",
     "django_htmx",
+    "axes",
     "controlplane.tenancy",
     "controlplane.cluster",
     "controlplane.jobs",
@@ -129,6 +130,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: turns a sign-in refused for too many failures into the sign-in page saying so.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -170,9 +173,65 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# --- sign-in, passwords, API tokens and request rates -------------------------------------------
+# Wherever a password is set (admin, createsuperuser, changepassword, the demo): Django's standard
+# validators, 12 characters at least.
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Sign-in lockout (django-axes) for the web sign-in form and the Django admin's: after
+# LOGIN_FAILURE_LIMIT wrong passwords for one username from one address, that pair is refused,
+# right password or not, until LOGIN_COOLOFF_S pass without another try. By username *and*
+# address: locking a username everywhere would let anyone lock a victim out from afar, and
+# locking an address would lock out a whole office behind one NAT. Failures are rows in the
+# database (AxesDatabaseHandler), so every web process sees them; a success clears them.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "10"))
+AXES_COOLOFF_TIME = env_float("LOGIN_COOLOFF_S", 900.0) / 3600  # axes reads a float as hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "controlplane.tenancy.throttling.client_ip"
+AXES_LOCKOUT_CALLABLE = "frontend.signin.locked_out"
+# Behind a reverse proxy, how many proxies append to X-Forwarded-For: the client's address for
+# lockouts and rates is the one the outermost of them saw. 0: REMOTE_ADDR (no proxy trusted).
+NUM_PROXIES = int(os.environ.get("NUM_PROXIES", "0"))
+
+# No API token lives longer than this (days), whoever issues it and however; lowering it also
+# shortens tokens issued before. Join tokens have their own, shorter cap (30 days).
+API_TOKEN_MAX_LIFETIME_DAYS = int(os.environ.get("API_TOKEN_MAX_LIFETIME_DAYS", "90"))
+# How long a tenant admin's invitation may be accepted.
+INVITATION_TTL_DAYS = int(os.environ.get("INVITATION_TTL_DAYS", "14"))
+
+# The user API's request rates (controlplane/tenancy/throttling.py): per person, per address for
+# anonymous requests, and failed bearer-token checks per address. Counted in this cache: Redis when
+# there is one, so all web processes share the counts.
+API_THROTTLE_RATES = {
+    "user": os.environ.get("API_THROTTLE_USER_RATE", "1800/minute"),
+    "anon": os.environ.get("API_THROTTLE_ANON_RATE", "120/minute"),
+    "bearer_failure": os.environ.get("API_THROTTLE_BEARER_FAILURE_RATE", "30/minute"),
+}
+if os.environ.get("REDIS_URL"):
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["REDIS_URL"],
+            "KEY_PREFIX": "gpucp",
+            # A Redis that stopped answering costs a request half a second, not the socket's
+            # default wait: the rate limits then let requests through (throttling.py).
+            "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -212,6 +271,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "controlplane.tenancy.throttling.AnonThrottle",
+        "controlplane.tenancy.throttling.UserThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": API_THROTTLE_RATES,
 }
 
 SPECTACULAR_SETTINGS = {

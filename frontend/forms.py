@@ -359,7 +359,7 @@ class ApiTokenForm(SerializerForm):
         label="Expires at (UTC, optional)",
         required=False,
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-        help_text="Empty: never expires (revoke it when done).",
+        help_text="Empty: the longest allowed (API_TOKEN_MAX_LIFETIME_DAYS). Revoke it when done.",
     )
 
 

@@ -510,10 +510,9 @@ def tokens(request):
 @require_POST
 def token_revoke(request, pk: int):
     token = get_object_or_404(ApiToken, pk=pk, user=request.user)
-    changed = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
-    if changed:
+    if token.revoked_at is None:
+        # With every token minted from it (tenancy.actions.revoke_token).
+        tenancy_actions.revoke_token(token)
         messages.success(
             request, f"Token {token.name} ({token.prefix}…) revoked; it no longer works."
         )

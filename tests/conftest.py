@@ -4,6 +4,7 @@
 """
 
 import threading
+import uuid
 
 import pytest
 from django.db.backends.signals import connection_created
@@ -130,6 +131,14 @@ def make_job(db):
         return actions.submit_job(tenant=tenant, user=user, **defaults)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _own_request_rate_counts(settings):
+    # The user API's rate counts (controlplane/tenancy/throttling.py) live in the cache, Redis in
+    # the suite, and would outlast a test: every test counts under a key prefix of its own.
+    default = settings.CACHES["default"]
+    settings.CACHES = {**settings.CACHES, "default": {**default, "KEY_PREFIX": uuid.uuid4().hex}}
 
 
 @pytest.fixture(autouse=True)

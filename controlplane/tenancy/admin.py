@@ -1,9 +1,17 @@
 """Django admin for ops: tenants with their members, quotas and budgets; people's API tokens."""
 
 from django.contrib import admin, messages
-from django.utils import timezone
 
-from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Tenant, TenantEvent
+from controlplane.tenancy import actions
+from controlplane.tenancy.models import (
+    ApiToken,
+    Budget,
+    Invitation,
+    Membership,
+    Quota,
+    Tenant,
+    TenantEvent,
+)
 
 
 class MembershipInline(admin.TabularInline):
@@ -55,12 +63,17 @@ class BudgetAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    """Tokens are issued by their owners (API or web UI), who alone see the secret; ops revoke."""
+    """Tokens are issued by their owners (API or web UI), who alone see the secret; ops revoke.
+
+    Nothing else about a token can be changed here: a longer expiry or another scope would
+    undo the limits it was issued under (token_grant).
+    """
 
     list_display = [
         "prefix",
         "name",
         "user",
+        "scopes",
         "created_at",
         "expires_at",
         "last_used_at",
@@ -69,17 +82,44 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_filter = ["revoked_at"]
     search_fields = ["user__username", "name", "prefix"]
     list_select_related = ["user"]
-    readonly_fields = ["user", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = [
+        "user",
+        "name",
+        "prefix",
+        "scopes",
+        "parent",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     exclude = ["token_hash"]
     actions = ["revoke"]
 
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Revoke the selected tokens")
+    @admin.action(description="Revoke the selected tokens and those minted from them")
     def revoke(self, request, queryset):
-        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        revoked = sum(actions.revoke_token(token) for token in queryset)
         self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    """Read-only: invitations are made by tenant admins and accepted by their invitees (API,
+    web UI); cluster admins add people directly with a membership instead."""
+
+    list_display = ["invitee", "tenant", "role", "invited_by", "created_at", "expires_at", "state"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["invitee", "tenant__slug", "invited_by__username"]
+    list_select_related = ["tenant", "invited_by"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(TenantEvent)

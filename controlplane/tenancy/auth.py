@@ -1,9 +1,17 @@
-"""Bearer-token authentication for people's automation (not for agents: see cluster.agent_auth)."""
+"""Bearer-token authentication for people's automation (not for agents: see cluster.agent_auth).
+
+The token's scopes are enforced here, at the one place every user-API request passes with a
+token, so no view can forget them: a token without `write` may only use safe methods (GET, HEAD,
+OPTIONS) on every endpoint. Failed checks are counted per client address and answered 429 past
+the `bearer_failure` rate (controlplane.tenancy.throttling).
+"""
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
+from rest_framework.permissions import SAFE_METHODS
 
-from controlplane.tenancy.models import ApiToken, hash_token
+from controlplane.tenancy.models import ApiToken, TokenScope, hash_token
+from controlplane.tenancy.throttling import bearer_failures, client_ip
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -16,20 +24,35 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         parts = header.split()
         if len(parts) != 2 or parts[0] != self.keyword:
             return None
-        raw = parts[1]
-        if not raw.startswith("gcp_"):
-            # Node tokens (gcpn_) and anything else are not user credentials.
+        ip = client_ip(request)
+        if bearer_failures.over(bearer_failures.count(ip)):
+            raise exceptions.Throttled(
+                wait=bearer_failures.retry_after_s(),
+                detail="Too many invalid tokens from your address; try again later.",
+            )
+        token = self._token(parts[1])
+        if token is None or not token.is_usable or not token.user.is_active:
+            bearer_failures.add(ip)
+        if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
-        try:
-            token = ApiToken.objects.select_related("user").get(token_hash=hash_token(raw))
-        except ApiToken.DoesNotExist:
-            raise exceptions.AuthenticationFailed("Invalid token.") from None
         if not token.is_usable:
             raise exceptions.AuthenticationFailed("Token revoked or expired.")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("User inactive.")
+        if request.method not in SAFE_METHODS and not token.allows(TokenScope.WRITE):
+            raise exceptions.PermissionDenied(
+                f"This token may only read (scopes: {', '.join(token.scopes)}); "
+                "use a token with the write scope to change anything."
+            )
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
         return token.user, token
+
+    @staticmethod
+    def _token(raw: str) -> ApiToken | None:
+        if not raw.startswith("gcp_"):
+            # Node tokens (gcpn_), join tokens (gcpj_) and anything else are not user credentials.
+            return None
+        return ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw)).first()
 
     def authenticate_header(self, request):
         return self.keyword

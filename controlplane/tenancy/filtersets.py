@@ -1,8 +1,6 @@
 """Query filters of the tenancy endpoints. Tenants are named by slug, people by username."""
 
 import django_filters
-from django.db.models import Q
-from django.utils import timezone
 
 from controlplane.tenancy.models import (
     ApiToken,
@@ -14,6 +12,7 @@ from controlplane.tenancy.models import (
     Quota,
     Role,
     Tenant,
+    usable_token_q,
 )
 
 
@@ -67,6 +66,5 @@ class ApiTokenFilterSet(django_filters.FilterSet):
         fields = ["usable"]
 
     def filter_usable(self, queryset, name, value):
-        now = timezone.now()
-        usable = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        usable = usable_token_q()
         return queryset.filter(usable) if value else queryset.exclude(usable)

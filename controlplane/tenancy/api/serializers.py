@@ -14,16 +14,23 @@ from rest_framework import serializers
 
 from controlplane.accounting.budgets import period_bounds, usage_by_tenant
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
+from controlplane.tenancy import actions
 from controlplane.tenancy.models import (
+    INVITEE_RE,
     ApiToken,
     Budget,
     BudgetAction,
     BudgetKind,
     BudgetPeriod,
+    Invitation,
+    InvitationState,
     Membership,
     Quota,
     Role,
     Tenant,
+    TokenRequestRefused,
+    TokenScope,
+    token_grant,
 )
 
 MAX_TENANT_WEIGHT = 1000.0
@@ -96,6 +103,14 @@ class MembershipSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
                     {"user": [f"{user.username} is already a member of {tenant.slug}."]}
                 )
         return attrs
+
+    def create(self, validated_data):
+        return actions.add_member(
+            validated_data["tenant"],
+            validated_data["user"],
+            validated_data.get("role", Role.MEMBER),
+            actor=self.context["request"].user,
+        )
 
 
 class QuotaUsageSerializer(serializers.Serializer):
@@ -325,8 +340,36 @@ class BudgetSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
         return attrs
 
 
+def _token_of(request) -> ApiToken | None:
+    """The API token a request came with (None for a session)."""
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, ApiToken) else None
+
+
 class ApiTokenSerializer(serializers.ModelSerializer):
     usable = serializers.BooleanField(source="is_usable", read_only=True)
+    expires_at = serializers.DateTimeField(
+        required=False,
+        help_text=(
+            "When it stops working. At most API_TOKEN_MAX_LIFETIME_DAYS ahead, and, for a token "
+            "made with a token, no later than that token; left out, the latest allowed"
+        ),
+    )
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=TokenScope.choices),
+        required=False,
+        help_text=(
+            "What it may do: read (always), write (change anything its owner may), tokens "
+            "(issue and revoke tokens; needs write). Left out: read and write, as far as the "
+            "token it is made with holds them. Never more than that token"
+        ),
+    )
+    minted_with = serializers.PrimaryKeyRelatedField(
+        source="parent",
+        read_only=True,
+        help_text="The token it was made with (null: made while signed in); revoking that "
+        "token revokes this one",
+    )
 
     class Meta:
         model = ApiToken
@@ -334,26 +377,49 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             "id",
             "name",
             "prefix",
+            "scopes",
             "created_at",
             "expires_at",
             "last_used_at",
             "revoked_at",
             "usable",
+            "minted_with",
         ]
         read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
-        extra_kwargs = {"expires_at": {"help_text": "Leave out for a token that does not expire"}}
 
-    def validate_expires_at(self, value):
-        if value is not None and value <= timezone.now():
-            raise serializers.ValidationError("Must be in the future.")
-        return value
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        # What a client relies on is when it stops working, which a lowered maximum lifetime can
+        # make sooner than the expiry it was issued with.
+        data["expires_at"] = serializers.DateTimeField().to_representation(
+            instance.effective_expires_at
+        )
+        return data
+
+    def validate(self, attrs):
+        try:
+            expires_at, scopes = token_grant(
+                expires_at=attrs.get("expires_at"),
+                scopes=attrs.get("scopes"),
+                parent=_token_of(self.context["request"]),
+            )
+        except TokenRequestRefused as exc:
+            raise serializers.ValidationError(exc.errors) from None
+        return {**attrs, "expires_at": expires_at, "scopes": scopes}
 
     def create(self, validated_data):
-        token, raw = ApiToken.issue(
-            self.context["request"].user,
-            validated_data["name"],
-            expires_at=validated_data.get("expires_at"),
-        )
+        request = self.context["request"]
+        try:
+            token, raw = actions.issue_token(
+                request.user,
+                validated_data["name"],
+                expires_at=validated_data["expires_at"],
+                scopes=validated_data["scopes"],
+                using=_token_of(request),
+            )
+        except TokenRequestRefused as exc:
+            # The token it is made with was revoked since validate().
+            raise serializers.ValidationError(exc.errors) from None
         token.raw_token = raw
         return token
 
@@ -369,3 +435,54 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
     @extend_schema_field(OpenApiTypes.STR)
     def get_token(self, obj) -> str:
         return obj.raw_token
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    tenant = TenantSlugField()
+    invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    state = serializers.ChoiceField(choices=InvitationState.choices, read_only=True)
+
+    class Meta:
+        model = Invitation
+        fields = [
+            "id",
+            "tenant",
+            "invitee",
+            "role",
+            "state",
+            "invited_by",
+            "created_at",
+            "expires_at",
+            "accepted_at",
+        ]
+        read_only_fields = ["created_at", "expires_at", "accepted_at"]
+        extra_kwargs = {
+            "invitee": {
+                "help_text": "The username or e-mail address of the person invited, as they "
+                "sign in or as their account records it. Nothing tells whether it exists"
+            }
+        }
+
+    def validate_invitee(self, value: str) -> str:
+        value = value.strip()
+        if not INVITEE_RE.match(value):
+            raise serializers.ValidationError(
+                "A username or an e-mail address: letters, digits and @ . + - _ only."
+            )
+        return value
+
+    def validate(self, attrs):
+        tenant, invitee = attrs["tenant"], attrs["invitee"]
+        if Invitation.objects.open().filter(tenant=tenant, invitee=invitee).exists():
+            raise serializers.ValidationError(
+                {"invitee": [f"{tenant.slug} already has an open invitation for {invitee}."]}
+            )
+        return attrs
+
+    def create(self, validated_data):
+        return actions.invite(
+            validated_data["tenant"],
+            validated_data["invitee"],
+            validated_data.get("role", Role.MEMBER),
+            actor=self.context["request"].user,
+        )

@@ -1,9 +1,10 @@
 """Tenancy endpoints. Who may do what is declared here and enforced in controlplane.permissions."""
 
-from django.db.models import OuterRef, Subquery
-from django.utils import timezone
-from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import mixins
+from django.db.models import OuterRef, Q, Subquery
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, mixins, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
 
 from controlplane.permissions import (
     SIGNED_IN,
@@ -15,6 +16,7 @@ from controlplane.permissions import (
     ScopedDestroyMixin,
     ScopedViewSet,
     TenantScope,
+    is_cluster_admin,
 )
 from controlplane.tenancy import actions
 from controlplane.tenancy.api import schema  # noqa: F401  (registers the bearer scheme)
@@ -22,6 +24,7 @@ from controlplane.tenancy.api.serializers import (
     ApiTokenCreatedSerializer,
     ApiTokenSerializer,
     BudgetSerializer,
+    InvitationSerializer,
     MembershipSerializer,
     QuotaSerializer,
     TenantSerializer,
@@ -33,7 +36,16 @@ from controlplane.tenancy.filtersets import (
     QuotaFilterSet,
     TenantFilterSet,
 )
-from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Role, Tenant
+from controlplane.tenancy.models import (
+    ApiToken,
+    Budget,
+    Invitation,
+    Membership,
+    Quota,
+    Role,
+    Tenant,
+    TokenScope,
+)
 
 
 class TenantViewSet(
@@ -81,6 +93,14 @@ class MembershipViewSet(
     scope = TenantScope("tenant")
     read_need = Need(Role.VIEWER)
     write_need = Need(Role.ADMIN)
+
+    def tenant_for_create(self):
+        tenant = super().tenant_for_create()
+        # Refused before the body is validated, so "no such user" and "that user exists" cannot be
+        # told apart: tenant admins invite instead (InvitationViewSet).
+        if not is_cluster_admin(self.request.user):
+            raise exceptions.PermissionDenied(actions.DIRECT_ADD_REFUSED)
+        return tenant
 
     def perform_update(self, serializer):
         # Only the role may change after creation (tenant and user are fixed).
@@ -139,9 +159,17 @@ class BudgetViewSet(
     create=extend_schema(
         request=ApiTokenSerializer,
         responses={201: ApiTokenCreatedSerializer},
-        description="Issue a token. The secret is in this answer only; store it now.",
+        description=(
+            "Issue a token. The secret is in this answer only; store it now. With a token "
+            "(rather than signed in), that token needs the tokens scope, and the new one expires "
+            "no later than it and holds none of the scopes it lacks."
+        ),
     ),
-    destroy=extend_schema(description="Revoke the token; the row stays so its use can be audited."),
+    destroy=extend_schema(
+        description="Revoke the token and every token made with it (transitively); the rows "
+        "stay so their use can be audited. With a token, that token needs the tokens scope "
+        "unless it revokes itself."
+    ),
 )
 class ApiTokenViewSet(
     ScopedCreateMixin,
@@ -160,10 +188,117 @@ class ApiTokenViewSet(
     read_need = Need(SIGNED_IN)
     write_need = Need(SIGNED_IN)
 
+    def _require_tokens_scope(self, target: ApiToken | None = None) -> None:
+        using = self.request.auth
+        if not isinstance(using, ApiToken) or using.allows(TokenScope.TOKENS):
+            return
+        if target is not None and target.pk == using.pk:
+            return  # a token may always retire itself
+        raise exceptions.PermissionDenied(
+            "This token may not issue or revoke tokens (it lacks the tokens scope); "
+            "sign in, or use a token that has it."
+        )
+
+    def create(self, request, *args, **kwargs):
+        self._require_tokens_scope()
+        return super().create(request, *args, **kwargs)
+
     def created_representation(self, serializer, instance):
         return ApiTokenCreatedSerializer(instance, context=self.get_serializer_context()).data
 
     def perform_destroy(self, instance):
-        ApiToken.objects.filter(pk=instance.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
+        self._require_tokens_scope(instance)
+        actions.revoke_token(instance)
+
+
+class InvitationScope(TenantScope):
+    """A tenant's invitations, as its members see them, and those addressed to you."""
+
+    def filter(self, queryset, user):
+        if is_cluster_admin(user) or not user.is_authenticated:
+            return super().filter(queryset, user)
+        mine = Membership.objects.filter(user=user).values("tenant_id")
+        return queryset.filter(Q(tenant__in=mine) | Invitation.addressed_to_q(user))
+
+
+@extend_schema_view(
+    create=extend_schema(
+        description="Invite a person, named by username or e-mail address, to a tenant you are "
+        "admin of. The answer is the same whether or not such a person exists."
+    ),
+    destroy=extend_schema(
+        description="Withdraw an open invitation (tenant admins), or decline it (its invitee). "
+        "The row stays, withdrawn."
+    ),
+    accept=extend_schema(
+        request=None,
+        responses={
+            201: MembershipSerializer,
+            403: OpenApiResponse(description="Addressed to someone else"),
+            409: OpenApiResponse(description="Accepted, withdrawn or expired; or already a member"),
+        },
+        description="Accept an invitation addressed to you: you join its tenant in its role.",
+    ),
+    decline=extend_schema(
+        request=None,
+        responses={200: InvitationSerializer, 409: OpenApiResponse(description="Not open")},
+        description="Decline an invitation addressed to you.",
+    ),
+)
+class InvitationViewSet(
+    ScopedCreateMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    ScopedDestroyMixin,
+    ScopedViewSet,
+):
+    """How tenant admins add people: an invitation the invitee accepts.
+
+    A tenant's members see its invitations, as they see its memberships, and its admins make and
+    withdraw them; everyone sees those addressed to them (by username or e-mail address) and
+    accepts or declines them. Cluster admins see all.
+    """
+
+    queryset = Invitation.objects.select_related("tenant", "invited_by")
+    serializer_class = InvitationSerializer
+    ordering_fields = ["created_at", "expires_at"]
+    scope = InvitationScope("tenant")
+    # The scope narrows reads to one's tenants' invitations and one's own.
+    read_need = Need(SIGNED_IN)
+    write_need = Need(Role.ADMIN)
+    # Withdrawing is for the tenant's admins and declining for the invitee: the action tells
+    # which (withdraw_invitation), and the scope hides the invitation from everyone else.
+    action_needs = {
+        "accept": Need(SIGNED_IN),
+        "decline": Need(SIGNED_IN),
+        "destroy": Need(SIGNED_IN),
+    }
+
+    def perform_destroy(self, instance):
+        try:
+            actions.withdraw_invitation(instance, actor=self.request.user)
+        except actions.InvitationClosed as exc:
+            raise Conflict(str(exc)) from None
+
+    @action(detail=True, methods=["post"])
+    def accept(self, request, pk=None):
+        invitation = self.get_object()
+        try:
+            membership = actions.accept_invitation(invitation, user=request.user)
+        except (actions.InvitationClosed, actions.AlreadyMember) as exc:
+            raise Conflict(str(exc)) from None
+        return Response(
+            MembershipSerializer(membership, context=self.get_serializer_context()).data,
+            status=status.HTTP_201_CREATED,
         )
+
+    @action(detail=True, methods=["post"])
+    def decline(self, request, pk=None):
+        invitation = self.get_object()
+        if not invitation.is_addressed_to(request.user):
+            raise exceptions.PermissionDenied("This invitation is addressed to someone else.")
+        try:
+            invitation = actions.withdraw_invitation(invitation, actor=request.user)
+        except actions.InvitationClosed as exc:
+            raise Conflict(str(exc)) from None
+        return Response(self.get_serializer(invitation).data)

@@ -110,6 +110,13 @@ class World:
         return Membership.objects.create(user=carol, tenant=self.vision, role="member")
 
     @cached_property
+    def vision_invitation(self):
+        from controlplane.tenancy import actions
+
+        self.ensure("users")
+        return actions.invite(self.vision, "newcomer", "viewer", actor=self.users["tenant_admin"])
+
+    @cached_property
     def join_token(self):
         from controlplane.cluster.models import JoinToken
         from controlplane.tenancy.models import hash_token

@@ -119,15 +119,17 @@ def test_tenants_show_your_role_in_each(world):
     assert roles["cluster_admin"] == [("nlp", None), ("vision", None)]
 
 
-def test_a_tenant_admin_adds_a_member_who_then_sees_the_tenant(world):
+def test_a_tenant_admin_invites_a_member_who_accepts_and_then_sees_the_tenant(world):
     newcomer = world.fixture("make_user")("newcomer")
-    response = world.client("tenant_admin").post(
-        "/api/v1/memberships/",
-        {"tenant": "vision", "user": "newcomer", "role": "viewer"},
+    invited = world.client("tenant_admin").post(
+        "/api/v1/invitations/",
+        {"tenant": "vision", "invitee": "newcomer", "role": "viewer"},
         format="json",
     )
-    assert response.status_code == 201, response.content
+    assert invited.status_code == 201, invited.content
     world.users["newcomer"] = newcomer
+    accepted = world.client("newcomer").post(f"/api/v1/invitations/{invited.json()['id']}/accept/")
+    assert accepted.status_code == 201, accepted.content
     slugs = [t["slug"] for t in results(world.client("newcomer").get("/api/v1/tenants/"))]
     assert slugs == ["vision"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.cluster.models import JoinToken, Node, Pool
 from controlplane.jobs.models import Job
-from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Tenant
+from controlplane.tenancy.models import ApiToken, Budget, Invitation, Membership, Quota, Tenant
 from tests.controlplane.api.helpers import ROLES, job_body, results
 
 VISION_ROLES = frozenset({"viewer", "member", "tenant_admin", "cluster_admin"})
@@ -145,7 +145,7 @@ CASES = [
         "memberships-create",
         "post",
         lambda w: "/api/v1/memberships/",
-        tenant_admin_writes_vision(201),
+        staff_writes_vision(201),
         body=lambda w: {"tenant": "vision", "user": w.carol_membership.user.username + "-2"},
         setup=lambda w: w.fixture("make_user")(w.carol_membership.user.username + "-2"),
         touches=lambda w: Membership.objects.all(),
@@ -377,6 +377,46 @@ CASES = [
         staff_only(204),
         touches=lambda w: JoinToken.objects.all(),
     ),
+    # invitations: a tenant's members see them, its admins make and withdraw them; only the
+    # invitee (not in this world: see test_invitations.py) accepts or declines
+    Case(
+        "invitations-list",
+        "get",
+        lambda w: "/api/v1/invitations/",
+        LIST,
+        listed=lambda w: ("id", w.vision_invitation.pk),
+    ),
+    Case(
+        "invitations-retrieve",
+        "get",
+        lambda w: f"/api/v1/invitations/{w.vision_invitation.pk}/",
+        READ_VISION,
+    ),
+    Case(
+        "invitations-create",
+        "post",
+        lambda w: "/api/v1/invitations/",
+        tenant_admin_writes_vision(201),
+        body=lambda w: {"tenant": "vision", "invitee": "newcomer", "role": "viewer"},
+        touches=lambda w: Invitation.objects.all(),
+    ),
+    Case(
+        "invitations-delete",
+        "delete",
+        lambda w: f"/api/v1/invitations/{w.vision_invitation.pk}/",
+        tenant_admin_writes_vision(204),
+        touches=lambda w: Invitation.objects.all(),
+    ),
+    *[
+        Case(
+            f"invitations-{verb}",
+            "post",
+            lambda w, verb=verb: f"/api/v1/invitations/{w.vision_invitation.pk}/{verb}/",
+            answers(401, 404, 403, 403, 403, 403),
+            touches=lambda w: Invitation.objects.all(),
+        )
+        for verb in ("accept", "decline")
+    ],
     # api tokens: each person's own, admins included
     Case(
         "api-tokens-list",

@@ -1,0 +1,156 @@
+"""Request rates of the user API (/api/v1/), counted in Django's cache.
+
+With REDIS_URL set the cache is Redis (settings.CACHES), so every gunicorn worker and web host
+counts against the same limits; without it (the embedded mode, one process) it is local memory.
+Counts are fixed windows kept with the cache's atomic increment: DRF's own SimpleRateThrottle
+reads and rewrites a list of timestamps, so two workers answering at once lose one of the two.
+
+The agent API (/api/agent/) is plain Django views, not DRF, and none of this applies to it: its
+load is the heartbeat rate of the nodes, sized and measured on its own (bench_heartbeat.py).
+When the cache cannot be reached, requests are let through: an outage of Redis must not turn
+into an outage of the API.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle
+
+log = logging.getLogger(__name__)
+
+PERIOD_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """'30/minute' -> (30, 60): requests allowed per period of that many seconds."""
+    count, _, period = rate.partition("/")
+    return int(count), PERIOD_S[period.strip()[0]]
+
+
+def client_ip(request) -> str:
+    """The client's address: REMOTE_ADDR, or behind NUM_PROXIES trusted proxies the address the
+    outermost of them saw (the entry that many from the right of X-Forwarded-For). Entries to the
+    left of it were written by the client and prove nothing."""
+    remote = request.META.get("REMOTE_ADDR", "") or ""
+    proxies = settings.NUM_PROXIES
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if proxies and forwarded:
+        hops = [h.strip() for h in forwarded.split(",") if h.strip()]
+        if hops:
+            return hops[-min(proxies, len(hops))]
+    return remote
+
+
+class WindowCounter:
+    """Requests per fixed window for one scope, keyed by who is asking."""
+
+    def __init__(self, scope: str):
+        self.scope = scope
+
+    def limit(self) -> tuple[int, int] | None:
+        rate = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        return parse_rate(rate) if rate else None
+
+    def _key(self, ident: str, period_s: int, now: float) -> str:
+        return f"throttle:{self.scope}:{ident}:{int(now // period_s)}"
+
+    @staticmethod
+    def wait_s(period_s: int, now: float) -> int:
+        return max(1, math.ceil(period_s - now % period_s))
+
+    def count(self, ident: str) -> int:
+        """How many were counted in this window, without counting one more."""
+        limit = self.limit()
+        if limit is None:
+            return 0
+        try:
+            return int(cache.get(self._key(ident, limit[1], time.time()), 0))
+        except Exception:  # noqa: BLE001 - any cache failure: fail open, see the module doc
+            log.warning("Throttle %s: the cache did not answer; not counting", self.scope)
+            return 0
+
+    def add(self, ident: str) -> int:
+        """Count one more in this window and return the new count (0 when not counted)."""
+        limit = self.limit()
+        if limit is None:
+            return 0
+        key = self._key(ident, limit[1], time.time())
+        try:
+            cache.add(key, 0, timeout=limit[1] + 1)
+            return cache.incr(key)
+        except ValueError:
+            # The window's key expired between add and incr: the window is over, start afresh.
+            return 0
+        except Exception:  # noqa: BLE001 - fail open
+            log.warning("Throttle %s: the cache did not answer; not counting", self.scope)
+            return 0
+
+    def over(self, count: int) -> bool:
+        limit = self.limit()
+        return limit is not None and count > limit[0]
+
+    def retry_after_s(self) -> int:
+        limit = self.limit()
+        return self.wait_s(limit[1], time.time()) if limit else 1
+
+
+class CountingThrottle(BaseThrottle):
+    """DRF throttle on a WindowCounter; subclasses say whom a request counts against."""
+
+    scope = ""
+
+    def __init__(self):
+        self.counter = WindowCounter(self.scope)
+        self._wait = None
+
+    def ident_for(self, request) -> str | None:
+        raise NotImplementedError
+
+    def get_ident(self, request) -> str:
+        return client_ip(request)
+
+    def allow_request(self, request, view) -> bool:
+        ident = self.ident_for(request)
+        if ident is None:
+            return True
+        if self.counter.over(self.counter.add(ident)):
+            self._wait = self.counter.retry_after_s()
+            return False
+        return True
+
+    def wait(self):
+        return self._wait
+
+
+class AnonThrottle(CountingThrottle):
+    """Requests without credentials, per client address (only a few endpoints answer them)."""
+
+    scope = "anon"
+
+    def ident_for(self, request):
+        if request.user and request.user.is_authenticated:
+            return None
+        return self.get_ident(request)
+
+
+class UserThrottle(CountingThrottle):
+    """Requests of one signed-in person, all their tokens and sessions together."""
+
+    scope = "user"
+
+    def ident_for(self, request):
+        if request.user and request.user.is_authenticated:
+            return str(request.user.pk)
+        return None
+
+
+# Failed bearer-token checks per client address (BearerTokenAuthentication counts them): past
+# the rate, every bearer token from that address is answered 429 unread until the window ends,
+# so guessing gets no answer, right or wrong.
+bearer_failures = WindowCounter("bearer_failure")
