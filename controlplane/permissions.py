@@ -30,7 +30,9 @@ from django.http import Http404
 from rest_framework import exceptions, mixins, permissions, status, viewsets
 from rest_framework.response import Response
 
+from controlplane.api import QueryParamsBoundary
 from controlplane.tenancy.models import ROLE_RANK, Membership, Role, Tenant
+from controlplane.validators import text_problem
 
 # What an action needs, besides being signed in. Roles are tenant roles (viewer < member < admin);
 # STAFF is a cluster admin; SIGNED_IN is anyone authenticated (cluster-wide reads, own tokens).
@@ -80,6 +82,8 @@ def tenant_for_write(user, slug, needed: str, roles: dict[int, str] | None = Non
     """
     if not isinstance(slug, str) or not slug:
         raise ValidationError({"tenant": ["Give the tenant's slug."]})
+    if text_problem(slug) is not None:  # before the query, which it would break
+        raise ValidationError({"tenant": [f"The slug {text_problem(slug)}."]})
     tenant = visible_tenants(user).filter(slug=slug).first()
     if tenant is None:
         raise Http404(f"No tenant {slug!r}.")
@@ -197,7 +201,7 @@ READ_ACTIONS = frozenset({"list", "retrieve"})
 WRITE_ACTIONS = frozenset({"create", "update", "partial_update", "destroy"})
 
 
-class ScopedViewSet(viewsets.GenericViewSet):
+class ScopedViewSet(QueryParamsBoundary, viewsets.GenericViewSet):
     """Base of every /api/v1/ viewset: scoping, needs, and the create that resolves the tenant.
 
     Subclasses set `queryset`, `serializer_class`, `filterset_class`, `scope` and needs, and mix

@@ -18,8 +18,26 @@ from controlplane.tenancy.models import Budget, BudgetKind, TenantEvent
 J_PER_KWH = 3.6e6
 
 
+class PeriodOutOfRange(ValueError):
+    """The period around a moment does not fit in the calendar (year 1 to 9999, in UTC)."""
+
+
 def period_bounds(period: str, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
-    """[start, end) of the period that contains now, in UTC."""
+    """[start, end) of the period that contains now, in UTC.
+
+    PeriodOutOfRange when it would start before year 1 or end after 9999 (the week of
+    9999-12-31 ends in the year 10000).
+    """
+    try:
+        return _period_bounds(period, now)
+    except OverflowError:
+        raise PeriodOutOfRange(
+            f"The {period} around {now.date().isoformat()} does not fit in the calendar "
+            "(years 1 to 9999, UTC)."
+        ) from None
+
+
+def _period_bounds(period: str, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
     now = now.astimezone(dt.UTC)
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     if period == "day":
@@ -95,10 +113,12 @@ class BudgetState:
         return remaining_j / remaining_s
 
 
-def budget_states(now: dt.datetime | None = None) -> list[BudgetState]:
-    """Every budget with its use this period, in a query per distinct period (at most three)."""
+def budget_states(now: dt.datetime | None = None, period: str | None = None) -> list[BudgetState]:
+    """Every budget (of one period, if given) with its use this period, in a query per distinct
+    period (at most three)."""
     now = now or timezone.now()
-    budgets = list(Budget.objects.all())
+    budgets = Budget.objects.all()
+    budgets = list(budgets if period is None else budgets.filter(period=period))
     usage_cache: dict[str, dict[int, Usage]] = {}
     states = []
     for budget in budgets:

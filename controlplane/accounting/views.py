@@ -15,8 +15,14 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.accounting.budgets import budget_states, period_bounds, usage_by_tenant
+from controlplane.accounting.budgets import (
+    PeriodOutOfRange,
+    budget_states,
+    period_bounds,
+    usage_by_tenant,
+)
 from controlplane.accounting.metrics import render_metrics
+from controlplane.api import QueryParamsBoundary
 from controlplane.permissions import visible_tenants
 from controlplane.tenancy.models import BudgetKind, BudgetPeriod
 
@@ -27,6 +33,19 @@ class UsageQuery(serializers.Serializer):
         required=False, help_text="Any day inside the period (UTC); default today."
     )
     tenant = serializers.SlugField(required=False)
+
+    def validate(self, attrs):
+        # The period around `at` must fit the calendar: the week of 9999-12-31 ends in 10000.
+        try:
+            period_bounds(attrs["period"], moment(attrs.get("at")))
+        except PeriodOutOfRange as exc:
+            raise serializers.ValidationError({"at": [str(exc)]}) from None
+        return attrs
+
+
+def moment(at: dt.date | None) -> dt.datetime:
+    """Noon UTC of the day asked for (any time inside it would do), or now."""
+    return dt.datetime.combine(at, dt.time(12), tzinfo=dt.UTC) if at else timezone.now()
 
 
 class UsageRow(serializers.Serializer):
@@ -48,10 +67,10 @@ def usage_rows(user, period: str, at: dt.date | None, tenant_slug: str | None) -
     if tenant_slug:
         tenants = tenants.filter(slug=tenant_slug)
     tenants = list(tenants)
-    when = dt.datetime.combine(at, dt.time(12), tzinfo=dt.UTC) if at else timezone.now()
+    when = moment(at)
     start, end = period_bounds(period, when)
     usage = usage_by_tenant(start, end, tenant_ids=[t.pk for t in tenants])
-    budgets = {(s.tenant_id, s.kind): s.amount for s in budget_states(when) if s.period == period}
+    budgets = {(s.tenant_id, s.kind): s.amount for s in budget_states(when, period)}
     rows = []
     for tenant in tenants:
         u = usage.get(tenant.pk)
@@ -70,7 +89,7 @@ def usage_rows(user, period: str, at: dt.date | None, tenant_slug: str | None) -
     return rows
 
 
-class UsageView(APIView):
+class UsageView(QueryParamsBoundary, APIView):
     """GPU-hours and kWh per tenant for a day, week or month, against its budgets."""
 
     @extend_schema(parameters=[UsageQuery], responses=UsageRow(many=True))

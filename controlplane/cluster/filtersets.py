@@ -5,9 +5,10 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.cluster.models import GPU, JoinToken, Node, NodeState, Pool
+from controlplane.filters import FilterSet
 
 
-class PoolFilterSet(django_filters.FilterSet):
+class PoolFilterSet(FilterSet):
     name = django_filters.CharFilter()
 
     class Meta:
@@ -15,7 +16,7 @@ class PoolFilterSet(django_filters.FilterSet):
         fields = ["name"]
 
 
-class NodeFilterSet(django_filters.FilterSet):
+class NodeFilterSet(FilterSet):
     pool = django_filters.CharFilter(field_name="pool__name")
     state = django_filters.ChoiceFilter(choices=NodeState.choices, help_text="The admin state")
     ready = django_filters.BooleanFilter(help_text="False: the node stopped answering")
@@ -31,7 +32,7 @@ class NodeFilterSet(django_filters.FilterSet):
         return queryset.filter(pk__in=GPU.objects.filter(model=value).values("node_id"))
 
 
-class GpuFilterSet(django_filters.FilterSet):
+class GpuFilterSet(FilterSet):
     node = django_filters.CharFilter(field_name="node__name")
     pool = django_filters.CharFilter(field_name="node__pool__name")
     model = django_filters.CharFilter()
@@ -42,7 +43,7 @@ class GpuFilterSet(django_filters.FilterSet):
         fields = ["node", "pool", "model", "healthy"]
 
 
-class JoinTokenFilterSet(django_filters.FilterSet):
+class JoinTokenFilterSet(FilterSet):
     pool = django_filters.CharFilter(field_name="pool__name")
     usable = django_filters.BooleanFilter(
         method="filter_usable", label="Not revoked, not expired, uses left"

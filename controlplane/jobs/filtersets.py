@@ -2,10 +2,11 @@
 
 import django_filters
 
+from controlplane.filters import FilterSet
 from controlplane.jobs.models import Job, JobState, PriorityClass
 
 
-class JobFilterSet(django_filters.FilterSet):
+class JobFilterSet(FilterSet):
     state = django_filters.MultipleChoiceFilter(
         choices=JobState.choices, help_text="Repeat to match any of several states"
     )

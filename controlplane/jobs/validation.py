@@ -29,6 +29,7 @@ from django.db.models import Count, Max
 from controlplane.cluster.models import GPU, Node, NodeState
 from controlplane.jobs.models import Job, PriorityClass
 from controlplane.tenancy.models import Role, Tenant
+from controlplane.validators import text_problem
 
 MAX_RUNTIME_S = 30 * 86400
 MAX_NAME_CHARS = Job._meta.get_field("name").max_length
@@ -36,6 +37,8 @@ MAX_IMAGE_CHARS = Job._meta.get_field("image").max_length
 MAX_COMMAND_ITEMS = 4096
 MAX_ENV_VARS = 512
 MAX_ARGV_BYTES = 128 * 1024  # Linux allows more, but a command this long is a mistake.
+# The columns' own limit (PostgreSQL integer): past it a number is a typo, and a database error.
+MAX_GPUS = MAX_MEMORY_MIB = 2**31 - 1
 # The agent sets these to the job's own GPUs; a job that chose its own would see other jobs' GPUs.
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
 RESERVED_ENV_PREFIX = "GPUCP_"
@@ -196,7 +199,14 @@ def clean_name(value) -> str:
         raise ValidationError(f"At most {MAX_NAME_CHARS} characters.")
     if any(ord(c) < 32 for c in value):
         raise ValidationError("Must not contain control characters.")
+    _refuse_unstorable(value)
     return value.strip()
+
+
+def _refuse_unstorable(value: str, what: str = "It") -> None:
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValidationError(f"{what} {problem}.")
 
 
 def clean_image(value) -> str:
@@ -225,8 +235,7 @@ def clean_command(value) -> list[str]:
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise ValidationError(f"Item {i} is {type(item).__name__}, not a string.")
-        if "\x00" in item:
-            raise ValidationError(f"Item {i} contains a NUL character.")
+        _refuse_unstorable(item, f"Item {i}")
     if not value[0].strip():
         raise ValidationError("The first item, the program to run, must not be blank.")
     if sum(len(item.encode()) + 1 for item in value) > MAX_ARGV_BYTES:
@@ -252,8 +261,8 @@ def clean_env(value) -> dict[str, str]:
             problems.append(f"{key} is set by the control plane and cannot be chosen by a job.")
         if not isinstance(item, str):
             problems.append(f"The value of {key!r} is {type(item).__name__}, not a string.")
-        elif "\x00" in item:
-            problems.append(f"The value of {key!r} contains a NUL character.")
+        elif text_problem(item) is not None:
+            problems.append(f"The value of {key!r} {text_problem(item)}.")
         else:
             size_bytes += len(str(key).encode()) + len(item.encode()) + 2
     if size_bytes > MAX_ARGV_BYTES:
@@ -268,6 +277,8 @@ def clean_gpus(value) -> int:
         raise ValidationError("Must be a whole number.")
     if value < 0:
         raise ValidationError("Must be 0 or more.")
+    if value > MAX_GPUS:
+        raise ValidationError(f"Must be at most {MAX_GPUS}.")
     return value
 
 
@@ -276,6 +287,7 @@ def clean_gpu_type(value) -> str:
         return ""
     if not isinstance(value, str):
         raise ValidationError("Must be a string: a GPU model such as H100-SXM-80GB, or empty.")
+    _refuse_unstorable(value)
     return value.strip()
 
 
@@ -292,6 +304,8 @@ def clean_memory_mib(value) -> int:
         raise ValidationError("Must be a whole number of MiB.")
     if value <= 0:
         raise ValidationError("Must be more than 0 MiB.")
+    if value > MAX_MEMORY_MIB:
+        raise ValidationError(f"Must be at most {MAX_MEMORY_MIB} MiB.")
     return value
 
 

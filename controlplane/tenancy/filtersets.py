@@ -2,6 +2,7 @@
 
 import django_filters
 
+from controlplane.filters import FilterSet
 from controlplane.tenancy.models import (
     ApiToken,
     Budget,
@@ -16,7 +17,7 @@ from controlplane.tenancy.models import (
 )
 
 
-class TenantFilterSet(django_filters.FilterSet):
+class TenantFilterSet(FilterSet):
     slug = django_filters.CharFilter()
     name = django_filters.CharFilter(lookup_expr="icontains")
     active = django_filters.BooleanFilter()
@@ -26,7 +27,7 @@ class TenantFilterSet(django_filters.FilterSet):
         fields = ["slug", "name", "active"]
 
 
-class MembershipFilterSet(django_filters.FilterSet):
+class MembershipFilterSet(FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug")
     user = django_filters.CharFilter(field_name="user__username")
     role = django_filters.ChoiceFilter(choices=Role.choices)
@@ -36,7 +37,7 @@ class MembershipFilterSet(django_filters.FilterSet):
         fields = ["tenant", "user", "role"]
 
 
-class QuotaFilterSet(django_filters.FilterSet):
+class QuotaFilterSet(FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug")
     gpu_type = django_filters.CharFilter()
 
@@ -45,7 +46,7 @@ class QuotaFilterSet(django_filters.FilterSet):
         fields = ["tenant", "gpu_type"]
 
 
-class BudgetFilterSet(django_filters.FilterSet):
+class BudgetFilterSet(FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug")
     kind = django_filters.ChoiceFilter(choices=BudgetKind.choices)
     period = django_filters.ChoiceFilter(choices=BudgetPeriod.choices)
@@ -56,7 +57,7 @@ class BudgetFilterSet(django_filters.FilterSet):
         fields = ["tenant", "kind", "period", "action"]
 
 
-class ApiTokenFilterSet(django_filters.FilterSet):
+class ApiTokenFilterSet(FilterSet):
     usable = django_filters.BooleanFilter(
         method="filter_usable", label="Neither revoked nor expired"
     )
