@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,12 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {PORTS.start}..{PORTS.stop - 1}")
 
 
+@dataclass
+class ProductionServer:
+    url: str
+    env: dict[str, str]  # its environment, for `manage.py` commands next to it
+
+
 @pytest.fixture
 def production_server(transactional_db, tmp_path):
     """gunicorn as docker-compose.yml runs it, in production mode, on the test database."""
@@ -162,7 +169,7 @@ def production_server(transactional_db, tmp_path):
             except requests.ConnectionError:
                 assert time.monotonic() < deadline, f"gunicorn did not answer:\n{log.read_text()}"
                 time.sleep(0.2)
-        yield url
+        yield ProductionServer(url=url, env=env)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -195,7 +202,7 @@ def test_production_answers_carry_secure_cookies_hsts_and_a_content_security_pol
     make_user("carol", password=PASSWORD)
     browser = through_the_proxy()
 
-    login = browser.get(f"{production_server}/login/", allow_redirects=False)
+    login = browser.get(f"{production_server.url}/login/", allow_redirects=False)
     assert login.status_code == 200
     assert login.headers["Strict-Transport-Security"] == (
         "max-age=31536000; includeSubDomains; preload"
@@ -214,7 +221,7 @@ def test_production_answers_carry_secure_cookies_hsts_and_a_content_security_pol
     # The browser sends the cookie back only over HTTPS, which the proxy reports.
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login.text).group(1)
     signed_in = browser.post(
-        f"{production_server}/login/",
+        f"{production_server.url}/login/",
         data={"username": "carol", "password": PASSWORD, "csrfmiddlewaretoken": token},
         headers={
             "Referer": f"https://{HOST}/login/",
@@ -227,7 +234,7 @@ def test_production_answers_carry_secure_cookies_hsts_and_a_content_security_pol
     assert "Strict-Transport-Security" in signed_in.headers
 
     # The API's answers carry the same headers (Swagger UI and the browsable API are pages too).
-    api = browser.get(f"{production_server}/api/v1/jobs/", allow_redirects=False)
+    api = browser.get(f"{production_server.url}/api/v1/jobs/", allow_redirects=False)
     assert api.status_code in (401, 403)
     assert "Content-Security-Policy" in api.headers
     assert "Strict-Transport-Security" in api.headers
@@ -238,13 +245,13 @@ def test_production_sends_plain_http_to_https_and_believes_no_client_about_the_s
     production_server,
 ):
     plain = requests.get(
-        f"{production_server}/login/?next=/jobs/", headers={"Host": HOST}, allow_redirects=False
+        f"{production_server.url}/login/?next=/jobs/", headers={"Host": HOST}, allow_redirects=False
     )
     assert plain.status_code == 301
     assert plain.headers["Location"] == f"https://{HOST}/login/?next=/jobs/"
     # A header other than the one the operator named proves nothing.
     spoofed = requests.get(
-        f"{production_server}/login/",
+        f"{production_server.url}/login/",
         headers={"Host": HOST, "X-Forwarded-Ssl": "on", "X-Forwarded-Protocol": "ssl"},
         allow_redirects=False,
     )
