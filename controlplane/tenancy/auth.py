@@ -25,7 +25,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if len(parts) != 2 or parts[0] != self.keyword:
             return None
         ip = client_ip(request)
-        if bearer_failures.over(bearer_failures.count(ip)):
+        if bearer_failures.full(bearer_failures.count(ip)):
             raise exceptions.Throttled(
                 wait=bearer_failures.retry_after_s(),
                 detail="Too many invalid tokens from your address; try again later.",

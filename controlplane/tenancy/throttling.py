@@ -92,8 +92,14 @@ class WindowCounter:
             return 0
 
     def over(self, count: int) -> bool:
+        """A window that counted `count` (this one included) went past the rate."""
         limit = self.limit()
         return limit is not None and count > limit[0]
+
+    def full(self, count: int) -> bool:
+        """A window that counted `count` so far has no room for one more."""
+        limit = self.limit()
+        return limit is not None and count >= limit[0]
 
     def retry_after_s(self) -> int:
         limit = self.limit()
