@@ -8,6 +8,7 @@ control plane refused what we sent).
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import random
@@ -186,14 +187,26 @@ class ControlPlaneClient:
         )
         return bool(answer.get("changed"))
 
-    def send_logs(self, attempt_id: int, offset: int, data: str) -> int:
-        """Ship a chunk of output at byte ``offset``; returns the offset the control plane has."""
-        answer = self._post(
-            "/logs",
-            {"attempt_id": attempt_id, "offset": offset, "data": data},
-            self.node_token,
-            self.timeout_s,
-        )
+    def send_logs(self, attempt_id: int, offset: int, data: bytes | str) -> int:
+        """Ship a chunk of output at byte ``offset``; returns the offset the control plane has.
+
+        Output is bytes: plain UTF-8 text travels as ``data`` (readable, and what control
+        planes before base64 understood); anything else (a NUL, invalid UTF-8, a character cut
+        at the chunk's end) as ``data_b64``, so no byte is lost or altered.
+        """
+        body: dict[str, Any] = {"attempt_id": attempt_id, "offset": offset}
+        if isinstance(data, str):
+            body["data"] = data
+        else:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is not None and "\x00" not in text:
+                body["data"] = text
+            else:
+                body["data_b64"] = base64.b64encode(data).decode("ascii")
+        answer = self._post("/logs", body, self.node_token, self.timeout_s)
         return int(answer["next_offset"])
 
     def _drop_connection(self) -> None:

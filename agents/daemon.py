@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agents import __version__
+from agents import __version__, limits
 from agents import lease as leases
 from agents.client import (
     Backoff,
@@ -40,7 +41,6 @@ from agents.runtime.base import (
     AttemptStatus,
     Runtime,
     StartError,
-    decode_log_chunk,
     write_json_atomic,
 )
 
@@ -123,6 +123,39 @@ class AttemptMeta:
         """Read a record, ignoring keys of other versions."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+def _unapplied_reports(warnings: dict) -> frozenset[int]:
+    """Indexes of `attempts[]` entries the control plane could not apply (named in its
+    warnings by the entry itself, or by its attempt_id, state or stop_cause)."""
+    unapplied = set()
+    for path in warnings:
+        match = _UNAPPLIED.fullmatch(path)
+        if match:
+            unapplied.add(int(match.group(1)))
+    return frozenset(unapplied)
+
+
+_UNAPPLIED = re.compile(r"attempts\[(\d+)\](?:\.(?:attempt_id|state|stop_cause))?")
+
+
+def _exit_code(attempt_id: int, exit_code: int | None) -> int | None:
+    """The exit code as reported, or None (unknown) when no process could have produced it."""
+    if exit_code is None or limits.MIN_EXIT_CODE <= exit_code <= limits.MAX_EXIT_CODE:
+        return exit_code
+    log.warning(
+        "attempt %d: exit code %r is not one a process has; reported as unknown",
+        attempt_id,
+        exit_code,
+    )
+    return None
+
+
+def _energy_j(energy_j: float) -> float | None:
+    if limits.in_range(energy_j, 0.0, limits.MAX_ENERGY_J):
+        return round(energy_j, 3)
+    log.warning("attempt energy %r J is out of range; left out", energy_j)
+    return None
 
 
 def host_memory_mib() -> int:
@@ -332,7 +365,7 @@ class Agent:
             "labels": self.config.labels,
             "agent_version": __version__,
             "runtime": self.runtime.name,
-            "gpus": [info.to_wire() for info in self.gpu.inventory()],
+            "gpus": [limits.checked_inventory(info.to_wire()) for info in self.gpu.inventory()],
         }
 
     def ensure_registered(self) -> None:
@@ -433,7 +466,10 @@ class Agent:
                 self._degraded_logged = True
             return True
         self._degraded_logged = False
-        self._forget_acknowledged(body, statuses)
+        warnings = answer.get("warnings") or {}
+        if warnings:
+            log.warning("the control plane left parts of the heartbeat out: %s", warnings)
+        self._forget_acknowledged(body, statuses, unapplied=_unapplied_reports(warnings))
         self.reconcile(answer, statuses)
         return True
 
@@ -606,14 +642,14 @@ class Agent:
                 "attempt_id": attempt_id,
                 "state": status.state.value,
                 "started_at": status.started_at,
-                "exit_code": status.exit_code,
+                "exit_code": _exit_code(attempt_id, status.exit_code),
                 "finished_at": status.finished_at,
-                "energy_j": round(meta.energy_j, 3) if meta else None,
+                "energy_j": _energy_j(meta.energy_j) if meta else None,
                 "energy_estimated": meta.energy_estimated if meta else True,
             }
             message = status.message or (meta.message if meta else "")
             if message:
-                entry["message"] = message
+                entry["message"] = limits.clean_text(message)
             if status.state is not AttemptState.RUNNING:
                 cause = self._stop_cause(attempt_id, status, meta)
                 if cause:
@@ -623,9 +659,12 @@ class Agent:
         return {
             "seq": self._seq,
             "sent_at": time.time(),
-            "gpus": [t.to_wire() for t in telemetry],
+            "gpus": [limits.checked_reading(t.to_wire()) for t in telemetry],
             "attempts": attempts,
-            "conditions": list(self._conditions.values()),
+            "conditions": [
+                {**c, "message": limits.clean_text(str(c.get("message") or ""))}
+                for c in self._conditions.values()
+            ],
         }
 
     def _stop_cause(self, attempt_id: int, status: AttemptStatus, meta: AttemptMeta | None) -> str:
@@ -661,11 +700,8 @@ class Agent:
             data = self.runtime.read_logs(meta.attempt_id, meta.log_offset, LOG_CHUNK_BYTES)
             if not data:
                 break
-            final = status.logs_complete and len(data) < LOG_CHUNK_BYTES
-            text, used = decode_log_chunk(data, final=final)
-            if used == 0:
-                break
-            next_offset = self.client.send_logs(meta.attempt_id, meta.log_offset, text)
+            # Bytes as they are (base64 when they are not plain text): nothing is lost.
+            next_offset = self.client.send_logs(meta.attempt_id, meta.log_offset, data)
             # The control plane's offset wins: it may already hold more (a resend after a
             # restart) or less (a gap it will not fill), and either way that is where to go on.
             progressed = next_offset != meta.log_offset
@@ -685,10 +721,18 @@ class Agent:
 
     # -- after a 200 -----------------------------------------------------------------------------
 
-    def _forget_acknowledged(self, body: dict, statuses: dict[int, AttemptStatus]) -> None:
-        """An exit the control plane acknowledged is final: forget the attempt (logs first)."""
-        for entry in body["attempts"]:
-            if entry["state"] == AttemptState.RUNNING.value:
+    def _forget_acknowledged(
+        self,
+        body: dict,
+        statuses: dict[int, AttemptStatus],
+        unapplied: frozenset[int] = frozenset(),
+    ) -> None:
+        """An exit the control plane acknowledged is final: forget the attempt (logs first).
+
+        `unapplied`: indexes of reports the answer's warnings say were not applied; those are
+        sent again."""
+        for i, entry in enumerate(body["attempts"]):
+            if entry["state"] == AttemptState.RUNNING.value or i in unapplied:
                 continue
             attempt_id = entry["attempt_id"]
             meta = self._meta.get(attempt_id)

@@ -3,7 +3,13 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.cluster.api.views import GpuViewSet, JoinTokenViewSet, NodeViewSet, PoolViewSet
+from controlplane.cluster.api.views import (
+    GpuClaimConflictViewSet,
+    GpuViewSet,
+    JoinTokenViewSet,
+    NodeViewSet,
+    PoolViewSet,
+)
 from controlplane.jobs.api.views import JobViewSet
 from controlplane.tenancy.api.views import (
     ApiTokenViewSet,
@@ -25,6 +31,7 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("jobs", JobViewSet, basename="job")
 router.register("join-tokens", JoinTokenViewSet, basename="join-token")
+router.register("gpu-claim-conflicts", GpuClaimConflictViewSet, basename="gpu-claim-conflict")
 router.register("api-tokens", ApiTokenViewSet, basename="api-token")
 
 urlpatterns = [path("", include(router.urls))]

@@ -1,11 +1,21 @@
-"""Django admin for ops: pools and their power budgets, nodes (cordon / drain / uncordon), GPUs,
-and join tokens, whose secret is shown once when one is added."""
+"""Django admin for ops: pools and their power budgets, nodes (cordon / drain / uncordon /
+deregister), GPUs, join tokens, whose secret is shown once when one is added, and the GPU claims
+registrations were refused for."""
 
 from django.contrib import admin, messages
 from django.utils import timezone
 
+from controlplane.cluster import gpu_claims
 from controlplane.cluster.api.node_state import set_node_state
-from controlplane.cluster.models import GPU, JoinToken, Node, NodeState, Pool
+from controlplane.cluster.models import (
+    GPU,
+    GpuClaimConflict,
+    GpuClaimResolution,
+    JoinToken,
+    Node,
+    NodeState,
+    Pool,
+)
 from controlplane.tenancy.models import hash_token, new_raw_token
 
 
@@ -33,6 +43,19 @@ def _state_action(state: str, description: str):
 
     act.__name__ = f"set_{state}"
     return admin.action(description=description)(act)
+
+
+@admin.action(description="Deregister: gone for good (its GPUs may join another node)")
+def deregister_nodes(modeladmin, request, queryset):
+    done = 0
+    for node in queryset:
+        try:
+            gpu_claims.deregister_node(node, actor=request.user)
+            done += 1
+        except gpu_claims.NodeBusy as exc:
+            modeladmin.message_user(request, str(exc), messages.ERROR)
+    if done:
+        modeladmin.message_user(request, f"{done} node(s) deregistered.", messages.SUCCESS)
 
 
 @admin.register(Node)
@@ -63,6 +86,7 @@ class NodeAdmin(admin.ModelAdmin):
         "conditions",
         "token_prefix",
         "created_at",
+        "deregistered_at",
     ]
     exclude = ["token_hash"]
     inlines = [GpuInline]
@@ -70,6 +94,7 @@ class NodeAdmin(admin.ModelAdmin):
         _state_action(NodeState.CORDONED, "Cordon: no new work"),
         _state_action(NodeState.DRAINING, "Drain: no new work, preempt borrowed work"),
         _state_action(NodeState.READY, "Uncordon: take new work again"),
+        deregister_nodes,
     ]
 
     def has_add_permission(self, request):
@@ -137,3 +162,51 @@ class JoinTokenAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {revoked} join token(s).", messages.SUCCESS)
+
+
+def _resolve_action(resolution: str, description: str):
+    def act(modeladmin, request, queryset):
+        done = 0
+        for conflict in queryset.filter(resolved_at__isnull=True):
+            try:
+                gpu_claims.resolve_conflict(conflict, resolution, actor=request.user)
+                done += 1
+            except gpu_claims.NodeBusy as exc:
+                modeladmin.message_user(request, str(exc), messages.ERROR)
+        modeladmin.message_user(request, f"{done} conflict(s) resolved.", messages.SUCCESS)
+
+    act.__name__ = f"resolve_{resolution}"
+    return admin.action(description=description)(act)
+
+
+@admin.register(GpuClaimConflict)
+class GpuClaimConflictAdmin(admin.ModelAdmin):
+    """Registrations refused because they listed GPUs other nodes hold (read-only; resolved by
+    the actions)."""
+
+    list_display = [
+        "gpu_uuid",
+        "claimant",
+        "holder_name",
+        "reason",
+        "refusals",
+        "last_refused_at",
+        "resolved_at",
+        "resolution",
+    ]
+    list_filter = [("resolved_at", admin.EmptyFieldListFilter), "resolution"]
+    search_fields = ["gpu_uuid", "claimant", "holder_name"]
+    list_select_related = ["join_token", "resolved_by"]
+    actions = [
+        _resolve_action(
+            GpuClaimResolution.HOLDER_DEREGISTERED,
+            "Deregister the holder node (the GPU really moved), so the claimant may take it",
+        ),
+        _resolve_action(GpuClaimResolution.DISMISSED, "Dismiss (a wrong or hostile claim)"),
+    ]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

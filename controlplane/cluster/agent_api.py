@@ -8,10 +8,11 @@ field at fault, like the user API does (`{"gpus[2].uuid": ["..."]}`).
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
-import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,8 +33,9 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
+from agents import limits
+from controlplane.cluster import gpu_claims, lease
 from controlplane.cluster import heartbeat as hb_logic
-from controlplane.cluster import lease
 from controlplane.cluster.agent_auth import (
     AgentAuthError,
     authenticate_node,
@@ -58,6 +60,15 @@ PARKED_INDEX = 1_000_000
 
 
 # --- validation ------------------------------------------------------------------------------
+#
+# Every value an agent sends is checked here, once, before anything is written: numbers within
+# what the hardware and runtimes can report (agents.limits), text that PostgreSQL can store (no
+# NUL, no lone surrogate). A registration or a log chunk with a bad field is refused whole (400
+# naming it). A heartbeat is not: it renews the node's lease and carries its attempts' exits,
+# and refusing it for one garbled sensor reading would end with the node's fence stopping every
+# job. So a bad optional part of a heartbeat (a reading, a message, a condition) is left out and
+# named under "warnings" in the answer; only a heartbeat whose frame (seq, sent_at, the lists)
+# is unreadable is refused.
 
 
 class Refused(Exception):
@@ -77,6 +88,24 @@ class Invalid(Exception):
 
 
 MISSING = object()
+MIN_INTEGER = -(2**63)
+# A float beyond this is not a measurement, and float() of a larger integer overflows.
+MAX_MAGNITUDE = 1e300
+# What a GPU UUID may look like: printable ASCII without spaces (NVML's "GPU-8b1c...",
+# "MIG-..."). It is an identity, compared byte for byte and shown in URLs.
+GPU_UUID_RE = re.compile(r"[!-~]{1,96}")
+
+
+def text_problem(value: str) -> str | None:
+    """Why PostgreSQL cannot store this text, or None."""
+    if "\x00" in value:
+        return "Must not contain NUL (U+0000) characters."
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "Must not contain lone surrogates (U+D800..U+DFFF): not Unicode text."
+    return None
 
 
 def _get(body: dict, key: str, path: str, *, required: bool):
@@ -87,29 +116,64 @@ def _get(body: dict, key: str, path: str, *, required: bool):
     return body[key]
 
 
-def number(body: dict, key: str, path: str = "", *, required: bool = False, minimum=None):
+def _bounded(value, path: str, minimum, maximum):
+    if minimum is not None and value < minimum:
+        raise Invalid(path, f"Must be at least {minimum:g}.")
+    if maximum is not None and value > maximum:
+        raise Invalid(path, f"Must be at most {maximum:g}.")
+
+
+def number(
+    body: dict,
+    key: str,
+    path: str = "",
+    *,
+    required: bool = False,
+    minimum=None,
+    maximum=None,
+):
     value = _get(body, key, path, required=required)
     if value is MISSING:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE  # NaN and the infinities fail this
+    ):
         raise Invalid(path + key, "Must be a finite number.")
-    if minimum is not None and value < minimum:
-        raise Invalid(path + key, f"Must be at least {minimum}.")
+    _bounded(value, path + key, minimum, maximum)
     return float(value)
 
 
-def integer(body: dict, key: str, path: str = "", *, required: bool = False, minimum=None):
+def integer(
+    body: dict,
+    key: str,
+    path: str = "",
+    *,
+    required: bool = False,
+    minimum=MIN_INTEGER,
+    maximum=limits.MAX_COUNT,
+):
     value = _get(body, key, path, required=required)
     if value is MISSING:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise Invalid(path + key, "Must be an integer.")
-    if minimum is not None and value < minimum:
-        raise Invalid(path + key, f"Must be at least {minimum}.")
+    # Every integer lands in a 64-bit column at most, or is compared with one.
+    _bounded(value, path + key, max(MIN_INTEGER, minimum), min(limits.MAX_COUNT, maximum))
     return value
 
 
-def string(body: dict, key: str, path: str = "", *, required: bool = False, max_length: int = 1000):
+def string(
+    body: dict,
+    key: str,
+    path: str = "",
+    *,
+    required: bool = False,
+    max_length: int = 1000,
+    text: bool = True,
+):
+    """A string field; with `text` (all but raw data), one PostgreSQL can store as text."""
     value = _get(body, key, path, required=required)
     if value is MISSING:
         return None
@@ -119,6 +183,15 @@ def string(body: dict, key: str, path: str = "", *, required: bool = False, max_
         raise Invalid(path + key, "May not be blank.")
     if len(value) > max_length:
         raise Invalid(path + key, f"At most {max_length} characters.")
+    if text and (problem := text_problem(value)) is not None:
+        raise Invalid(path + key, problem)
+    return value
+
+
+def gpu_uuid(body: dict, key: str, path: str = "", *, required: bool = False):
+    value = string(body, key, path, required=required, max_length=96)
+    if value is not None and not GPU_UUID_RE.fullmatch(value):
+        raise Invalid(path + key, "Printable ASCII without spaces, at most 96 characters.")
     return value
 
 
@@ -143,6 +216,16 @@ def objects(body: dict, key: str, path: str = "", *, required: bool) -> list[dic
     return value
 
 
+def items(body: dict, key: str, *, required: bool) -> list:
+    """A list whose entries are checked one by one (a heartbeat's), so a bad one is left out."""
+    value = _get(body, key, "", required=required)
+    if value is MISSING:
+        return []
+    if not isinstance(value, list):
+        raise Invalid(key, "Must be a list.")
+    return value
+
+
 def parse_json(request: HttpRequest) -> dict:
     return parse_body(request.body)
 
@@ -152,34 +235,57 @@ def parse_body(raw: bytes) -> dict:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError):
         raise Invalid("non_field_errors", "The body is not valid JSON.") from None
+    except RecursionError:
+        raise Invalid("non_field_errors", "The body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise Invalid("non_field_errors", "The body must be a JSON object.")
     return body
+
+
+def parse_labels(body: dict) -> dict[str, str]:
+    labels = _get(body, "labels", "", required=False)
+    if labels is MISSING:
+        return {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise Invalid("labels", "Must be an object of strings.")
+    if len(labels) > limits.MAX_LABELS:
+        raise Invalid("labels", f"At most {limits.MAX_LABELS} labels.")
+    for key in labels:
+        if not key or len(key) > limits.MAX_LABEL_KEY_CHARS:
+            raise Invalid(
+                "labels", f"Label names have 1 to {limits.MAX_LABEL_KEY_CHARS} characters."
+            )
+        if (problem := text_problem(key)) is not None:
+            raise Invalid(
+                "labels", f"Label name {key.encode('utf-8', 'backslashreplace')!r}: {problem}"
+            )
+        string(labels, key, "labels.", max_length=limits.MAX_LABEL_VALUE_CHARS)
+    return labels
 
 
 def parse_registration(body: dict) -> dict:
     name = string(body, "name", required=True, max_length=253)
     if not NODE_NAME_RE.match(name):
         raise Invalid("name", "Letters, digits, '.', '_' and '-' only, not at either end.")
-    labels = _get(body, "labels", "", required=False)
-    if labels is MISSING:
-        labels = {}
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
-        raise Invalid("labels", "Must be an object of strings.")
+    labels = parse_labels(body)
     gpus = []
     seen_uuids, seen_indexes = set(), set()
     for i, g in enumerate(objects(body, "gpus", required=True)):
         p = f"gpus[{i}]."
+        power = {
+            key: number(g, key, p, required=True, minimum=0, maximum=limits.MAX_GPU_POWER_W)
+            for key in ("power_min_w", "power_max_w", "power_default_w")
+        }
         gpu = {
-            "index": integer(g, "index", p, required=True, minimum=0),
-            "uuid": string(g, "uuid", p, required=True, max_length=96),
+            "index": integer(g, "index", p, required=True, minimum=0, maximum=limits.MAX_GPU_INDEX),
+            "uuid": gpu_uuid(g, "uuid", p, required=True),
             "model": string(g, "model", p, required=True, max_length=64),
-            "memory_mib": integer(g, "memory_mib", p, required=True, minimum=0),
-            "power_min_w": number(g, "power_min_w", p, required=True, minimum=0),
-            "power_max_w": number(g, "power_max_w", p, required=True, minimum=0),
-            "power_default_w": number(g, "power_default_w", p, required=True, minimum=0),
+            "memory_mib": integer(
+                g, "memory_mib", p, required=True, minimum=0, maximum=limits.MAX_GPU_MEMORY_MIB
+            ),
+            **power,
         }
         if gpu["power_min_w"] > gpu["power_max_w"]:
             raise Invalid(p + "power_min_w", "Must not exceed power_max_w.")
@@ -192,8 +298,10 @@ def parse_registration(body: dict) -> dict:
         gpus.append(gpu)
     return {
         "name": name,
-        "cpus": integer(body, "cpus", required=True, minimum=0),
-        "memory_mib": integer(body, "memory_mib", required=True, minimum=0),
+        "cpus": integer(body, "cpus", required=True, minimum=0, maximum=limits.MAX_HOST_CPUS),
+        "memory_mib": integer(
+            body, "memory_mib", required=True, minimum=0, maximum=limits.MAX_HOST_MEMORY_MIB
+        ),
         "labels": labels,
         "agent_version": string(body, "agent_version", max_length=64) or "",
         "runtime": string(body, "runtime", max_length=32) or "",
@@ -201,50 +309,81 @@ def parse_registration(body: dict) -> dict:
     }
 
 
-# A GPU reading's numbers in GpuSample's order, with their minimum (None: none).
-GPU_NUMBERS = (
-    ("utilization_pct", 0),
-    ("memory_used_mib", 0),
-    ("power_draw_w", 0),
-    ("power_cap_w", 0),
-    ("energy_j", 0),
-    ("temperature_c", None),
-    ("sm_clock_mhz", 0),
-)
+# --- the heartbeat: what is valid is applied, what is not is named -----------------------------
 
 
-def gpu_sample(g: dict, i: int) -> GpuSample:
+def _left_out(warnings: dict, exc: Invalid, what: str) -> None:
+    warnings.setdefault(exc.field, []).append(f"{exc.message} {what}")
+
+
+LEFT_OUT = "Left out; the rest of the heartbeat was applied."
+
+
+def _lenient(warnings: dict, fallback, parse, *args, **kwargs):
+    """`parse(*args, **kwargs)`, or `fallback` with a warning when the value is invalid."""
+    try:
+        return parse(*args, **kwargs)
+    except Invalid as exc:
+        _left_out(warnings, exc, LEFT_OUT)
+        return fallback
+
+
+def _throttle_reasons(g: dict, p: str):
+    reasons = _get(g, "throttle_reasons", p, required=False)
+    if reasons is MISSING:
+        return None
+    if (
+        not isinstance(reasons, list)
+        or len(reasons) > limits.MAX_THROTTLE_REASONS
+        or not all(
+            isinstance(r, str) and len(r) <= limits.MAX_REASON_CHARS and text_problem(r) is None
+            for r in reasons
+        )
+    ):
+        raise Invalid(
+            p + "throttle_reasons",
+            f"Must be a list of at most {limits.MAX_THROTTLE_REASONS} names of at most "
+            f"{limits.MAX_REASON_CHARS} characters.",
+        )
+    return tuple(reasons)
+
+
+# A GPU reading's numbers in GpuSample's order, with their ranges.
+GPU_NUMBERS = tuple(limits.GPU_READING_RANGES.items())
+
+
+def gpu_sample(g, i: int, warnings: dict) -> GpuSample | None:
     """One GPU reading: a single pass for a valid one (a heartbeat carries one per GPU, a
-    thousand times a second), the field-by-field validators for the rest, which name the
-    field at fault. Both accept and refuse exactly the same readings."""
+    thousand times a second), the field-by-field validators for the rest, which name each
+    field at fault in `warnings` and leave it out. Both give exactly the same result."""
+    if type(g) is not dict:
+        return checked_gpu_sample(g, i, warnings)
     values = []
-    for key, minimum in GPU_NUMBERS:
+    for key, (lowest, highest) in GPU_NUMBERS:
         v = g.get(key)
         if v is None:
             values.append(None)
-        elif (
-            (type(v) is float or type(v) is int)
-            and math.isfinite(v)
-            and (minimum is None or v >= minimum)
-        ):
+        elif (type(v) is float or type(v) is int) and lowest <= v <= highest:
             values.append(float(v))
         else:
-            return checked_gpu_sample(g, i)
+            return checked_gpu_sample(g, i, warnings)
     uuid, healthy = g.get("uuid"), g.get("healthy", True)
     reasons, ecc = g.get("throttle_reasons"), g.get("ecc_errors")
     if (
         type(uuid) is not str
-        or not uuid
-        or len(uuid) > 96
+        or not GPU_UUID_RE.fullmatch(uuid)
         or (healthy is not None and type(healthy) is not bool)
-        or (reasons is not None and type(reasons) is not list)
-        or (ecc is not None and (type(ecc) is not int or ecc < 0))
+        or (
+            reasons is not None
+            and (type(reasons) is not list or len(reasons) > limits.MAX_THROTTLE_REASONS)
+        )
+        or (ecc is not None and (type(ecc) is not int or not 0 <= ecc <= limits.MAX_COUNT))
     ):
-        return checked_gpu_sample(g, i)
+        return checked_gpu_sample(g, i, warnings)
     if reasons:
         for r in reasons:
-            if type(r) is not str:
-                return checked_gpu_sample(g, i)
+            if type(r) is not str or len(r) > limits.MAX_REASON_CHARS or text_problem(r):
+                return checked_gpu_sample(g, i, warnings)
     return GpuSample(
         uuid,
         True if healthy is None else healthy,
@@ -254,71 +393,157 @@ def gpu_sample(g: dict, i: int) -> GpuSample:
     )
 
 
-def checked_gpu_sample(g: dict, i: int) -> GpuSample:
+def checked_gpu_sample(g, i: int, warnings: dict) -> GpuSample | None:
+    """A reading checked field by field: a bad number, flag or list is left out (not
+    reported), with a warning; a reading without a usable UUID is left out whole."""
     p = f"gpus[{i}]."
-    reasons = _get(g, "throttle_reasons", p, required=False)
-    if reasons is not MISSING and (
-        not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons)
-    ):
-        raise Invalid(p + "throttle_reasons", "Must be a list of strings.")
+    if not isinstance(g, dict):
+        _left_out(warnings, Invalid(f"gpus[{i}]", "Must be an object."), LEFT_OUT)
+        return None
+    try:
+        uuid = gpu_uuid(g, "uuid", p, required=True)
+    except Invalid as exc:
+        _left_out(warnings, exc, "This GPU's reading was left out; the rest was applied.")
+        return None
+    values = {
+        key: _lenient(warnings, None, number, g, key, p, minimum=lowest, maximum=highest)
+        for key, (lowest, highest) in GPU_NUMBERS
+    }
     return GpuSample(
-        uuid=string(g, "uuid", p, required=True, max_length=96),
-        healthy=boolean(g, "healthy", p, default=True),
-        utilization_pct=number(g, "utilization_pct", p, minimum=0),
-        memory_used_mib=number(g, "memory_used_mib", p, minimum=0),
-        power_draw_w=number(g, "power_draw_w", p, minimum=0),
-        power_cap_w=number(g, "power_cap_w", p, minimum=0),
-        energy_j=number(g, "energy_j", p, minimum=0),
-        temperature_c=number(g, "temperature_c", p),
-        sm_clock_mhz=number(g, "sm_clock_mhz", p, minimum=0),
-        throttle_reasons=None if reasons is MISSING else tuple(reasons),
-        ecc_errors=integer(g, "ecc_errors", p, minimum=0),
+        uuid=uuid,
+        healthy=_lenient(warnings, True, boolean, g, "healthy", p, default=True),
+        **values,
+        throttle_reasons=_lenient(warnings, None, _throttle_reasons, g, p),
+        ecc_errors=_lenient(warnings, None, integer, g, "ecc_errors", p, minimum=0),
     )
 
 
-def parse_heartbeat(body: dict) -> Heartbeat:
-    gpus = [gpu_sample(g, i) for i, g in enumerate(objects(body, "gpus", required=True))]
-    attempts = []
-    for i, a in enumerate(objects(body, "attempts", required=True)):
-        p = f"attempts[{i}]."
+def _attempt_report(a, i: int, warnings: dict) -> tuple[int | None, AttemptReport | None]:
+    """(attempt id, report) of one `attempts[]` entry; (id, None) when the report cannot be
+    applied (its state, exit code or stop cause is unreadable), (None, None) when not even its
+    attempt is known. Unreadable optional fields are left out."""
+    p = f"attempts[{i}]."
+    if not isinstance(a, dict):
+        _left_out(warnings, Invalid(f"attempts[{i}]", "Must be an object."), SKIPPED_REPORT)
+        return None, None
+    try:
+        attempt_id = integer(a, "attempt_id", p, required=True, minimum=1)
+    except Invalid as exc:
+        _left_out(warnings, exc, SKIPPED_REPORT)
+        return None, None
+    try:
         state = string(a, "state", p, required=True, max_length=32)
         if state not in hb_logic.ATTEMPT_REPORT_STATES:
             raise Invalid(p + "state", f"One of {', '.join(hb_logic.ATTEMPT_REPORT_STATES)}.")
-        exit_code = integer(a, "exit_code", p)
-        if state == hb_logic.EXITED and exit_code is None:
-            raise Invalid(p + "exit_code", "Required when state is exited.")
         stop_cause = string(a, "stop_cause", p, max_length=32)
         if stop_cause is not None and stop_cause not in hb_logic.STOP_CAUSES:
             raise Invalid(p + "stop_cause", f"One of {', '.join(hb_logic.STOP_CAUSES)}.")
-        attempts.append(
-            AttemptReport(
-                attempt_id=integer(a, "attempt_id", p, required=True, minimum=1),
-                state=state,
-                started_at=number(a, "started_at", p, minimum=0),
-                exit_code=exit_code,
-                finished_at=number(a, "finished_at", p, minimum=0),
-                energy_j=number(a, "energy_j", p, minimum=0),
-                energy_estimated=boolean(a, "energy_estimated", p, default=False),
-                message=string(a, "message", p, max_length=2000) or "",
-                stop_cause=stop_cause,
-            )
-        )
+    except Invalid as exc:
+        _left_out(warnings, exc, UNAPPLIED_REPORT)
+        return attempt_id, None
+    # An exit lands even when its code is unreadable: the process is gone and its GPUs are
+    # free; the job fails with an unknown code rather than keep its GPUs until a report that
+    # may never come.
+    exit_code = _lenient(
+        warnings,
+        None,
+        integer,
+        a,
+        "exit_code",
+        p,
+        required=state == hb_logic.EXITED,
+        minimum=limits.MIN_EXIT_CODE,
+        maximum=limits.MAX_EXIT_CODE,
+    )
+    unix_time = {"minimum": 0, "maximum": limits.MAX_UNIX_TIME_S}
+    return attempt_id, AttemptReport(
+        attempt_id=attempt_id,
+        state=state,
+        started_at=_lenient(warnings, None, number, a, "started_at", p, **unix_time),
+        exit_code=exit_code,
+        finished_at=_lenient(warnings, None, number, a, "finished_at", p, **unix_time),
+        energy_j=_lenient(
+            warnings, None, number, a, "energy_j", p, minimum=0, maximum=limits.MAX_ENERGY_J
+        ),
+        energy_estimated=_lenient(
+            warnings, False, boolean, a, "energy_estimated", p, default=False
+        ),
+        message=_lenient(warnings, "", string, a, "message", p, max_length=limits.MAX_MESSAGE_CHARS)
+        or "",
+        stop_cause=stop_cause,
+    )
+
+
+SKIPPED_REPORT = (
+    "This report was left out; until the agent sends it readably, no attempt of this node is "
+    "judged by its absence."
+)
+UNAPPLIED_REPORT = (
+    "This attempt's report was not applied; the attempt is left as it was until a readable "
+    "report comes."
+)
+MAX_CONDITIONS = 256
+
+
+def _condition(c, i: int, warnings: dict) -> ConditionReport | None:
+    p = f"conditions[{i}]."
+    if not isinstance(c, dict):
+        _left_out(warnings, Invalid(f"conditions[{i}]", "Must be an object."), LEFT_OUT)
+        return None
+    try:
+        kind = string(c, "type", p, required=True, max_length=64)
+        uuid = gpu_uuid(c, "gpu_uuid", p)
+    except Invalid as exc:
+        _left_out(warnings, exc, "This condition was left out; the rest was applied.")
+        return None
+    message = _lenient(warnings, "", string, c, "message", p, max_length=limits.MAX_MESSAGE_CHARS)
+    return ConditionReport(type=kind, message=message or "", gpu_uuid=uuid)
+
+
+def parse_heartbeat(body: dict) -> Heartbeat:
+    """A heartbeat, with what could not be read named in `Heartbeat.warnings` and left out.
+
+    Invalid (a 400) only when the frame cannot be read: seq, sent_at, and gpus and attempts as
+    lists. An attempt report that cannot be applied leaves its attempt as it was: it counts as
+    reported (never as vanished from the node), and it is not acknowledged, so the agent sends
+    it again.
+    """
+    seq = integer(body, "seq", required=True, minimum=0)
+    sent_at = number(body, "sent_at", required=True, minimum=0, maximum=limits.MAX_UNIX_TIME_S)
+    warnings: dict[str, list[str]] = {}
+    gpus = []
+    for i, g in enumerate(items(body, "gpus", required=True)):
+        sample = gpu_sample(g, i, warnings)
+        if sample is not None:
+            gpus.append(sample)
+    attempts, unreadable, complete = [], set(), True
+    for i, a in enumerate(items(body, "attempts", required=True)):
+        attempt_id, report = _attempt_report(a, i, warnings)
+        if attempt_id is None:
+            complete = False
+        elif report is None:
+            unreadable.add(attempt_id)
+        else:
+            attempts.append(report)
     conditions = []
-    for i, c in enumerate(objects(body, "conditions", required=False)):
-        p = f"conditions[{i}]."
-        conditions.append(
-            ConditionReport(
-                type=string(c, "type", p, required=True, max_length=64),
-                message=string(c, "message", p, max_length=2000) or "",
-                gpu_uuid=string(c, "gpu_uuid", p, max_length=96),
-            )
+    listed = _lenient(warnings, [], items, body, "conditions", required=False)
+    if len(listed) > MAX_CONDITIONS:
+        warnings.setdefault("conditions", []).append(
+            f"At most {MAX_CONDITIONS} conditions; the rest were left out."
         )
+    for i, c in enumerate(listed[:MAX_CONDITIONS]):
+        condition = _condition(c, i, warnings)
+        if condition is not None:
+            conditions.append(condition)
     return Heartbeat(
-        seq=integer(body, "seq", required=True, minimum=0),
-        sent_at=number(body, "sent_at", required=True, minimum=0),
+        seq=seq,
+        sent_at=sent_at,
         gpus=tuple(gpus),
-        attempts=tuple(attempts),
+        attempts=tuple(a for a in attempts if a.attempt_id not in unreadable),
         conditions=tuple(conditions),
+        warnings=warnings,
+        unreadable_attempts=frozenset(unreadable),
+        reports_complete=complete,
     )
 
 
@@ -366,14 +591,32 @@ def register(request: HttpRequest) -> JsonResponse:
     """Join with a join token: create or update the node and its GPUs, issue a node token."""
     raw = bearer_token(request)
     data = parse_registration(parse_json(request))
-    # Spent only for a well-formed request: a typo in the body must not burn a one-use token.
-    try:
-        with transaction.atomic():
-            join = consume_join_token(raw)
-            # Refused after the use was counted: the transaction rolls the count back too.
-            node, token = _register_node(join, data)
-    except IntegrityError as exc:
-        raise Invalid("gpus", f"Conflicts with another node's inventory: {exc}") from None
+    uuids = [g["uuid"] for g in data["gpus"]]
+    for attempt in range(1, REGISTER_TRIES + 1):
+        # Spent only for a well-formed request: a typo in the body must not burn a one-use
+        # token. Anything refused after the use was counted rolls the count back with the rest.
+        try:
+            with transaction.atomic():
+                join = consume_join_token(raw)
+                try:
+                    node, token = _register_node(join, data)
+                except gpu_claims.GpuClaimRefused as exc:
+                    exc.join_token = join
+                    raise
+            break
+        except gpu_claims.GpuClaimRefused as refused:
+            return _claim_refused(refused, data["name"])
+        except IntegrityError as exc:
+            # Only a GPU UUID that another registration took since we looked gets here.
+            raced = gpu_claims.claims_raced(data["name"], uuids)
+            if raced:
+                return _claim_refused(gpu_claims.GpuClaimRefused(raced), data["name"])
+            raise Invalid("gpus", f"Conflicts with another node's inventory: {exc}") from None
+        except OperationalError as exc:
+            # Two registrations, or one and a heartbeat, that locked the same nodes in opposite
+            # orders (a swap of GPUs between two live nodes): nothing was written; again.
+            if not hb_logic._is_deadlock(exc) or attempt == REGISTER_TRIES:
+                raise
     log.info("node %s registered (%d GPUs)", node.name, len(data["gpus"]))
     return JsonResponse(
         {
@@ -386,12 +629,23 @@ def register(request: HttpRequest) -> JsonResponse:
     )
 
 
+REGISTER_TRIES = 3
+
+
+def _claim_refused(refused: gpu_claims.GpuClaimRefused, claimant: str) -> JsonResponse:
+    """409 naming each GPU and its holder; recorded for an admin, apart from the registration
+    (which was rolled back whole: no node, no GPU moved, no use of the join token spent)."""
+    gpu_claims.record_refusal(refused, claimant)
+    return JsonResponse(refused.answer(), status=409)
+
+
 def _register_node(join: JoinToken, data: dict) -> tuple[Node, str]:
     """Create the node, or update it when the join token was issued for its name.
 
     A join token that names no node makes new nodes only: registering an existing name would
     hand its holder that node's identity (a fresh node token, the node's work to come, the
-    right to report its attempts' exits).
+    right to report its attempts' exits). Nor does it take GPUs another node holds: a listed
+    GPU joins this node only when its node is gone for good (controlplane.cluster.gpu_claims).
     """
     name = data["name"]
     if join.node_name and join.node_name != name:
@@ -400,6 +654,11 @@ def _register_node(join: JoinToken, data: dict) -> tuple[Node, str]:
             403, f"This join token was issued for node {join.node_name!r} only, not {name!r}."
         )
     now = timezone.now()
+    own_id = Node.objects.filter(name=name).values_list("pk", flat=True).first()
+    if own_id is not None and not join.node_name:
+        raise _name_taken(name)
+    # Before this node's own row: holders, then their GPUs, then this node (see lock_claims).
+    moving_in = gpu_claims.lock_claims(own_id, [g["uuid"] for g in data["gpus"]], now)
     fields = {
         "pool": join.pool,
         "cpus": data["cpus"],
@@ -410,21 +669,18 @@ def _register_node(join: JoinToken, data: dict) -> tuple[Node, str]:
         "heartbeat_interval_s": settings.AGENT_HEARTBEAT_INTERVAL_S,
         "last_heartbeat_at": now,
         "ready": True,
+        "deregistered_at": None,
     }
     if join.node_name:
         node, _ = Node.objects.select_for_update().update_or_create(name=name, defaults=fields)
     else:
         try:
-            # Create, not get-or-create: a name taken between a look-up and the insert (another
-            # registration racing this one) is refused by the unique constraint all the same.
+            # Create, not get-or-create: a name taken between the look-up and the insert
+            # (another registration racing this one) is refused by the unique constraint.
             with transaction.atomic():
                 node = Node.objects.create(name=name, **fields)
         except IntegrityError:
-            raise Refused(
-                409,
-                f"A node named {name!r} is already registered. To join it again (its agent lost "
-                "its node token), use a join token issued for this node name (node_name).",
-            ) from None
+            raise _name_taken(name) from None
     reported = {g["uuid"]: g for g in data["gpus"]}
     existing = {g.uuid: g for g in GPU.objects.select_for_update().filter(node=node)}
     # A GPU that left this node (pulled, swapped, dead) is kept for its history but marked
@@ -443,15 +699,24 @@ def _register_node(join: JoinToken, data: dict) -> tuple[Node, str]:
         GPU.objects.filter(node=node, uuid__in=moving).update(index=F("index") + PARKED_INDEX)
     for g in data["gpus"]:
         inventory = {k: g[k] for k in g if k != "uuid"}
-        gpu = existing.get(g["uuid"])
+        gpu = existing.get(g["uuid"]) or moving_in.get(g["uuid"])
         if gpu is None:
-            # New here; possibly moved from another node, whose row it takes over.
-            GPU.objects.update_or_create(
-                uuid=g["uuid"], defaults={**inventory, "node": node, "healthy": True}
-            )
+            # Create, not update-or-create: a row of this UUID made since lock_claims looked
+            # (another registration) is refused by the unique constraint, never taken over.
+            GPU.objects.create(uuid=g["uuid"], **inventory, node=node, healthy=True)
         else:
-            GPU.objects.filter(pk=gpu.pk).update(**inventory, healthy=True)
+            # Its own, or one whose node is gone for good (locked): it keeps its history.
+            GPU.objects.filter(pk=gpu.pk).update(**inventory, node=node, healthy=True)
+    gpu_claims.note_claimed(node, list(reported), now)
     return node, rotate_node_token(node)
+
+
+def _name_taken(name: str) -> Refused:
+    return Refused(
+        409,
+        f"A node named {name!r} is already registered. To join it again (its agent lost its "
+        "node token), use a join token issued for this node name (node_name).",
+    )
 
 
 def _spare_index(node: Node) -> int:
@@ -488,7 +753,10 @@ def answer_heartbeat_request(
                 read = hb_logic.read_node(digest)
                 if read is None:
                     raise AgentAuthError("Invalid node token.")
-                return 200, hb_logic.answer_heartbeat(read, report), []
+                answer = hb_logic.answer_heartbeat(read, report)
+                if report.warnings:
+                    answer = with_warnings(answer, report.warnings, read.node.name)
+                return 200, answer, []
             except (OperationalError, InterfaceError) as exc:
                 if not database_unreachable(exc):
                     raise
@@ -510,6 +778,12 @@ def answer_heartbeat_request(
         )
     except Invalid as exc:
         return 400, json.dumps({exc.field: [exc.message]}).encode(), []
+
+
+def with_warnings(answer: bytes, warnings: dict, node_name: str) -> bytes:
+    """The answer, telling the agent what of its heartbeat was left out and why."""
+    log.info("heartbeat of %s applied without %s", node_name, ", ".join(sorted(warnings)))
+    return json.dumps({**json.loads(answer), "warnings": warnings}).encode()
 
 
 def database_unreachable(exc: Exception) -> bool:
@@ -666,16 +940,43 @@ def _differs_from_last_answer(node: Node) -> bool:
     return told is not None and told != hb_logic.digest(hb_logic.current_desired_state(node))
 
 
+def log_chunk_bytes(body: dict) -> bytes:
+    """A chunk's bytes: `data_b64` (base64, any bytes at all, as current agents send output
+    that is not plain UTF-8 text) or `data` (text, encoded as UTF-8, as older agents send it;
+    its NULs are kept, and the lone surrogates U+DC80..U+DCFF stand for the raw bytes 0x80..0xFF
+    as Python's surrogateescape makes them)."""
+    if "data_b64" in body and "data" in body:
+        raise Invalid("data_b64", "Send data or data_b64, not both.")
+    if "data_b64" in body:
+        raw = string(body, "data_b64", max_length=4 * (LOG_CHUNK_MAX_BYTES // 3 + 1), text=False)
+        try:
+            data = base64.b64decode(raw or "", validate=True)
+        except ValueError:
+            raise Invalid("data_b64", "Must be base64 (RFC 4648, with padding).") from None
+        field = "data_b64"
+    else:
+        text = string(body, "data", max_length=LOG_CHUNK_MAX_BYTES, text=False) or ""
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise Invalid(
+                "data",
+                "Must not contain lone surrogates (U+D800..U+DC7F, U+DD00..U+DFFF): not text; "
+                "send output that is not UTF-8 as data_b64.",
+            ) from None
+        field = "data"
+    if len(data) > LOG_CHUNK_MAX_BYTES:
+        raise Invalid(field, f"At most {LOG_CHUNK_MAX_BYTES} bytes per chunk.")
+    return data
+
+
 @agent_view()
 def logs(request: HttpRequest, node: Node) -> JsonResponse:
     """Store a chunk of an attempt's output at its byte offset; a resent chunk is stored once."""
     body = parse_json(request)
     attempt_id = integer(body, "attempt_id", required=True, minimum=1)
     offset = integer(body, "offset", required=True, minimum=0)
-    data = string(body, "data", max_length=LOG_CHUNK_MAX_BYTES) or ""
-    encoded = data.encode()
-    if len(encoded) > LOG_CHUNK_MAX_BYTES:
-        raise Invalid("data", f"At most {LOG_CHUNK_MAX_BYTES} bytes per chunk.")
+    encoded = log_chunk_bytes(body)
     ours = Q(node_id=node.pk) | Q(allocations__gpu__node_id=node.pk)
     with transaction.atomic():
         # The attempt row's lock serialises chunks of one attempt, so log_bytes stays exact.
@@ -695,9 +996,9 @@ def logs(request: HttpRequest, node: Node) -> JsonResponse:
             return JsonResponse({"next_offset": stored_to})
         if end <= stored_to:
             return JsonResponse({"next_offset": stored_to})
-        # Overlap: keep only the bytes past what is stored. The agent cuts chunks at character
-        # boundaries, and so does the stored end, so the tail decodes cleanly.
-        tail = encoded[stored_to - offset :].decode(errors="replace")
+        # Overlap: keep only the bytes past what is stored. Bytes, not text: a chunk may end
+        # inside a character, and the next one carries the rest.
+        tail = encoded[stored_to - offset :]
         LogChunk.objects.bulk_create(
             [LogChunk(attempt_id=attempt.pk, offset=stored_to, data=tail)],
             ignore_conflicts=True,

@@ -77,6 +77,18 @@ class Heartbeat:
     gpus: tuple[GpuSample, ...] = ()
     attempts: tuple[AttemptReport, ...] = ()
     conditions: tuple[ConditionReport, ...] = ()
+    # What was left out as unreadable, by field path (told to the agent in the answer).
+    warnings: dict[str, list[str]] = field(default_factory=dict)
+    # Attempts whose report was there but could not be applied: each stays as it was, and
+    # counts as reported (its absence proves nothing).
+    unreadable_attempts: frozenset[int] = frozenset()
+    # False when a report could not even be tied to an attempt: then no attempt's absence from
+    # this heartbeat proves anything.
+    reports_complete: bool = True
+
+    def may_have_reported(self, attempt_id: int) -> bool:
+        """Whether this heartbeat may have spoken of the attempt, readably or not."""
+        return not self.reports_complete or attempt_id in self.unreadable_attempts
 
 
 @dataclass(slots=True)
@@ -440,6 +452,8 @@ def is_steady(node: NodeInfo, work: dict[int, Work], hb: Heartbeat, now: dt.date
     """
     if not node.ready or node.last_heartbeat_at is None:
         return False
+    if hb.unreadable_attempts or not hb.reports_complete:
+        return False
     silent_s = (now - node.last_heartbeat_at).total_seconds()
     if silent_s >= settings.NODE_NOT_READY_AFTER_INTERVALS * node.heartbeat_interval_s:
         return False
@@ -605,7 +619,9 @@ def _apply_report(
         )
         lost, message = True, why[0].upper() + why[1:]
     elif r.state == EXITED:
-        lost, message = False, ""
+        # No code: the agent's was unreadable (the parse said so); the job fails, saying why.
+        lost = False
+        message = "" if r.exit_code is not None else f"Exited on {node.name}, exit code unknown"
     else:
         lost, message = False, f"Failed to start on {node.name}: {r.message or 'no reason given'}"
     actions.finish_attempt(
@@ -781,7 +797,7 @@ def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = No
             # Someone else moved the job on (a cancel, a sweep): the next heartbeat sees where.
             log.info("report on attempt %s of %s not applied: %s", aid, node.name, exc)
     for aid, w in work.items():
-        if aid not in reports:
+        if aid not in reports and not hb.may_have_reported(aid):
             try:
                 _surviving_deadlocks(
                     f"loss of attempt {aid} of {node.name}", _forget_unreported, node, w, hb, now

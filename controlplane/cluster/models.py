@@ -56,6 +56,9 @@ class Node(models.Model):
     token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
     token_prefix = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # Set by an admin for a node that is gone for good (controlplane.cluster.gpu_claims): its
+    # token is revoked and its GPUs may join another node. A re-join clears it.
+    deregistered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -65,6 +68,8 @@ class Node(models.Model):
 
     @property
     def status(self) -> str:
+        if self.deregistered_at is not None:
+            return "deregistered"
         return self.state if self.ready else "down"
 
     @property
@@ -192,3 +197,53 @@ class LivenessClock(models.Model):
     # Why the last sweep found the control plane deaf ("" when it could hear), for the operator
     # who wonders why nothing is declared lost.
     deaf_reason = models.CharField(max_length=200, blank=True, default="")
+
+
+class GpuClaimResolution(models.TextChoices):
+    HOLDER_DEREGISTERED = "holder_deregistered", "The holder was deregistered"
+    DISMISSED = "dismissed", "Dismissed by an admin"
+    CLAIMED = "claimed", "The GPU joined the claimant"
+
+
+class GpuClaimConflict(models.Model):
+    """A registration refused because it listed a GPU that another node still holds.
+
+    One open row per (GPU, claimant name), however often the agent retries; an admin resolves it
+    (controlplane.cluster.gpu_claims), or it resolves itself when the claimant registers with the
+    GPU once its holder is gone for good.
+    """
+
+    gpu_uuid = models.CharField(max_length=96)
+    # The node name the refused registration asked for (no node row exists for a new one).
+    claimant = models.CharField(max_length=253)
+    holder = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    holder_name = models.CharField(max_length=253)
+    reason = models.CharField(max_length=300)
+    join_token = models.ForeignKey(
+        JoinToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    first_refused_at = models.DateTimeField(default=timezone.now)
+    last_refused_at = models.DateTimeField(default=timezone.now)
+    refusals = models.PositiveIntegerField(default=1)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    resolution = models.CharField(
+        max_length=32, choices=GpuClaimResolution.choices, blank=True, default=""
+    )
+
+    class Meta:
+        ordering = ["-last_refused_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu_uuid", "claimant"],
+                condition=Q(resolved_at__isnull=True),
+                name="gpu_claim_conflict_one_open",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.claimant} claims {self.gpu_uuid} of {self.holder_name}"

@@ -7,6 +7,7 @@ the end-to-end runs are tested in tests/controlplane.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -229,7 +230,10 @@ class TinyControlPlane:
                 self.fail_next_log_posts -= 1
                 return 503, {"detail": "try again"}
             attempt_id, offset = body["attempt_id"], body["offset"]
-            data = body["data"].encode()
+            if "data_b64" in body:
+                data = base64.b64decode(body["data_b64"])
+            else:
+                data = body["data"].encode()
             stored = self.logs.get(attempt_id, b"")
             self.log_posts.append((attempt_id, offset, len(data)))
             if offset <= len(stored) < offset + len(data):

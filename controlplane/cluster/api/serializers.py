@@ -10,7 +10,17 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.cluster.models import GPU, NODE_NAME_RE, JoinToken, Node, NodeState, Pool
+from controlplane.cluster.models import (
+    GPU,
+    NODE_NAME_RE,
+    GpuClaimConflict,
+    GpuClaimResolution,
+    JoinToken,
+    Node,
+    NodeState,
+    Pool,
+)
+from controlplane.permissions import is_cluster_admin
 from controlplane.tenancy.models import hash_token, new_raw_token
 
 # A budget above this is a typo (a large datacenter hall draws tens of megawatts).
@@ -84,8 +94,14 @@ class NodeSerializer(serializers.ModelSerializer):
             "gpus_free",
             "gpu_models",
             "power_draw_w",
+            "deregistered_at",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "deregistered_at": {
+                "help_text": "When an admin deregistered it (gone for good); null: it was not"
+            }
+        }
 
     # The node's GPUs are prefetched with an `allocated` flag (see NodeViewSet).
 
@@ -109,6 +125,15 @@ class NodeSerializer(serializers.ModelSerializer):
 
 
 class GpuSerializer(serializers.ModelSerializer):
+    """A GPU as everyone sees it, but for its UUID, which only cluster admins see.
+
+    The UUID is the GPU's hardware identity: agents report by it, and a registration that
+    lists another node's UUIDs claims those GPUs (controlplane.cluster.gpu_claims refuses it
+    while their node is not gone for good). Nobody else needs it, so the API does not hand the
+    whole cluster's list to every signed-in user. (A job can still read its own GPUs' UUIDs
+    through nvidia-smi: hiding them is a second line, the claim rule is the first.)
+    """
+
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
     pool = serializers.CharField(source="node.pool.name", read_only=True)
     allocated = serializers.BooleanField(
@@ -150,7 +175,15 @@ class GpuSerializer(serializers.ModelSerializer):
             "ecc_errors": {
                 "help_text": "Uncorrected ECC errors since the driver loaded; null: unknown"
             },
+            "uuid": {"help_text": "Hardware identity; in answers to cluster admins only"},
         }
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is None or not is_cluster_admin(request.user):
+            data.pop("uuid", None)
+        return data
 
 
 class JoinTokenSerializer(serializers.ModelSerializer):
@@ -238,3 +271,58 @@ NODE_ACTION_STATES = {
     "drain": NodeState.DRAINING,
     "uncordon": NodeState.READY,
 }
+
+
+class GpuClaimConflictSerializer(serializers.ModelSerializer):
+    holder = serializers.CharField(
+        source="holder_name", read_only=True, help_text="The node that holds the GPU"
+    )
+    join_token = serializers.CharField(
+        source="join_token.prefix",
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="Prefix of the join token the refused registration used",
+    )
+    resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    open = serializers.SerializerMethodField(help_text="Not resolved yet")
+
+    class Meta:
+        model = GpuClaimConflict
+        fields = [
+            "id",
+            "gpu_uuid",
+            "claimant",
+            "holder",
+            "reason",
+            "join_token",
+            "refusals",
+            "first_refused_at",
+            "last_refused_at",
+            "open",
+            "resolved_at",
+            "resolved_by",
+            "resolution",
+        ]
+        read_only_fields = fields
+        extra_kwargs = {
+            "claimant": {"help_text": "The node name the refused registration asked for"},
+            "reason": {"help_text": "Why the holder still counts as holding the GPU"},
+            "refusals": {"help_text": "How many registrations were refused for it"},
+        }
+
+    def get_open(self, obj) -> bool:
+        return obj.resolved_at is None
+
+
+class GpuClaimResolveSerializer(serializers.Serializer):
+    resolution = serializers.ChoiceField(
+        choices=[
+            (GpuClaimResolution.HOLDER_DEREGISTERED.value, "Deregister the holder node"),
+            (GpuClaimResolution.DISMISSED.value, "Dismiss the claim"),
+        ],
+        help_text="holder_deregistered: the GPU really moved, its old node is gone for good "
+        "(refused while that node runs work); the claimant's next registration takes it. "
+        "dismissed: the claim was wrong or hostile; nothing else changes (revoke its join "
+        "token if need be).",
+    )

@@ -1,15 +1,20 @@
-"""Cluster endpoints: pools, nodes (with cordon / drain / uncordon), GPUs, join tokens."""
+"""Cluster endpoints: pools, nodes (with cordon / drain / uncordon / deregister), GPUs, join
+tokens, and the GPU claims registrations were refused for."""
 
-from django.db.models import Count, Exists, OuterRef, Prefetch, Sum
+import django_filters
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, Sum
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from controlplane.cluster import gpu_claims
 from controlplane.cluster.api.node_state import set_node_state
 from controlplane.cluster.api.serializers import (
     NODE_ACTION_STATES,
+    GpuClaimConflictSerializer,
+    GpuClaimResolveSerializer,
     GpuSerializer,
     JoinTokenCreatedSerializer,
     JoinTokenSerializer,
@@ -22,15 +27,17 @@ from controlplane.cluster.filtersets import (
     NodeFilterSet,
     PoolFilterSet,
 )
-from controlplane.cluster.models import GPU, JoinToken, Node, Pool
+from controlplane.cluster.models import GPU, GpuClaimConflict, JoinToken, Node, Pool
 from controlplane.jobs.models import Allocation
 from controlplane.permissions import (
     SIGNED_IN,
     STAFF,
+    Conflict,
     Need,
     ScopedCreateMixin,
     ScopedDestroyMixin,
     ScopedViewSet,
+    request_body,
 )
 
 
@@ -79,7 +86,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
     lookup_value_regex = "[^/]+"
     ordering_fields = ["name", "last_heartbeat_at", "state"]
     read_need = Need(SIGNED_IN)
-    action_needs = {name: Need(STAFF) for name in NODE_ACTION_STATES}
+    action_needs = {**{name: Need(STAFF) for name in NODE_ACTION_STATES}, "deregister": Need(STAFF)}
 
     def _set_state(self, request, action_name: str):
         node = self.get_object()
@@ -104,9 +111,28 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
         """The node takes new work again."""
         return self._set_state(request, "uncordon")
 
+    @extend_schema(
+        request=None,
+        responses={200: NodeSerializer, 409: OpenApiResponse(description="Attempts still active")},
+    )
+    @action(detail=True, methods=["post"])
+    def deregister(self, request, name=None):
+        """The node is gone for good: its token stops working, it gets no work, and its GPUs may
+        join another node (a registration listing them is no longer refused). Refused (409)
+        while any attempt is active there. Re-joining it with a join token issued for its name
+        undoes this."""
+        node = self.get_object()
+        try:
+            gpu_claims.deregister_node(node, actor=request.user)
+        except gpu_claims.NodeBusy as exc:
+            raise Conflict(str(exc)) from None
+        return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
+
 
 class GpuViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
-    """Every GPU with its power limits and latest telemetry. Read-only: agents report them."""
+    """Every GPU with its power limits and latest telemetry. Read-only: agents report them.
+
+    Looked up by UUID, which only cluster admins are shown (GpuSerializer says why)."""
 
     queryset = _gpus_with_allocated_flag().select_related("node__pool")
     serializer_class = GpuSerializer
@@ -149,3 +175,57 @@ class JoinTokenViewSet(
         JoinToken.objects.filter(pk=instance.pk, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
         )
+
+
+class GpuClaimConflictFilterSet(django_filters.FilterSet):
+    open = django_filters.BooleanFilter(
+        field_name="resolved_at", lookup_expr="isnull", label="Not resolved yet"
+    )
+    claimant = django_filters.CharFilter()
+    gpu_uuid = django_filters.CharFilter()
+    holder = django_filters.CharFilter(field_name="holder_name")
+
+    class Meta:
+        model = GpuClaimConflict
+        fields = ["open", "claimant", "gpu_uuid", "holder"]
+
+
+class GpuClaimConflictViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Registrations refused for listing GPUs another node holds. Cluster admins only.
+
+    Open ones first. Resolve one by deregistering the holder (the GPU really moved; its old node
+    is gone for good) or by dismissing it (the claim was a mistake or an attack).
+    """
+
+    queryset = GpuClaimConflict.objects.select_related("join_token", "resolved_by").order_by(
+        F("resolved_at").desc(nulls_first=True), "-last_refused_at", "-id"
+    )
+    serializer_class = GpuClaimConflictSerializer
+    filterset_class = GpuClaimConflictFilterSet
+    ordering_fields = ["last_refused_at", "first_refused_at", "refusals"]
+    read_need = Need(STAFF)
+    write_need = Need(STAFF)
+    action_needs = {"resolve": Need(STAFF)}
+
+    @extend_schema(
+        request=GpuClaimResolveSerializer,
+        responses={
+            200: GpuClaimConflictSerializer,
+            409: OpenApiResponse(description="The holder still has active attempts"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def resolve(self, request, pk=None):
+        """Close the conflict: `holder_deregistered` deregisters the node that holds the GPU
+        (409 while attempts are active there), after which the claimant registers with it;
+        `dismissed` changes nothing else. Resolving a closed conflict changes nothing."""
+        conflict = self.get_object()
+        body = GpuClaimResolveSerializer(data=request_body(request))
+        body.is_valid(raise_exception=True)
+        try:
+            conflict = gpu_claims.resolve_conflict(
+                conflict, body.validated_data["resolution"], actor=request.user
+            )
+        except gpu_claims.NodeBusy as exc:
+            raise Conflict(str(exc)) from None
+        return Response(GpuClaimConflictSerializer(self.get_queryset().get(pk=conflict.pk)).data)

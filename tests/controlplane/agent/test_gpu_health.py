@@ -34,7 +34,8 @@ def gpus_api(user) -> dict:
     assert response.status_code == 200
     body = response.json()
     rows = body["results"] if isinstance(body, dict) else body
-    return {g["uuid"]: g for g in rows}
+    # Members are not shown UUIDs: key the rows by the one the test agent gives (node, index).
+    return {f"GPU-{g['node']}-{g['index']}": g for g in rows}
 
 
 def test_reported_health_reaches_the_row_the_api_and_the_metrics(agent, node01, alice, settings):

@@ -336,11 +336,32 @@ def test_a_heartbeat_with_the_clock_ahead_does_not_start_jobs_in_the_future(
     assert attempt.started_at <= dt.datetime.now(dt.UTC)
 
 
-BAD_HEARTBEATS = [
+# A heartbeat whose frame cannot be read is refused whole, naming the field.
+BAD_FRAMES = [
     (lambda b: b.pop("seq"), "seq"),
     (lambda b: b.update(sent_at="now"), "sent_at"),
     (lambda b: b.update(gpus=None), "gpus"),
     (lambda b: b.update(attempts={}), "attempts"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_FRAMES, ids=[f for _, f in BAD_FRAMES])
+def test_a_heartbeat_whose_frame_is_malformed_is_refused_naming_the_field(
+    agent, node01, change, field
+):
+    node, token = node01
+    body = agent.heartbeat_body([gpu_reading("GPU-node-01-0")])
+    change(body)
+
+    response = agent.post("heartbeat", body, token)
+
+    assert response.status_code == 400
+    assert list(response.json()) == [field]
+    assert GPU.objects.get(uuid="GPU-node-01-0").telemetry_at is None
+
+
+# A bad part of a heartbeat is left out and named; the rest (liveness, the other readings) lands.
+BAD_PARTS = [
     (lambda b: b["gpus"].append(7), "gpus[1]"),
     (lambda b: b["gpus"][0].pop("uuid"), "gpus[0].uuid"),
     (lambda b: b["gpus"][0].update(power_draw_w="512"), "gpus[0].power_draw_w"),
@@ -355,22 +376,31 @@ BAD_HEARTBEATS = [
 ]
 
 
-@pytest.mark.parametrize(("change", "field"), BAD_HEARTBEATS, ids=[f for _, f in BAD_HEARTBEATS])
-def test_a_malformed_heartbeat_is_refused_naming_the_field(agent, node01, change, field):
+@pytest.mark.parametrize(("change", "field"), BAD_PARTS, ids=[f for _, f in BAD_PARTS])
+def test_a_malformed_part_of_a_heartbeat_is_named_and_the_rest_is_applied(
+    agent, node01, change, field
+):
     node, token = node01
+    Node.objects.filter(pk=node.pk).update(ready=False)
     body = agent.heartbeat_body([gpu_reading("GPU-node-01-0")])
     change(body)
 
     response = agent.post("heartbeat", body, token)
 
-    assert response.status_code == 400
-    assert list(response.json()) == [field]
-    assert GPU.objects.get(uuid="GPU-node-01-0").telemetry_at is None
+    assert response.status_code == 200, response.content
+    assert list(response.json()["warnings"]) == [field]
+    assert Node.objects.get(pk=node.pk).ready  # its liveness landed
+    assert response.json()["lease_s"] > 0
 
 
-def test_non_finite_numbers_are_refused(agent, node01):
+def test_non_finite_numbers_are_left_out_and_named(agent, node01):
     _, token = node01
-    body = '{"seq": 1, "sent_at": 1.0, "gpus": [{"uuid": "GPU-node-01-0", "power_draw_w": NaN}], "attempts": []}'
+    body = (
+        '{"seq": 1, "sent_at": 1.0, "gpus": [{"uuid": "GPU-node-01-0", "power_draw_w": NaN,'
+        ' "temperature_c": 40}], "attempts": []}'
+    )
     response = agent.post("heartbeat", body, token)
-    assert response.status_code == 400
-    assert "gpus[0].power_draw_w" in response.json()
+    assert response.status_code == 200
+    assert "gpus[0].power_draw_w" in response.json()["warnings"]
+    gpu = GPU.objects.get(uuid="GPU-node-01-0")
+    assert (gpu.power_draw_w, gpu.temperature_c) == (None, 40.0)

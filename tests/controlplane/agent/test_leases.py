@@ -245,15 +245,18 @@ def test_an_attempt_the_node_refused_to_start_as_its_lease_ran_out_is_requeued_e
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.LOST
 
 
-def test_a_stop_cause_the_protocol_does_not_know_is_refused(
+def test_a_stop_cause_the_protocol_does_not_know_leaves_the_attempt_as_it_was(
     agent, node01, make_job, vision, alice, admit
 ):
     node, token = node01
     attempt = admit(make_job(vision, alice), node)
     body = agent.heartbeat_body(readings(node), [exited(attempt, 0, stop_cause="bored")])
     response = agent.post("heartbeat", body, token)
-    assert response.status_code == 400
-    assert "attempts[0].stop_cause" in response.json()
+    assert response.status_code == 200
+    assert "attempts[0].stop_cause" in response.json()["warnings"]
+    # Not applied (it may decide the job's fate), and not taken for a vanished attempt either.
+    assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.ADMITTED
+    assert [a["attempt_id"] for a in response.json()["attempts"]] == [attempt.pk]
 
 
 # --- an attempt told to stop before it started -------------------------------------------------

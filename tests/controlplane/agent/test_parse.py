@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from controlplane.cluster.agent_api import Invalid, checked_gpu_sample, gpu_sample
+from controlplane.cluster.agent_api import checked_gpu_sample, gpu_sample
 
 from .conftest import gpu_reading
 
@@ -37,14 +37,27 @@ VARIANTS = [
     {"ecc_errors": -1},
     {"ecc_errors": 1.5},
     {"ecc_errors": False},
+    {"utilization_pct": 100.5},
+    {"power_draw_w": 1e12},
+    {"temperature_c": 1e9},
+    {"temperature_c": -60},
+    {"energy_j": -1},
+    {"energy_j": 2.0**63},
+    {"sm_clock_mhz": 1e6},
+    {"memory_used_mib": 2.0**40},
+    {"ecc_errors": 2**64},
+    {"power_draw_w": 10**400},
+    {"uuid": "GPU x"},
+    {"uuid": "GPU-\x00"},
+    {"uuid": "GPU-\ud800"},
+    {"throttle_reasons": ["sw\x00"]},
+    {"throttle_reasons": ["r"] * 65},
 ]
 
 
 def outcome(parse, reading):
-    try:
-        return parse(reading, 4)
-    except Invalid as exc:
-        return (exc.field, exc.message)
+    warnings = {}
+    return parse(reading, 4, warnings), warnings
 
 
 @pytest.mark.parametrize("change", VARIANTS, ids=[repr(v)[:40] for v in VARIANTS])
@@ -55,7 +68,7 @@ def test_the_fast_parse_agrees_with_the_field_validators(change):
 
 
 def test_a_reading_with_only_its_uuid_is_accepted_with_nothing_measured():
-    sample = gpu_sample({"uuid": "GPU-x-0"}, 0)
+    sample = gpu_sample({"uuid": "GPU-x-0"}, 0, {})
     assert sample.healthy is True
     assert sample.power_draw_w is None
     assert sample.throttle_reasons is None

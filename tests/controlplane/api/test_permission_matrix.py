@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from controlplane.cluster.models import JoinToken, Node, Pool
+from controlplane.cluster.models import GpuClaimConflict, JoinToken, Node, Pool
 from controlplane.jobs.models import Job
 from controlplane.tenancy.models import ApiToken, Budget, Invitation, Membership, Quota, Tenant
 from tests.controlplane.api.helpers import ROLES, job_body, results
@@ -69,6 +69,17 @@ class Case:
     touches: Callable | None = None
     # Objects made before the request, so a list has rows of both tenants.
     setup: Callable = field(default=lambda w: None)
+
+
+def gpu_claim_conflict(w) -> GpuClaimConflict:
+    """A refused claim on one of the node's GPUs (made once per test)."""
+    gpu = w.node.gpus.first()
+    conflict, _ = GpuClaimConflict.objects.get_or_create(
+        gpu_uuid=gpu.uuid,
+        claimant="intruder-01",
+        defaults={"holder": w.node, "holder_name": w.node.name, "reason": "the node is live"},
+    )
+    return conflict
 
 
 def rows(queryset):
@@ -292,7 +303,7 @@ CASES = [
             staff_only(200),
             touches=lambda w: Node.objects.filter(pk=w.node.pk),
         )
-        for verb in ("cordon", "drain", "uncordon")
+        for verb in ("cordon", "drain", "uncordon", "deregister")
     ],
     # gpus
     Case(
@@ -300,7 +311,7 @@ CASES = [
         "get",
         lambda w: "/api/v1/gpus/",
         LIST,
-        listed=lambda w: ("uuid", w.node.gpus.first().uuid),
+        listed=lambda w: ("id", w.node.gpus.first().pk),
         listed_for=SIGNED_IN_ROLES,
     ),
     Case(
@@ -417,6 +428,29 @@ CASES = [
         )
         for verb in ("accept", "decline")
     ],
+    # GPU claims refused at registration: cluster admins only
+    Case(
+        "gpu-claim-conflicts-list",
+        "get",
+        lambda w: "/api/v1/gpu-claim-conflicts/",
+        staff_only(200),
+        listed=lambda w: ("id", gpu_claim_conflict(w).pk),
+        listed_for=frozenset({"cluster_admin"}),
+    ),
+    Case(
+        "gpu-claim-conflicts-retrieve",
+        "get",
+        lambda w: f"/api/v1/gpu-claim-conflicts/{gpu_claim_conflict(w).pk}/",
+        staff_only(200),
+    ),
+    Case(
+        "gpu-claim-conflicts-resolve",
+        "post",
+        lambda w: f"/api/v1/gpu-claim-conflicts/{gpu_claim_conflict(w).pk}/resolve/",
+        staff_only(200),
+        body=lambda w: {"resolution": "dismissed"},
+        touches=lambda w: GpuClaimConflict.objects.all(),
+    ),
     # api tokens: each person's own, admins included
     Case(
         "api-tokens-list",
