@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend import views
+from frontend import invitations, views
 
 urlpatterns = [
     path(
@@ -16,6 +16,12 @@ urlpatterns = [
     path("t/<slug:slug>/", views.tenant_dashboard, name="tenant-dashboard"),
     path("t/<slug:slug>/members/", views.tenant_members, name="tenant-members"),
     path("memberships/<int:pk>/", views.membership_change, name="membership-change"),
+    path("invitations/", invitations.my_invitations, name="my-invitations"),
+    path(
+        "invitations/<int:pk>/<slug:verb>/",
+        invitations.invitation_answer,
+        name="invitation-answer",
+    ),
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/new/", views.job_submit, name="job-submit"),
     path("jobs/new/preview/", views.job_submit_preview, name="job-submit-preview"),

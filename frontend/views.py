@@ -44,6 +44,7 @@ from frontend.forms import (
     QuotaForm,
     TenantForm,
 )
+from frontend.invitations import InvitationForm, sent_by_tenant
 
 JOBS_PER_PAGE = 25
 LIVE_POLL_S = 3
@@ -788,14 +789,22 @@ def _members_tenant(request, slug: str) -> Tenant:
 @login_required
 def tenant_members(request, slug: str):
     tenant = _members_tenant(request, slug)
-    form = MembershipForm(
+    # Cluster admins add people directly; tenant admins invite them (tenancy.actions.add_member).
+    direct = is_cluster_admin(request.user)
+    form = (MembershipForm if direct else InvitationForm)(
         request.POST or None, context=_serializer_context(request), extra={"tenant": tenant.slug}
     )
     if request.method == "POST" and form.is_valid():
-        m = form.save()
-        messages.success(
-            request, f"{m.user.username} is now {m.get_role_display().lower()} of {tenant.slug}."
-        )
+        made = form.save()
+        role = made.get_role_display().lower()
+        if direct:
+            messages.success(request, f"{made.user.username} is now {role} of {tenant.slug}.")
+        else:
+            messages.success(
+                request,
+                f"{made.invitee} is invited as {role} of {tenant.slug}; "
+                "they join when they accept.",
+            )
         return redirect("tenant-members", slug=tenant.slug)
     members = (
         Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
@@ -803,7 +812,14 @@ def tenant_members(request, slug: str):
     return page(
         request,
         "frontend/manage/members.html",
-        {"tenant": tenant, "form": form, "members": members, "roles": Role.choices},
+        {
+            "tenant": tenant,
+            "form": form,
+            "direct": direct,
+            "members": members,
+            "invitations": sent_by_tenant(tenant),
+            "roles": Role.choices,
+        },
         nav="members",
         status=400 if form.errors else 200,
     )

@@ -303,32 +303,64 @@ def test_a_pool_power_budget_is_set_validated_and_cleared(admin, pool, node):
 # --- members ---------------------------------------------------------------------------------
 
 
-def test_a_tenant_admin_adds_a_member_and_changes_a_role(client, vision_admin, alice, make_user):
-    from controlplane.tenancy.models import Membership
+def test_a_tenant_admin_invites_a_member_who_accepts_and_then_changes_their_role(
+    client, vision_admin, alice, make_user
+):
+    from controlplane.tenancy.models import Invitation, Membership
 
-    make_user("dave")
+    dave = make_user("dave")
     client.force_login(vision_admin)
     response = client.post(
-        reverse("tenant-members", args=["vision"]), {"user": "dave", "role": "viewer"}
+        reverse("tenant-members", args=["vision"]), {"invitee": "dave", "role": "viewer"}
     )
     assert response.status_code == 302
-    dave = Membership.objects.get(user__username="dave")
-    assert (dave.tenant.slug, dave.role) == ("vision", "viewer")
+    assert not Membership.objects.filter(user=dave).exists()  # not until dave accepts
+    invitation = Invitation.objects.get(invitee="dave")
+    assert "dave" in text_of(client.get(reverse("tenant-members", args=["vision"])))
 
-    client.post(reverse("membership-change", args=[dave.pk]), {"role": "member"})
-    dave.refresh_from_db()
-    assert dave.role == "member"
-
-
-def test_adding_someone_twice_or_a_stranger_is_refused_at_the_username(client, vision_admin, alice):
-    from controlplane.tenancy.models import Membership
+    client.force_login(dave)
+    assert "vision" in text_of(client.get(reverse("my-invitations")))
+    accepted = client.post(reverse("invitation-answer", args=[invitation.pk, "accept"]))
+    assert accepted["Location"] == reverse("tenant-dashboard", args=["vision"])
+    membership = Membership.objects.get(user=dave)
+    assert (membership.tenant.slug, membership.role) == ("vision", "viewer")
 
     client.force_login(vision_admin)
-    twice = client.post(
+    client.post(reverse("membership-change", args=[membership.pk]), {"role": "member"})
+    membership.refresh_from_db()
+    assert membership.role == "member"
+
+
+def test_inviting_tells_a_tenant_admin_nothing_about_who_has_an_account(
+    client, vision_admin, bob, make_user
+):
+    from controlplane.tenancy.models import Membership
+
+    make_user("loner")
+    client.force_login(vision_admin)
+    answers = []
+    for invitee in ("bob", "loner", "nobody-at-all"):
+        posted = client.post(
+            reverse("tenant-members", args=["vision"]), {"invitee": invitee, "role": "member"}
+        )
+        shown = client.get(posted["Location"]).content.decode()
+        said = re.search(r'<ul class="messages".*?</ul>', shown, re.S).group(0)
+        answers.append((posted.status_code, posted["Location"], said.replace(invitee, "X")))
+    assert answers[0] == answers[1] == answers[2]
+    assert "X is invited as member of vision; they join when they accept." in answers[0][2]
+    assert Membership.objects.filter(tenant__slug="vision").count() == 1
+
+
+def test_a_cluster_admin_adds_directly_and_twice_or_a_stranger_is_refused_at_the_username(
+    admin, vision_admin, alice
+):
+    from controlplane.tenancy.models import Membership
+
+    twice = admin.post(
         reverse("tenant-members", args=["vision"]), {"user": "alice", "role": "member"}
     )
     assert "alice is already a member of vision." in error_at(twice, "user")
-    stranger = client.post(
+    stranger = admin.post(
         reverse("tenant-members", args=["vision"]), {"user": "nobody", "role": "member"}
     )
     assert stranger.status_code == 400
