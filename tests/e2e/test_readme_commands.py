@@ -89,15 +89,19 @@ def embedded_server(transactional_db):
 
 
 def test_the_first_job_examples_submit_one_job_however_often_they_run(
-    embedded_server, vision, make_user, make_node
+    embedded_server, client, vision, make_user, make_node
 ):
     from controlplane.jobs.models import Job
-    from controlplane.tenancy.models import ApiToken, Membership
+    from controlplane.tenancy.models import Membership
 
     make_node("sim-node-1", gpus=4)  # `make run` starts simulated nodes
     researcher = make_user("vision-researcher")
     Membership.objects.create(user=researcher, tenant=vision, role="member")
-    _, token = ApiToken.issue(researcher, "laptop")  # the web UI's "API tokens" page does this
+    # "make an API token (web UI: *API tokens*)", as the reader would.
+    client.force_login(researcher)
+    made = client.post("/tokens/", {"name": "laptop"})
+    assert made.status_code == 200, made.content[:2000]
+    token = made.context["raw_token"]
     (block,) = blocks_for(EMBEDDED_URL)
 
     for _ in range(2):  # the Idempotency-Key makes a retry answer the first job
