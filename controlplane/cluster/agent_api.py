@@ -48,6 +48,7 @@ from controlplane.cluster.heartbeat import AttemptReport, ConditionReport, Heart
 from controlplane.cluster.models import GPU, NODE_NAME_RE, JoinToken, Node
 from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs.models import JobAttempt, LogChunk
+from controlplane.validators import text_problem as unstorable_text
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +98,10 @@ GPU_UUID_RE = re.compile(r"[!-~]{1,96}")
 
 
 def text_problem(value: str) -> str | None:
-    """Why PostgreSQL cannot store this text, or None."""
-    if "\x00" in value:
-        return "Must not contain NUL (U+0000) characters."
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "Must not contain lone surrogates (U+D800..U+DFFF): not Unicode text."
-    return None
+    """Why PostgreSQL cannot store this text, as a sentence (the project's one rule, in
+    controlplane.validators); None when it can."""
+    problem = unstorable_text(value)
+    return None if problem is None else problem[0].upper() + problem[1:] + "."
 
 
 def _get(body: dict, key: str, path: str, *, required: bool):
