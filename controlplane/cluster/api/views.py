@@ -28,6 +28,7 @@ from controlplane.cluster.filtersets import (
     PoolFilterSet,
 )
 from controlplane.cluster.models import GPU, GpuClaimConflict, JoinToken, Node, Pool
+from controlplane.filters import FilterSet
 from controlplane.jobs.models import Allocation
 from controlplane.permissions import (
     SIGNED_IN,
@@ -177,7 +178,7 @@ class JoinTokenViewSet(
         )
 
 
-class GpuClaimConflictFilterSet(django_filters.FilterSet):
+class GpuClaimConflictFilterSet(FilterSet):
     open = django_filters.BooleanFilter(
         field_name="resolved_at", lookup_expr="isnull", label="Not resolved yet"
     )
