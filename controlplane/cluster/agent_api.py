@@ -378,7 +378,13 @@ def gpu_sample(g, i: int, warnings: dict) -> GpuSample | None:
         return checked_gpu_sample(g, i, warnings)
     if reasons:
         for r in reasons:
-            if type(r) is not str or len(r) > limits.MAX_REASON_CHARS or text_problem(r):
+            # Printable ASCII cannot hold a NUL or a surrogate; anything else is checked slowly.
+            if (
+                type(r) is not str
+                or len(r) > limits.MAX_REASON_CHARS
+                or not r.isascii()
+                or not r.isprintable()
+            ):
                 return checked_gpu_sample(g, i, warnings)
     return GpuSample(
         uuid,

@@ -52,6 +52,7 @@ VARIANTS = [
     {"uuid": "GPU-\ud800"},
     {"throttle_reasons": ["sw\x00"]},
     {"throttle_reasons": ["r"] * 65},
+    {"throttle_reasons": ["réduit", "tab\there"]},
 ]
 
 
