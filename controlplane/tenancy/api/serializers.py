@@ -396,6 +396,24 @@ class ApiTokenSerializer(serializers.ModelSerializer):
         )
         return data
 
+    def _refusal(self, **asked) -> list[str] | None:
+        """What token_grant says about one field alone, so it is named with the other fields'."""
+        try:
+            token_grant(parent=_token_of(self.context["request"]), **asked)
+        except TokenRequestRefused as exc:
+            return exc.errors.get(next(iter(asked)))
+        return None
+
+    def validate_expires_at(self, value):
+        if errors := self._refusal(expires_at=value):
+            raise serializers.ValidationError(errors)
+        return value
+
+    def validate_scopes(self, value):
+        if errors := self._refusal(scopes=value):
+            raise serializers.ValidationError(errors)
+        return value
+
     def validate(self, attrs):
         try:
             expires_at, scopes = token_grant(

@@ -82,21 +82,21 @@ CREATES = [
         {"tenant": "vision", "user": "nobody"},
         "user",
         Membership,
-        "tenant_admin",
+        "cluster_admin",
     ),
     (
         "/api/v1/memberships/",
         {"tenant": "vision", "user": "alice"},
         "user",
         Membership,
-        "tenant_admin",
+        "cluster_admin",
     ),
     (
         "/api/v1/memberships/",
         {"tenant": "vision", "user": "bob", "role": "owner"},
         "role",
         Membership,
-        "tenant_admin",
+        "cluster_admin",
     ),
     (
         "/api/v1/join-tokens/",
@@ -121,6 +121,9 @@ CREATES = [
         "cluster_admin",
     ),
     ("/api/v1/api-tokens/", {"name": "ci", "expires_at": PAST}, "expires_at", ApiToken, "member"),
+    ("/api/v1/api-tokens/", {"name": "ci", "expires_at": FAR}, "expires_at", ApiToken, "member"),
+    ("/api/v1/api-tokens/", {"name": "ci", "scopes": ["root"]}, "scopes", ApiToken, "member"),
+    ("/api/v1/api-tokens/", {"name": "ci", "scopes": "write"}, "scopes", ApiToken, "member"),
     ("/api/v1/api-tokens/", {}, "name", ApiToken, "member"),
 ]
 
