@@ -27,6 +27,25 @@ log = logging.getLogger(__name__)
 PERIOD_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+# After the cache failed to answer, requests skip it for this long instead of each waiting for
+# its own timeout: a stopped Redis costs one request half a second, not every request.
+CACHE_RETRY_AFTER_S = 5.0
+_cache_down_until = 0.0
+
+
+def _cache_call(scope: str, call, default):
+    """call() against the cache, or `default` while it is (or just was) unreachable."""
+    global _cache_down_until
+    if time.monotonic() < _cache_down_until:
+        return default
+    try:
+        return call()
+    except Exception:  # noqa: BLE001 - any cache failure: fail open, see the module doc
+        _cache_down_until = time.monotonic() + CACHE_RETRY_AFTER_S
+        log.warning("Throttle %s: the cache did not answer; not counting for a while", scope)
+        return default
+
+
 def parse_rate(rate: str) -> tuple[int, int]:
     """'30/minute' -> (30, 60): requests allowed per period of that many seconds."""
     count, _, period = rate.partition("/")
@@ -69,11 +88,8 @@ class WindowCounter:
         limit = self.limit()
         if limit is None:
             return 0
-        try:
-            return int(cache.get(self._key(ident, limit[1], time.time()), 0))
-        except Exception:  # noqa: BLE001 - any cache failure: fail open, see the module doc
-            log.warning("Throttle %s: the cache did not answer; not counting", self.scope)
-            return 0
+        key = self._key(ident, limit[1], time.time())
+        return int(_cache_call(self.scope, lambda: cache.get(key, 0), 0))
 
     def add(self, ident: str) -> int:
         """Count one more in this window and return the new count (0 when not counted)."""
@@ -81,15 +97,16 @@ class WindowCounter:
         if limit is None:
             return 0
         key = self._key(ident, limit[1], time.time())
-        try:
+
+        def count_one() -> int:
             cache.add(key, 0, timeout=limit[1] + 1)
-            return cache.incr(key)
-        except ValueError:
-            # The window's key expired between add and incr: the window is over, start afresh.
-            return 0
-        except Exception:  # noqa: BLE001 - fail open
-            log.warning("Throttle %s: the cache did not answer; not counting", self.scope)
-            return 0
+            try:
+                return cache.incr(key)
+            except ValueError:
+                # The window's key expired between add and incr: that window is over.
+                return 0
+
+        return _cache_call(self.scope, count_one, 0)
 
     def over(self, count: int) -> bool:
         """A window that counted `count` (this one included) went past the rate."""

@@ -151,16 +151,28 @@ def test_the_rates_are_counted_in_the_shared_cache(one_window, world):
     assert other_worker.get(key) == 7
 
 
-def test_an_unreachable_cache_lets_requests_through(world, monkeypatch):
+def test_an_unreachable_cache_lets_requests_through_and_is_not_asked_again_at_once(
+    world, monkeypatch
+):
+    from controlplane.tenancy import throttling
+
+    monkeypatch.setattr(throttling, "_cache_down_until", 0.0)  # put back after the test
     _, raw = ApiToken.issue(world.alice, "ci")
+    calls = []
 
     def down(*args, **kwargs):
+        calls.append(args)
         raise ConnectionError("cache down")
 
     for name in ("get", "add", "incr"):
         monkeypatch.setattr(cache, name, down)
     assert bearer(raw).get("/api/v1/tenants/").status_code == 200
+    asked = len(calls)
+    assert asked >= 1
+    # Until CACHE_RETRY_AFTER_S have passed, requests do not wait on the cache again.
+    assert bearer(raw).get("/api/v1/tenants/").status_code == 200
     assert bearer(guess()).get("/api/v1/tenants/").status_code == 401
+    assert len(calls) == asked
 
 
 # --- the agent API is not throttled ---------------------------------------------------------------
