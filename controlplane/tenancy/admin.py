@@ -30,12 +30,40 @@ class BudgetInline(admin.TabularInline):
     extra = 0
 
 
+def save_membership(request, membership: Membership) -> None:
+    """An admin's add or role change, through the actions the API uses (so it is audited)."""
+    if membership.pk is None:
+        created = actions.add_member(
+            membership.tenant, membership.user, membership.role, actor=request.user
+        )
+        # The admin goes on with its own object (its change message, its redirect).
+        membership.pk, membership.created_at = created.pk, created.created_at
+        return
+    stored = Membership.objects.select_related("tenant", "user").get(pk=membership.pk)
+    if (stored.tenant_id, stored.user_id) != (membership.tenant_id, membership.user_id):
+        # Moving a membership to another person or tenant is a removal and an addition.
+        actions.remove_membership(stored, actor=request.user)
+        membership.pk = None
+        save_membership(request, membership)
+    else:
+        actions.change_membership_role(stored, membership.role, actor=request.user)
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "weight", "active", "created_at"]
     list_filter = ["active"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline, QuotaInline, BudgetInline]
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Membership:
+            return super().save_formset(request, form, formset, change)
+        memberships = formset.save(commit=False)
+        for gone in formset.deleted_objects:
+            actions.remove_membership(gone, actor=request.user)
+        for membership in memberships:
+            save_membership(request, membership)
 
 
 @admin.register(Membership)
@@ -45,6 +73,16 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "tenant__slug"]
     autocomplete_fields = ["user", "tenant"]
     list_select_related = ["user", "tenant"]
+
+    def save_model(self, request, obj, form, change):
+        save_membership(request, obj)
+
+    def delete_model(self, request, obj):
+        actions.remove_membership(obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for membership in queryset.select_related("tenant", "user"):
+            actions.remove_membership(membership, actor=request.user)
 
 
 @admin.register(Quota)
