@@ -130,6 +130,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # The web UI's pages refuse NUL in any parameter with a 400 page (the API has its own check).
+    "frontend.middleware.UnstorableTextMiddleware",
     # Last: turns a sign-in refused for too many failures into the sign-in page saying so.
     "axes.middleware.AxesMiddleware",
 ]

@@ -149,7 +149,11 @@ def _located(field: str | None, path: str, problem: str) -> tuple[str, str]:
 def problems_in_query_dict(query) -> dict[str, list[str]]:
     """The same for a QueryDict (form bodies, query strings): keys and every value of each."""
     errors: dict[str, list[str]] = {}
-    for key, values in query.lists():
+    if hasattr(query, "lists"):
+        pairs = query.lists()
+    else:  # a plain dict, as tests and code hand to forms
+        pairs = ((k, v if isinstance(v, list | tuple) else [v]) for k, v in query.items())
+    for key, values in pairs:
         problem = text_problem(key)
         if problem is not None:
             errors.setdefault(NON_FIELD, []).append(f"The name {shown(key)!r} {problem}.")

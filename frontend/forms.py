@@ -18,8 +18,8 @@ from django.http import Http404, QueryDict
 
 from controlplane.cluster.api.serializers import PoolSerializer
 from controlplane.jobs import validation
-from controlplane.jobs.models import PriorityClass
-from controlplane.queries import known_gpu_types
+from controlplane.jobs.models import JobState, PriorityClass
+from controlplane.queries import DEFAULT_JOB_SORT, JOB_SORTS, JobFilter, known_gpu_types
 from controlplane.tenancy.api.serializers import (
     ApiTokenSerializer,
     BudgetSerializer,
@@ -28,6 +28,37 @@ from controlplane.tenancy.api.serializers import (
     TenantSerializer,
 )
 from controlplane.tenancy.models import BudgetAction, BudgetKind, BudgetPeriod, Role
+from controlplane.validators import problems_in_query_dict, refuse_unstorable_text
+
+# --- the job list's filters --------------------------------------------------------------------
+
+
+class JobFilterForm(forms.Form):
+    """The job list's query string. A value it cannot use is an error on the page (400), not a
+    filter silently dropped, nor text that reaches the database."""
+
+    state = forms.ChoiceField(
+        required=False,
+        choices=[("", "Any"), ("active", "Active"), ("finished", "Finished")]
+        + [(s, s) for s in JobState.values],
+    )
+    name = forms.CharField(required=False, max_length=200, validators=[refuse_unstorable_text])
+    user = forms.CharField(required=False, max_length=150, validators=[refuse_unstorable_text])
+    tenant = forms.SlugField(required=False, max_length=50)
+    sort = forms.ChoiceField(required=False, choices=[(s, s) for s in JOB_SORTS])
+
+    def job_filter(self) -> JobFilter:
+        """The filter to apply: the valid values, with those in error left out."""
+        self.is_valid()  # cleaned_data keeps the fields that passed
+        data = self.cleaned_data
+        return JobFilter(
+            state=data.get("state", ""),
+            user=data.get("user", ""),
+            name=data.get("name", ""),
+            tenant=data.get("tenant", ""),
+            sort=data.get("sort") or DEFAULT_JOB_SORT,
+        )
+
 
 # --- job submission ---------------------------------------------------------------------------
 
@@ -162,6 +193,12 @@ class JobSubmitForm(forms.Form):
         return body, problems
 
     def clean(self):
+        # Text the database cannot hold never reaches the tenant look-up or the shared rules.
+        unstorable = problems_in_query_dict(self.data)
+        for name, messages in unstorable.items():
+            self.add_error(name if name in self.fields else None, messages)
+        if unstorable:
+            return self.cleaned_data
         body, problems = self.api_payload()
         for name, message in problems.items():
             self.add_error(name, message)
@@ -253,6 +290,13 @@ class SerializerForm(forms.Form):
             self.cleaned_data[name] = bf.data
 
     def clean(self):
+        # The serializer looks up related objects (a username, a slug) before its fields refuse
+        # text the database cannot hold: refuse that here first.
+        unstorable = problems_in_query_dict(self.data)
+        for name, messages in unstorable.items():
+            self.add_error(name if name in self.fields else None, messages)
+        if unstorable:
+            return self.cleaned_data
         data = QueryDict(mutable=True)
         for name, field in self.fields.items():
             key = self.add_prefix(name)

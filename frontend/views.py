@@ -38,6 +38,7 @@ from frontend import charts
 from frontend.forms import (
     ApiTokenForm,
     BudgetForm,
+    JobFilterForm,
     JobSubmitForm,
     MembershipForm,
     PoolForm,
@@ -130,21 +131,14 @@ def _role_label(user, tenant) -> str:
 # --- jobs -------------------------------------------------------------------------------------
 
 
-def _job_filter(request) -> queries.JobFilter:
-    g = request.GET
-    state = g.get("state", "")
-    if state not in {"", "active", "finished", *JobState.values}:
-        state = ""
-    sort = g.get("sort", queries.DEFAULT_JOB_SORT)
-    if sort not in queries.JOB_SORTS:
-        sort = queries.DEFAULT_JOB_SORT
-    return queries.JobFilter(
-        state=state,
-        user=g.get("user", "").strip(),
-        name=g.get("name", "").strip(),
-        tenant=g.get("tenant", "").strip(),
-        sort=sort,
-    )
+def _whole_number(text: str | None) -> int | None:
+    """A query parameter that should be an id or a number: "12" -> 12, anything else None.
+
+    str.isdigit() is no test: it is true for "²", which int() refuses.
+    """
+    if text and text.isascii() and text.isdigit() and len(text) <= 18:
+        return int(text)
+    return None
 
 
 def _states_marker(jobs) -> str:
@@ -164,7 +158,8 @@ def _changes(marker: str, jobs) -> list[str]:
 
 @login_required
 def job_list(request):
-    f = _job_filter(request)
+    filter_form = JobFilterForm(request.GET)
+    f = filter_form.job_filter()
     jobs = queries.filter_jobs(queries.visible_jobs(request.user), f)
     paginator = Paginator(jobs, JOBS_PER_PAGE)
     page_obj = paginator.get_page(request.GET.get("page"))
@@ -186,10 +181,14 @@ def job_list(request):
         "any_filter": any([f.state, f.user, f.name, f.tenant]),
         "may_submit": queries.tenants_with_role(request.user, Role.MEMBER).exists(),
         "updated_at": timezone.now(),
+        "filter_errors": filter_form.errors,
     }
+    # A filter that cannot be applied is the request's fault: say which, show no list that
+    # would look like its answer.
+    status = 400 if filter_form.errors else 200
     if request.htmx:
-        return render(request, "frontend/jobs/list_results.html", context)
-    return page(request, "frontend/jobs/list.html", context, nav="jobs")
+        return render(request, "frontend/jobs/list_results.html", context, status=status)
+    return page(request, "frontend/jobs/list.html", context, nav="jobs", status=status)
 
 
 def _submit_context(request, form: JobSubmitForm) -> dict:
@@ -283,9 +282,9 @@ def job_submit(request):
 def _prefill(request) -> dict:
     """Initial values: a copy of an existing job (?copy=<id>), then any fields in the query."""
     initial: dict = {}
-    source = request.GET.get("copy")
-    if source and source.isdigit():
-        job = queries.visible_jobs(request.user).filter(pk=int(source)).first()
+    source = _whole_number(request.GET.get("copy"))
+    if source is not None:
+        job = queries.visible_jobs(request.user).filter(pk=source).first()
         if job is not None:
             initial = {
                 "tenant": job.tenant.slug,
@@ -425,11 +424,8 @@ def job_log(request, pk: int):
     job = _job_or_404(request, pk)
     attempts = job.attempts.order_by("number")
     wanted = request.GET.get("attempt")
-    attempt = (
-        attempts.filter(number=int(wanted)).first()
-        if wanted and wanted.isdigit()
-        else attempts.last()
-    )
+    number = _whole_number(wanted)
+    attempt = attempts.filter(number=number).first() if number is not None else attempts.last()
     if attempt is None:
         raise Http404("This job has not started, so it has no output yet.")
     # The bytes as the program wrote them (NUL, invalid UTF-8 and all); pages show them escaped.
@@ -869,7 +865,7 @@ def manage_pools(request):
     draw = {pp.pool.pk: pp for pp in queries.pool_power(window=dt.timedelta(minutes=0))}
     edit = None
     if request.method == "POST":
-        pool = get_object_or_404(Pool, pk=request.POST.get("pool"))
+        pool = get_object_or_404(Pool, pk=_whole_number(request.POST.get("pool")))
         edit = PoolForm(
             request.POST,
             instance=pool,
