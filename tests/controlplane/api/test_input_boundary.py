@@ -317,6 +317,20 @@ def test_numbers_no_column_holds_are_refused_naming_the_field(admin, path, metho
     assert database_rows() == before
 
 
+@pytest.mark.parametrize(("path", "method", "operation"), BODY_OPERATIONS, ids=BODY_IDS)
+def test_any_field_given_nan_or_a_number_past_64_bits_is_refused_naming_it(
+    admin, path, method, operation
+):
+    """Whatever the field's type (e.g. priority: -10**30): the parser names it."""
+    url = url_for(admin, path)
+    body = valid_body(admin, path, method, url)
+    before = database_rows()
+    for field in body_properties(operation):
+        for literal in ("NaN", str(-(10**30))):
+            assert_refused(send(admin, method, url, raw_body(body, field, literal)), field)
+    assert database_rows() == before
+
+
 @pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**63 - 1, -(2**63), 1e308, -1e308])
 @pytest.mark.parametrize(("path", "method", "field"), fields_of(is_number))
 def test_absurd_numbers_within_64_bits_are_refused_by_the_fields_own_range(
@@ -350,6 +364,7 @@ def is_date_time(prop) -> bool:
         "9999-12-31T23:59:59-23:59",  # past year 9999 in UTC
         "0001-01-01T00:00:00+23:59",  # before year 1 in UTC
         "9999-12-31T23:59:59Z",
+        "9999-12-31",
         "0001-01-01T00:00:00Z",
         "10000-01-01T00:00:00Z",
         "2026-13-45T99:00:00Z",
