@@ -96,6 +96,8 @@ CONTENT_SECURITY_POLICY = {
 
 INSTALLED_APPS = [
     "django.contrib.admin",
+    # Before django.contrib.auth, whose createsuperuser it replaces (validates scripted passwords).
+    "controlplane.passwords",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -102,3 +102,29 @@ def test_the_demo_accounts_passwords_pass_the_validators_and_sign_in():
         client = Client()
         response = client.post("/login/", {"username": username, "password": password})
         assert response.status_code == 302, username
+
+
+@pytest.mark.parametrize("password, why", WEAK, ids=[w[1].split(".")[0] for w in WEAK])
+def test_a_scripted_createsuperuser_refuses_a_weak_password(monkeypatch, password, why):
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", password)
+    with pytest.raises(CommandError, match=why.split(".")[0]):
+        call_command(
+            "createsuperuser",
+            interactive=False,
+            username="dana.mueller-lab",
+            email="dana@example.org",
+            verbosity=0,
+        )
+    assert not get_user_model().objects.filter(username="dana.mueller-lab").exists()
+
+
+def test_a_scripted_createsuperuser_takes_a_strong_password(monkeypatch):
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", STRONG)
+    call_command(
+        "createsuperuser",
+        interactive=False,
+        username="dana.mueller-lab",
+        email="dana@example.org",
+        verbosity=0,
+    )
+    assert get_user_model().objects.get(username="dana.mueller-lab").check_password(STRONG)

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PasswordsConfig(AppConfig):
+    name = "controlplane.passwords"
+    label = "passwords"
