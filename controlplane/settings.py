@@ -281,7 +281,7 @@ REST_FRAMEWORK = {
         "django_filters.rest_framework.DjangoFilterBackend",
         "controlplane.filters.OrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.schema.ControlPlaneAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": [
         "controlplane.tenancy.throttling.AnonThrottle",
