@@ -81,7 +81,10 @@ def run_schemathesis(url: str, token: str, report: Path) -> tuple[int, str, dict
         "off",
     ]
     env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    # In the test's own directory: schemathesis keeps its example database in the working one.
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=900, cwd=report.parent
+    )
     data = json.loads(report.read_text()) if report.exists() else {}
     return done.returncode, done.stdout + done.stderr, data
 
