@@ -50,11 +50,20 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOST_LABEL = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)"
 _REGISTRY = rf"(?P<registry>{_HOST_LABEL}(?:\.{_HOST_LABEL})*(?::[0-9]+)?)"
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_TAG = r"[\w][\w.-]{0,127}"
+# ASCII only, as registries take them (Python's \w would also take any letter of any script).
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 IMAGE_REFERENCE = re.compile(
     rf"{_REGISTRY}/(?P<path>{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
     rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
+)
+
+# The same rule as one pattern without named groups, for the OpenAPI schema (clients and
+# fuzzers read it): a registry host (with a dot or a port, or localhost), and a tag or digest.
+IMAGE_PATTERN = (
+    rf"^(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})+(?::[0-9]+)?|{_HOST_LABEL}:[0-9]+|localhost)"
+    rf"/{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    rf"(?::{_TAG}(?:@{_DIGEST})?|@{_DIGEST})$"
 )
 
 IMAGE_HELP = (

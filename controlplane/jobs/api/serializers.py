@@ -1,10 +1,22 @@
 """Jobs as the API shows them, and the submit form whose rules live in jobs.validation."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.jobs import actions, validation
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, PriorityClass
+
+
+@extend_schema_field(
+    {
+        "type": "string",
+        "pattern": validation.IMAGE_PATTERN,
+        "maxLength": validation.MAX_IMAGE_CHARS,
+    }
+)
+class ImageReferenceField(serializers.CharField):
+    """An image reference; the schema states the rule that validation.clean_image applies."""
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -118,7 +130,7 @@ class JobSubmitSerializer(serializers.Serializer):
     name = serializers.CharField(
         required=False, allow_blank=True, help_text="Defaults to the image's name"
     )
-    image = serializers.CharField(help_text=validation.IMAGE_HELP)
+    image = ImageReferenceField(help_text=validation.IMAGE_HELP)
     command = serializers.ListField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False),
         help_text='The program and its arguments, e.g. ["python", "train.py"]',
