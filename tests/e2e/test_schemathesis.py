@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 ST = Path(sys.executable).with_name("st")
 SEED = 20261203
-EXAMPLES_PER_OPERATION = 12
+EXAMPLES_PER_OPERATION = 4
 
 
 @pytest.fixture

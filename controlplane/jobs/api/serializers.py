@@ -177,6 +177,14 @@ class JobLogsQuerySerializer(serializers.Serializer):
     tail = serializers.IntegerField(
         required=False, min_value=0, max_value=100_000, help_text="Only the last N lines"
     )
+    encoding = serializers.ChoiceField(
+        choices=["text", "base64"],
+        default="text",
+        help_text=(
+            "text: the output as text, with NUL and bytes that are not UTF-8 written \\xNN; "
+            "base64: also the exact bytes, in data_b64"
+        ),
+    )
 
 
 class JobLogsSerializer(serializers.Serializer):
@@ -192,3 +200,8 @@ class JobLogsSerializer(serializers.Serializer):
         help_text="True when the start was cut off to keep the answer small"
     )
     text = serializers.CharField(allow_blank=True)
+    data_b64 = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="With encoding=base64: exactly the bytes the program wrote, base64",
+    )

@@ -5,6 +5,7 @@ Stripe does it): a retry with the same key gets the first job back, with `Idempo
 true`, never a second job; the same key with another body is a 422.
 """
 
+import base64
 import hashlib
 import json
 import re
@@ -31,7 +32,7 @@ from controlplane.jobs.api.serializers import (
     JobSubmitSerializer,
 )
 from controlplane.jobs.filtersets import JobFilterSet
-from controlplane.jobs.logs import read_log
+from controlplane.jobs.logs import display_text, read_log_bytes
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, SubmitKey
 from controlplane.permissions import (
     Conflict,
@@ -268,16 +269,21 @@ class JobViewSet(
                 )
         else:
             chosen = attempts[-1] if attempts else None
-        text, size_bytes, truncated = ("", 0, False) if chosen is None else read_log(chosen, tail)
-        return Response(
-            {
-                "job": job.pk,
-                "attempt": chosen.number if chosen else None,
-                "attempts": [a.number for a in attempts],
-                "node": chosen.node.name if chosen else None,
-                "tail": tail,
-                "size_bytes": size_bytes,
-                "truncated": truncated,
-                "text": text,
-            }
+        raw, size_bytes, truncated = (
+            (b"", 0, False) if chosen is None else read_log_bytes(chosen, tail)
         )
+        answer = {
+            "job": job.pk,
+            "attempt": chosen.number if chosen else None,
+            "attempts": [a.number for a in attempts],
+            "node": chosen.node.name if chosen else None,
+            "tail": tail,
+            "size_bytes": size_bytes,
+            "truncated": truncated,
+            "text": display_text(raw),
+        }
+        if query.validated_data["encoding"] == "base64":
+            # The text is for reading; a program that printed "\x00" literally reads the same
+            # there as one that wrote a NUL. These are the bytes themselves.
+            answer["data_b64"] = base64.b64encode(raw).decode("ascii")
+        return Response(answer)

@@ -69,6 +69,30 @@ def test_any_bytes_survive_the_trip_as_base64(agent, node01, attempt, alice):
     assert "\\xff" in api_text(alice, attempt) and "\\x00" in api_text(alice, attempt)
 
 
+def test_the_api_gives_the_exact_bytes_where_the_text_would_be_ambiguous(
+    agent, node01, attempt, alice
+):
+    _, token = node01
+    # One program wrote a NUL, another printed the four characters \x00: the same text.
+    raw = b"real nul:\x00 printed:\\x00 latin-1:\xe9 tail \xf0\x9f\x98\x80\n"
+    ship(agent, token, attempt, 0, data_b64=b64(raw))
+    client = APIClient()
+    client.force_authenticate(alice)
+
+    plain = client.get(f"/api/v1/jobs/{attempt.job_id}/logs/").json()
+    exact = client.get(f"/api/v1/jobs/{attempt.job_id}/logs/", {"encoding": "base64"}).json()
+    tail = client.get(
+        f"/api/v1/jobs/{attempt.job_id}/logs/", {"encoding": "base64", "tail": 1}
+    ).json()
+
+    assert "data_b64" not in plain
+    assert plain["text"] == "real nul:\\x00 printed:\\x00 latin-1:\\xe9 tail \U0001f600\n"
+    assert base64.b64decode(exact["data_b64"]) == raw and exact["text"] == plain["text"]
+    assert base64.b64decode(tail["data_b64"]) == raw
+    refused = client.get(f"/api/v1/jobs/{attempt.job_id}/logs/", {"encoding": "hex"})
+    assert refused.status_code == 400 and "encoding" in refused.json()
+
+
 def test_a_character_cut_between_two_chunks_reads_whole(agent, node01, attempt, alice):
     _, token = node01
     text = "température 61 °C\n".encode()
