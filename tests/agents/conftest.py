@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import ports
+
 REPO = Path(__file__).resolve().parents[2]
 # This suite's share of the ports the helpers of this project may use.
 PORTS = range(18300, 18400)
@@ -39,15 +41,7 @@ def wait_until(predicate: Callable[[], object], timeout_s: float = 20.0, what: s
 
 
 def free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18300..18399")
+    return ports.free_port(PORTS)
 
 
 class TinyControlPlane:

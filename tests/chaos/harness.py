@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import requests
 
+from tests import ports as shared_ports
 from tests.e2e.conftest import BIN, REPO, kill_pids, processes_with_env
 
 # This harness's ports, a range of its own (the e2e suite has 18400-18499).
@@ -91,20 +91,10 @@ class Timings:
 
 def free_ports(count: int, ports: range = PORTS) -> list[int]:
     """`count` ports of the range that nobody listens on (another run may hold some)."""
-    found = []
-    for port in ports:
-        with socket.socket() as s:
-            # SO_REUSEADDR, as gunicorn and redis bind: closing connections of a past run do not
-            # count as taken.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise HarnessError(f"fewer than {count} free ports in {ports.start}..{ports.stop - 1}")
+    try:
+        return shared_ports.free_ports(count, ports)
+    except RuntimeError as exc:
+        raise HarnessError(str(exc)) from None
 
 
 def spawn(name: str, cmd: list[str], env: dict, log_dir: Path, cwd: Path) -> subprocess.Popen:

@@ -9,7 +9,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+
+from tests import ports
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -108,15 +109,7 @@ def compose_web_command(port: int) -> list[str]:
 
 
 def free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {PORTS.start}..{PORTS.stop - 1}")
+    return ports.free_port(PORTS)
 
 
 @dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from tests import ports
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -74,16 +75,7 @@ def processes_with_env(needle: str) -> list[int]:
 
 def free_port() -> int:
     """A port of E2E_PORTS nobody listens on (two sessions may run this suite at once)."""
-    for port in E2E_PORTS:
-        with socket.socket() as s:
-            # SO_REUSEADDR, as gunicorn binds: closing connections of a past run do not count.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {E2E_PORTS.start}..{E2E_PORTS.stop - 1}")
+    return ports.free_port(E2E_PORTS)
 
 
 def kill_pids(pids: list[int], sig: int = signal.SIGKILL) -> None:
