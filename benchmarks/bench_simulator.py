@@ -147,6 +147,7 @@ def profile_plan(rows: int = 30000, min_running: int = 300, repeats: int = 200) 
     Replays the first ``rows`` Philly jobs under our default policy until a cycle's snapshot
     holds ``min_running`` attempts, then calls plan() on it ``repeats`` times.
     """
+    from scheduler.memo import PlanMemo
     from scheduler.policy import plan
     from scheduler.simulator.compare import run_preset
 
@@ -171,8 +172,9 @@ def profile_plan(rows: int = 30000, min_running: int = 300, repeats: int = 200) 
     config = PRESETS["ours"].config
     steps: dict[str, float] = {}
     cpu0 = time.process_time()
+    memo = PlanMemo()  # the replay's own, as in the engine
     for _ in range(repeats):
-        made = plan(snapshot, config)
+        made = plan(snapshot, config, memo)
         for step, seconds in made.step_seconds.items():
             steps[step] = steps.get(step, 0.0) + seconds
     per_call_ms = 1000 * (time.process_time() - cpu0) / repeats

@@ -87,15 +87,6 @@ class Topology:
 
 
 _GPU_ORDER = attrgetter("index", "uuid")
-_topology_cache: list = [None, None]
-
-
-def topology(nodes: tuple[Node, ...]) -> Topology:
-    """The topology of these nodes, reused while the caller keeps passing the same tuple."""
-    if _topology_cache[0] is not nodes:
-        _topology_cache[1] = Topology(nodes)
-        _topology_cache[0] = nodes
-    return _topology_cache[1]
 
 
 class TypeIndex:
@@ -221,8 +212,12 @@ class ClusterIndex:
 
     __slots__ = ("topo", "types", "cpus_free", "mem_free", "track_cpus", "track_mem", "_nodes_of")
 
-    def __init__(self, nodes: tuple[Node, ...], running: tuple[Running, ...]):
-        topo = self.topo = topology(nodes)
+    def __init__(
+        self, nodes: tuple[Node, ...], running: tuple[Running, ...], topo: Topology | None = None
+    ):
+        # The topology of `nodes` (static: which GPU is where), built here unless the caller's
+        # memo (scheduler.memo) already has it.
+        topo = self.topo = topo if topo is not None else Topology(nodes)
         held: set[str] = set()
         for r in running:
             held.update(r.gpus)

@@ -32,6 +32,7 @@ from time import perf_counter
 
 from scheduler import fairness, power, predict, priority, quota, reasons
 from scheduler.admit import Admission
+from scheduler.memo import PlanMemo
 from scheduler.model import Config, Ordering, Plan, Running, Snapshot, Start
 from scheduler.placement import ClusterIndex
 
@@ -58,19 +59,25 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def plan(snapshot: Snapshot, config: Config = _DEFAULT_CONFIG) -> Plan:
-    """Decide which pending jobs start where, what is preempted, and why the rest wait."""
+def plan(
+    snapshot: Snapshot, config: Config = _DEFAULT_CONFIG, memo: PlanMemo | None = None
+) -> Plan:
+    """Decide which pending jobs start where, what is preempted, and why the rest wait.
+
+    `memo`: the caller's own (scheduler.memo), to reuse indexes of unchanged inputs from its
+    previous calls; never one shared with another thread.
+    """
     with cyclic_gc_paused():
-        return _plan(snapshot, config)
+        return _plan(snapshot, config, memo if memo is not None else PlanMemo())
 
 
-def _plan(snapshot: Snapshot, config: Config) -> Plan:
+def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     if not isinstance(config.ordering, Ordering):
         # Settings and JSON give the ordering as its name; the steps compare enum members.
         config = replace(config, ordering=Ordering(config.ordering))
     steps: dict[str, float] = {}
     t0 = perf_counter()
-    index = ClusterIndex(snapshot.nodes, snapshot.running)
+    index = ClusterIndex(snapshot.nodes, snapshot.running, memo.topology(snapshot.nodes))
     t1 = perf_counter()
     steps["index"] = t1 - t0
 
@@ -81,7 +88,9 @@ def _plan(snapshot: Snapshot, config: Config) -> Plan:
     t2 = perf_counter()
     steps["quota"] = t2 - t1
 
-    predicted_s = predict.predict_durations(snapshot.pending, snapshot.history, config)
+    predicted_s = predict.predict_durations(
+        snapshot.pending, snapshot.history, config, memo.history_index
+    )
     t3 = perf_counter()
     steps["predict"] = t3 - t2
 

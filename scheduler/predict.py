@@ -14,6 +14,7 @@ hung for a day must not move the prediction much.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from scheduler.model import Config, HistoryRecord, Pending
 
@@ -78,21 +79,17 @@ class HistoryIndex:
         self.by_tenant = by_tenant
 
 
-# The simulator passes the same history tuple to every cycle until a job finishes.
-_index_cache: list = [None, None]
-
-
-def _index(history: tuple[HistoryRecord, ...]) -> HistoryIndex:
-    if _index_cache[0] is not history:
-        _index_cache[1] = HistoryIndex(history)
-        _index_cache[0] = history
-    return _index_cache[1]
-
-
 def predict_durations(
-    pending: tuple[Pending, ...], history: tuple[HistoryRecord, ...], config: Config
+    pending: tuple[Pending, ...],
+    history: tuple[HistoryRecord, ...],
+    config: Config,
+    index_of: Callable[[tuple[HistoryRecord, ...]], HistoryIndex] = HistoryIndex,
 ) -> dict[int, float]:
-    """Job id -> predicted duration in seconds, for every pending job."""
+    """Job id -> predicted duration in seconds, for every pending job.
+
+    `index_of` builds the history's index; a caller that plans again and again passes its
+    memo's (scheduler.memo), which reuses it while the history tuple stays the same.
+    """
     out: dict[int, float] = {}
     index = None
     found: dict[int, float] = {}  # id of a list of runs -> its median, for repeated kinds
@@ -106,7 +103,7 @@ def predict_durations(
             if kind is None:
                 kind = normalise_name(p.name)
             if index is None:
-                index = _index(history)
+                index = index_of(history)
             runs = index.by_user.get((p.user, kind, p.gpus)) or index.by_tenant.get(
                 (p.tenant, kind, p.gpus)
             )

@@ -19,6 +19,7 @@ from controlplane.scheduling.loader import from_unix_s, load_snapshot
 from controlplane.scheduling.lock import cycle_transaction
 from controlplane.scheduling.models import SchedulingCycle
 from scheduler import model as m
+from scheduler.memo import PlanMemo
 from scheduler.policy import cyclic_gc_paused
 from scheduler.policy import plan as make_plan
 
@@ -36,6 +37,12 @@ def scheduler_config() -> m.Config:
     if unknown:
         raise ValueError(f"SCHEDULER_POLICY has unknown keys: {sorted(unknown)}")
     return m.Config(**overrides)
+
+
+# The loader hands out the same node and history tuples from cycle to cycle until they change
+# (its caches are per process); the core reuses their indexes through this memo. Used only
+# inside the cycle lock, so by one cycle at a time.
+_MEMO = PlanMemo()
 
 
 def run_scheduling_cycle(
@@ -56,7 +63,7 @@ def run_scheduling_cycle(
             t0 = time.perf_counter()
             loaded = load_snapshot(now_s)
             t1 = time.perf_counter()
-            plan = make_plan(loaded.snapshot, config)
+            plan = make_plan(loaded.snapshot, config, _MEMO)
             t2 = time.perf_counter()
             result = apply_plan(plan, loaded)
             t3 = time.perf_counter()

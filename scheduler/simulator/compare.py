@@ -7,7 +7,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from scheduler.simulator.engine import PlanFunction, Progress, Result, SimOptions, replay
+from scheduler.simulator.engine import (
+    PlanFunction,
+    Progress,
+    Result,
+    SimOptions,
+    planner_with_memo,
+    replay,
+)
 from scheduler.simulator.metrics import Summary, summarize
 from scheduler.simulator.policies import (
     REFERENCE_PRESET,
@@ -40,7 +47,7 @@ def run_preset(
     opts = replace(options, oracle=p.oracle, partitioned_tenants=independent(trace, p.sharing))
     if p.strict:
         if policy is None:
-            from scheduler.policy import plan as policy
+            policy = planner_with_memo()
         policy = head_of_line(policy)
     return replay(jobs, nodes, tenants, p.config, opts, policy=policy)
 

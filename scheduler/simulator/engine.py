@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from scheduler import power
 from scheduler.model import (
@@ -1043,6 +1044,15 @@ class _Engine:
         return sum(budgets) if budgets else None
 
 
+def planner_with_memo() -> PlanFunction:
+    """scheduler.policy.plan with a memo of this run's own: the engine hands it the same node
+    and history tuples until they change, so their indexes are built once per change."""
+    from scheduler.memo import PlanMemo
+    from scheduler.policy import plan
+
+    return partial(plan, memo=PlanMemo())
+
+
 def replay(
     jobs: Sequence[TraceJob],
     nodes: Sequence[Node],
@@ -1062,6 +1072,6 @@ def replay(
     in ``Result.unfinished_job_ids``.
     """
     if policy is None:
-        from scheduler.policy import plan as policy
+        policy = planner_with_memo()
     engine = _Engine(jobs, nodes, tenants, config, options or SimOptions(), policy, pools)
     return engine.run()
