@@ -34,17 +34,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.model import Config, Gpu, Node, Pool, PowerProfile, Running, Snapshot, Tenant  # noqa: E402
-from scheduler.power import (  # noqa: E402
+from scheduler.gpu_model import (  # noqa: E402
     GPU_TYPES,
     ZEUS_GPU_TYPES,
-    best_cap_within_slowdown,
     energy_per_work,
     gpu_utilization,
-    plan_power_caps,
     power_draw_w,
     relative_throughput,
 )
+from scheduler.model import Config, Gpu, Node, Pool, PowerProfile, Running, Snapshot, Tenant  # noqa: E402
+from scheduler.power import best_cap_within_slowdown, plan_power_caps  # noqa: E402
 from scheduler.power_fit import CapSummary, fit_profile, zeus_curves, zeus_samples  # noqa: E402
 
 ZEUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "zeus"

@@ -17,8 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from scheduler.model import PowerProfile
-from scheduler.power import (
+from scheduler.gpu_model import (
     _SOFTMIN_ORDER,
     BINDING_DRAW_RATIO,
     PARAM_LOWER,
@@ -26,6 +25,7 @@ from scheduler.power import (
     _clock_from_share,
     _params,
 )
+from scheduler.model import PowerProfile
 
 # How far a parameter may stray from the prior before the pull matters (its spread over zeus).
 _PRIOR_SCALE = (0.25, 0.1, 0.25, 0.5, 0.2)

@@ -1,6 +1,6 @@
 """A modelled GPU that keeps NVML's contract, for laptops, CI and the embedded mode.
 
-The power model is the scheduler's own (`scheduler.power`, fitted to the zeus measurements), so
+The power model is the scheduler's own (`scheduler.gpu_model`, fitted to the zeus measurements), so
 what the DVFS planner predicts for a cap is what a simulated node then draws and how fast its
 jobs progress. The contract kept from NVML: stable UUIDs, limits inside the board's constraints
 (else GpuInvalidArgument, as NVML's INVALID_ARGUMENT), a draw that never exceeds the cap and
@@ -28,9 +28,9 @@ from agents.gpu.base import (
     GpuNoPermission,
     GpuTelemetry,
 )
+from scheduler.gpu_model import GPU_TYPES, GpuType, clock_ratio, gpu_utilization, power_draw_w
+from scheduler.gpu_model import relative_throughput as model_relative_throughput
 from scheduler.model import PowerProfile
-from scheduler.power import GPU_TYPES, GpuType, clock_ratio, gpu_utilization, power_draw_w
-from scheduler.power import relative_throughput as model_relative_throughput
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ So quiet periods cost nothing.
 Preemption frees the GPUs at once; the job keeps its progress (checkpointed) and pays a restart
 cost when it starts again (Helios: 7 s on 1 GPU, 30 s up to 8, 60 s beyond), during which it
 holds its GPUs without progressing. Power caps from the plan stretch run time through
-``scheduler.power.relative_throughput`` (a gang runs at the pace of its slowest GPU), and the
-pool's draw is integrated with ``scheduler.power.power_draw_w`` into energy.
+``scheduler.gpu_model.relative_throughput`` (a gang runs at the pace of its slowest GPU), and the
+pool's draw is integrated with ``scheduler.gpu_model.power_draw_w`` into energy.
 
 Snapshots are built incrementally: Node, Pending and Running objects are cached and rebuilt only
 when what they say changes (a cap, a requeue, a start); only the orderings whose ranks move with
@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from scheduler import power
+from scheduler import gpu_model, power
 from scheduler.model import (
     ANY_GPU_TYPE,
     Config,
@@ -274,7 +274,7 @@ class _Engine:
                     g.power_cap_w if g.power_cap_w is not None else g.power_default_w
                 )
                 board = replace(g, gpu_type=g.gpu_type.split(PARTITION_SEPARATOR, 1)[0])
-                self.gpu_idle_w[g.uuid] = power.idle_power_w(board)
+                self.gpu_idle_w[g.uuid] = gpu_model.idle_power_w(board)
                 self.gpu_pool[g.uuid] = pool_pos[n.pool]
         self.total_gpus = len(self.gpu_node)
         self.gpu_owner: dict[str, _Attempt] = {}
@@ -368,7 +368,7 @@ class _Engine:
         key = (cap, self.gpu_max_w[uuid], self.gpu_idle_w[uuid], busy)
         draw = self._draw_memo.get(key)
         if draw is None:
-            draw = power.power_draw_w(
+            draw = gpu_model.power_draw_w(
                 _DEFAULT_PROFILE, cap, key[1], key[2], utilization=1.0 if busy else 0.0
             )
             self._draw_memo[key] = draw
@@ -383,7 +383,7 @@ class _Engine:
             key = (self.gpu_cap_w[uuid], self.gpu_max_w[uuid])
             speed = self._speed_memo.get(key)
             if speed is None:
-                speed = power.relative_throughput(_DEFAULT_PROFILE, key[0], key[1])
+                speed = gpu_model.relative_throughput(_DEFAULT_PROFILE, key[0], key[1])
                 self._speed_memo[key] = speed
             slowest = min(slowest, speed)
         return max(slowest, 1e-6)

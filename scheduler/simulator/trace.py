@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from scheduler.gpu_model import GPU_TYPES, GpuType
 from scheduler.model import ANY_GPU_TYPE, Gpu, Node
-from scheduler.power import GPU_TYPES, GpuType
 
 
 @dataclass(frozen=True, slots=True)

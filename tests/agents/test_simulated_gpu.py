@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from agents.gpu import GpuInvalidArgument, GpuLost, GpuNoPermission, make_backend
 from agents.gpu.simulated import SimulatedBackend, parse_spec, simulated_uuid
+from scheduler.gpu_model import GPU_TYPES, relative_throughput
 from scheduler.model import PowerProfile
-from scheduler.power import GPU_TYPES, relative_throughput
 
 
 class FakeClock:

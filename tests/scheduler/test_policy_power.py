@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from scheduler import power
+from scheduler import gpu_model, power
 from scheduler.model import Config, Pool
 from scheduler.policy import plan
 from tests.scheduler.builders import cluster
@@ -43,10 +43,10 @@ def test_a_pool_budget_caps_the_gpus_the_plan_keeps_and_starts_within_the_budget
     # Jobs without telemetry are budgeted as if they drew the board's maximum, the worst case.
     worst = power.planning_profile(snap.running[0].power_profile)
     modelled_w = sum(
-        power.power_draw_w(worst, caps[u], 700.0, power.idle_power_w(gpus[u])) for u in busy
-    ) + sum(power.idle_power_w(gpus[u]) for u in idle)
+        gpu_model.power_draw_w(worst, caps[u], 700.0, gpu_model.idle_power_w(gpus[u])) for u in busy
+    ) + sum(gpu_model.idle_power_w(gpus[u]) for u in idle)
     assert modelled_w <= budget_w
-    assert power.relative_throughput(worst, caps[next(iter(busy))], 700.0) < 1.0
+    assert gpu_model.relative_throughput(worst, caps[next(iter(busy))], 700.0) < 1.0
 
 
 def test_the_eco_setting_alone_is_enough_to_plan_caps():

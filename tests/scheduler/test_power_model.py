@@ -8,19 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.model import PowerProfile
-from scheduler.power import (
+from scheduler.gpu_model import (
     GPU_TYPES,
     ZEUS_GPU_TYPES,
-    best_cap_within_slowdown,
     clock_ratio,
-    energy_optimal_cap_w,
     energy_per_work,
     gpu_utilization,
-    knee_cap_w,
     power_draw_w,
     relative_throughput,
 )
+from scheduler.model import PowerProfile
+from scheduler.power import best_cap_within_slowdown, energy_optimal_cap_w, knee_cap_w
 from scheduler.power_fit import (
     CapSummary,
     PowerSample,

@@ -13,9 +13,10 @@ from controlplane.cluster.models import GPU, GpuTelemetry, Pool
 from controlplane.jobs import actions
 from controlplane.scheduling import profiles
 from controlplane.scheduling.loader import load_snapshot
+from scheduler.gpu_model import GPU_TYPES, power_draw_w
 from scheduler.model import Config, PowerProfile
 from scheduler.policy import plan
-from scheduler.power import GPU_TYPES, planning_profile, power_draw_w
+from scheduler.power import planning_profile
 
 pytestmark = pytest.mark.django_db
 

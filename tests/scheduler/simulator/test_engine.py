@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler import power
+from scheduler import gpu_model
 from scheduler.model import Config, Ordering, PowerProfile
 from scheduler.policy import plan
 from scheduler.simulator.engine import PlanError, RestartCost, SimOptions, replay
@@ -140,7 +140,7 @@ def test_the_simulator_and_a_direct_plan_call_decide_the_same_for_the_same_snaps
 
 def test_a_power_cap_stretches_run_time_by_the_power_model():
     # Every GPU capped at 60 % of its maximum: a 1,000 s job takes 1000 / relative_throughput.
-    max_w = power.GPU_TYPES[GPU].max_w
+    max_w = gpu_model.GPU_TYPES[GPU].max_w
 
     def capped_plan(snapshot, config):
         made = standin_plan(snapshot, config)
@@ -152,7 +152,7 @@ def test_a_power_cap_stretches_run_time_by_the_power_model():
     jobs, nodes, tenants = cluster_for(t, p.sharing)
     result = replay(jobs, nodes, tenants, p.config, policy=capped_plan)
 
-    speed = power.relative_throughput(PowerProfile(), 0.6 * max_w, max_w)
+    speed = gpu_model.relative_throughput(PowerProfile(), 0.6 * max_w, max_w)
     assert speed < 0.95
     assert result.outcomes[0].jct_s == pytest.approx(1000 / speed)
 
@@ -161,15 +161,15 @@ def test_energy_is_the_busy_and_idle_draw_integrated_over_time():
     t = trace([job(1, "a", 0, 1000)], {"a": (1, 2)})  # one busy GPU, one idle
     result = run(t, "fifo-static")
     gpu = cluster_for(t, Sharing.STATIC)[1][0].gpus[0]
-    idle_w = power.idle_power_w(replace(gpu, gpu_type=GPU))
-    busy_w = power.power_draw_w(PowerProfile(), gpu.power_max_w, gpu.power_max_w, idle_w)
+    idle_w = gpu_model.idle_power_w(replace(gpu, gpu_type=GPU))
+    busy_w = gpu_model.power_draw_w(PowerProfile(), gpu.power_max_w, gpu.power_max_w, idle_w)
     assert result.energy_j == pytest.approx(1000 * (busy_w + idle_w))
     assert result.peak_power_w == pytest.approx(busy_w + idle_w)
 
 
 def test_a_power_budget_is_held_by_the_cap_planner_at_the_cost_of_run_time():
     t = trace([job(i, "a", 0, 1000) for i in (1, 2, 3, 4)], {"a": (1, 4)})
-    max_w = power.GPU_TYPES[GPU].max_w
+    max_w = gpu_model.GPU_TYPES[GPU].max_w
     budget_w = 4 * 0.6 * max_w
     result = run(t, "ours", power_budget_w=budget_w)
 
