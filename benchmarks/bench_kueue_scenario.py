@@ -445,7 +445,7 @@ def _sample_backends(database: str, seen: dict[int, float]) -> None:
 
 def _purge(queue: str) -> None:
     from controlplane.redis_client import get_redis
-    from controlplane.scheduling.trigger import REQUEST_KEY
+    from controlplane.wakeups import REQUEST_KEY
 
     conn = get_redis()
     for key in conn.scan_iter(match=f"{queue}*"):

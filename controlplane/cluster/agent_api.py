@@ -895,7 +895,7 @@ def wait_for_change(node: Node, timeout_s: float) -> bool:
     comparison, made after subscribing, also catches a change that landed between the last
     heartbeat and this watch, which a signal alone would miss.
     """
-    from controlplane.scheduling import notify
+    from controlplane import wakeups as notify
 
     deadline = time.monotonic() + timeout_s
     if settings.REDIS_URL:

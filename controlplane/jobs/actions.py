@@ -18,6 +18,7 @@ from django.db.models import Case, Count, F, OuterRef, Subquery, Sum, Value, Whe
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from controlplane import wakeups
 from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import bulk_insert
 from controlplane.jobs.models import (
@@ -51,9 +52,7 @@ class ConcurrentUpdate(Exception):
 
 def request_cycle(reason: str) -> None:
     """Ask for an extra scheduling cycle after the current transaction commits."""
-    from controlplane.scheduling.trigger import request_cycle as _request
-
-    transaction.on_commit(lambda: _request(reason))
+    transaction.on_commit(lambda: wakeups.request_cycle(reason))
 
 
 def transition(
@@ -161,13 +160,12 @@ def delete_expired_submit_keys(now=None) -> int:
 def _notify_nodes_on_commit(attempts: list[JobAttempt]) -> None:
     """Wake the agents that run these attempts once the change is visible, so a stop is quick."""
     from controlplane.cluster.models import Node
-    from controlplane.scheduling.notify import notify_nodes
 
     ids = [a.pk for a in attempts]
     names = set(
         Node.objects.filter(gpus__allocations__attempt_id__in=ids).values_list("name", flat=True)
     ) | set(Node.objects.filter(attempts__id__in=ids).values_list("name", flat=True))
-    transaction.on_commit(lambda: notify_nodes(names))
+    transaction.on_commit(lambda: wakeups.notify_nodes(names))
 
 
 def _release_allocations(attempt: JobAttempt, now) -> None:

@@ -20,10 +20,10 @@ from operator import itemgetter
 
 from django.db import connection, transaction
 
+from controlplane import wakeups
 from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import actions
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Job, JobAttempt, JobState
-from controlplane.scheduling import notify
 from controlplane.scheduling.loader import LoadedSnapshot, PendingRow, from_unix_s
 from scheduler import model as m
 
@@ -80,7 +80,7 @@ def apply_plan(plan: m.Plan, loaded: LoadedSnapshot) -> ApplyResult:
         _write_power_caps(plan.power_caps_w or _uncapped(loaded), loaded, result)
         changed = sorted(result.nodes_changed)
         if changed:
-            transaction.on_commit(lambda: notify.notify_nodes(changed))
+            transaction.on_commit(lambda: wakeups.notify_nodes(changed))
     return result
 
 

@@ -1,7 +1,7 @@
 """The scheduling loop of the embedded mode (`make run`): a thread instead of Celery and beat.
 
 It runs the very cycle the Celery worker runs, every SCHEDULER_CYCLE_INTERVAL_S, and sooner
-when a submit, cancel or job end sets trigger.embedded_wakeup_event(). It also runs the node
+when a submit, cancel or job end sets wakeups.embedded_wakeup_event(). It also runs the node
 liveness sweep that beat runs in production, so a stopped agent's node goes down here too.
 """
 
@@ -17,7 +17,7 @@ from django.db import connections
 
 from controlplane.accounting.tasks import check_budgets
 from controlplane.scheduling.cycle import run_scheduling_cycle
-from controlplane.scheduling.trigger import embedded_wakeup_event
+from controlplane.wakeups import embedded_wakeup_event
 
 log = logging.getLogger(__name__)
 

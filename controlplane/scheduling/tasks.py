@@ -6,7 +6,7 @@ TICK = "tick"
 @shared_task(acks_late=True, ignore_result=True)
 def run_cycle(trigger: str = TICK) -> dict:
     from controlplane.scheduling.cycle import run_scheduling_cycle
-    from controlplane.scheduling.trigger import request_cycle, requested_cycle_starting
+    from controlplane.wakeups import request_cycle, requested_cycle_starting
 
     if trigger != TICK:
         requested_cycle_starting()

@@ -103,7 +103,7 @@ class LiveSystem:
             Job,
             JobAttempt,
         )
-        from controlplane.scheduling.notify import notify_nodes
+        from controlplane.wakeups import notify_nodes
 
         for job in Job.objects.filter(state__in=ACTIVE_JOB_STATES):
             try:

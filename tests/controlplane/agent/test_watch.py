@@ -7,7 +7,7 @@ import pytest
 from django.db import transaction
 
 from controlplane.jobs import actions
-from controlplane.scheduling.notify import node_channel, node_version, notify_nodes
+from controlplane.wakeups import node_channel, node_version, notify_nodes
 
 from .conftest import readings
 

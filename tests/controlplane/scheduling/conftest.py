@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from controlplane.scheduling.trigger import REQUEST_KEY
+from controlplane.wakeups import REQUEST_KEY
 from tests.celery_worker import purge_queue as shared_purge_queue
 from tests.celery_worker import running_worker
 

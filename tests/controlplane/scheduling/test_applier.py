@@ -7,10 +7,10 @@ import time
 import pytest
 from django.db import connection, transaction
 
+from controlplane import wakeups as notify
 from controlplane.cluster.models import GPU, NodeState
 from controlplane.jobs import actions
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobState
-from controlplane.scheduling import notify
 from controlplane.scheduling.applier import apply_plan
 from controlplane.scheduling.loader import load_snapshot
 from scheduler import model as m

@@ -14,7 +14,7 @@ from django.db import connection
 from controlplane.jobs.models import Job, JobState
 from controlplane.scheduling.embedded import SchedulingLoop
 from controlplane.scheduling.models import SchedulingCycle
-from controlplane.scheduling.trigger import embedded_wakeup_event
+from controlplane.wakeups import embedded_wakeup_event
 from tests.controlplane.scheduling.conftest import wait_until
 
 EMBEDDED_PORT = 18510

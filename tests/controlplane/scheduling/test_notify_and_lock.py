@@ -3,7 +3,7 @@ import threading
 import pytest
 from django.db import connection
 
-from controlplane.scheduling import notify
+from controlplane import wakeups as notify
 from controlplane.scheduling.lock import cycle_transaction
 
 

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from controlplane.scheduling import trigger
+from controlplane import wakeups as trigger
 from tests.controlplane.scheduling.conftest import purge_queue, queued_messages
 
 # pytest-django runs database-free tests last, after the end-to-end suites whose session-wide
