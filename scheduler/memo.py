@@ -13,21 +13,24 @@ can be handed the other's index. plan() without one builds every index afresh.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from scheduler.model import HistoryRecord, Node
     from scheduler.placement import Topology
     from scheduler.predict import HistoryIndex
+    from scheduler.reasons import Fleet
 
 
 class PlanMemo:
-    __slots__ = ("_topology", "_history_index")
+    __slots__ = ("_topology", "_history_index", "_fleet")
 
     def __init__(self) -> None:
         # (the tuple it was built from, the index): kept together, replaced together.
         self._topology: tuple[tuple[Node, ...], Topology] | None = None
         self._history_index: tuple[tuple[HistoryRecord, ...], HistoryIndex] | None = None
+        self._fleet: tuple[Sequence[Node], Fleet] | None = None
 
     def topology(self, nodes: tuple[Node, ...]) -> Topology:
         from scheduler.placement import Topology
@@ -43,4 +46,12 @@ class PlanMemo:
         cached = self._history_index
         if cached is None or cached[0] is not history:
             cached = self._history_index = (history, HistoryIndex(history))
+        return cached[1]
+
+    def fleet(self, nodes: Sequence[Node]) -> Fleet:
+        from scheduler.reasons import build_fleet
+
+        cached = self._fleet
+        if cached is None or cached[0] is not nodes:
+            cached = self._fleet = (nodes, build_fleet(nodes))
         return cached[1]

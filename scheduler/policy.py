@@ -107,7 +107,7 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     t6 = perf_counter()
     steps["admit"] = t6 - t5
 
-    pending = reasons.decisions(admission.waiting, snapshot.now_s, snapshot.nodes)
+    pending = reasons.decisions(admission.waiting, snapshot.now_s, snapshot.nodes, memo.fleet)
     t7 = perf_counter()
     steps["reasons"] = t7 - t6
 

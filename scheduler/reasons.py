@@ -12,7 +12,7 @@ to come back (NODES_UNAVAILABLE), and its reason says so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.model import Node, PendingDecision, ReasonCode
@@ -48,16 +48,21 @@ class Waiting:
 
 
 def decisions(
-    waiting: list[Waiting], now_s: float, nodes: Sequence[Node] = ()
+    waiting: list[Waiting],
+    now_s: float,
+    nodes: Sequence[Node] = (),
+    fleet_of: Callable[[Sequence[Node]], Fleet] | None = None,
 ) -> tuple[PendingDecision, ...]:
     """One PendingDecision per waiting job, numbered in the order the cycle considered them.
 
     `nodes` are all the snapshot's nodes, whether they take work or not: a job no node that
     takes work now could hold, but one of these could, waits for them (NODES_UNAVAILABLE).
+    `fleet_of` builds their summary; plan() passes its memo's, which reuses it while the node
+    tuple stays the same.
     """
     hopeless = [w for w in waiting if w.code is RC.NO_MATCHING_GPUS]
     if hopeless and nodes:
-        fleet = _fleet(nodes)
+        fleet = (fleet_of or build_fleet)(nodes)
         # A queue of identical jobs behind a node that is down costs one look, not one each.
         seen: dict[tuple, _Out | None] = {}
         for w in hopeless:
@@ -226,7 +231,7 @@ class _TypeFacts:
 
 
 @dataclass
-class _Fleet:
+class Fleet:
     """Every node of a snapshot, taking work or not, by GPU type."""
 
     types: dict[str, _TypeFacts]
@@ -235,37 +240,31 @@ class _Fleet:
     track_mem: bool
 
 
-_fleet_cache: list = [None, None]
-
-
-def _fleet(nodes: Sequence[Node]) -> _Fleet:
-    """The fleet of these nodes, reused while the caller keeps passing the same tuple."""
-    if _fleet_cache[0] is not nodes:
-        types: dict[str, _TypeFacts] = {}
-        for node in nodes:
-            on_node: dict[str, int] = {}
-            for gpu in node.gpus:
-                facts = types.setdefault(gpu.gpu_type, _TypeFacts())
-                facts.total += 1
-                if not node.schedulable:
-                    facts.down += 1
-                elif gpu.healthy:
-                    facts.up += 1
-                else:
-                    facts.unhealthy += 1
-                on_node[gpu.gpu_type] = on_node.get(gpu.gpu_type, 0) + 1
-            for gpu_type, count in on_node.items():
-                facts = types[gpu_type]
-                facts.nodes.append(node)
-                facts.most = max(facts.most, count)
-        _fleet_cache[1] = _Fleet(
-            types=dict(sorted(types.items())),
-            nodes=nodes,
-            track_cpus=any(n.cpus for n in nodes),
-            track_mem=any(n.memory_mib for n in nodes),
-        )
-        _fleet_cache[0] = nodes
-    return _fleet_cache[1]
+def build_fleet(nodes: Sequence[Node]) -> Fleet:
+    """What the nodes hold, per GPU type: up, down, unhealthy, and the most on one node."""
+    types: dict[str, _TypeFacts] = {}
+    for node in nodes:
+        on_node: dict[str, int] = {}
+        for gpu in node.gpus:
+            facts = types.setdefault(gpu.gpu_type, _TypeFacts())
+            facts.total += 1
+            if not node.schedulable:
+                facts.down += 1
+            elif gpu.healthy:
+                facts.up += 1
+            else:
+                facts.unhealthy += 1
+            on_node[gpu.gpu_type] = on_node.get(gpu.gpu_type, 0) + 1
+        for gpu_type, count in on_node.items():
+            facts = types[gpu_type]
+            facts.nodes.append(node)
+            facts.most = max(facts.most, count)
+    return Fleet(
+        types=dict(sorted(types.items())),
+        nodes=nodes,
+        track_cpus=any(n.cpus for n in nodes),
+        track_mem=any(n.memory_mib for n in nodes),
+    )
 
 
 @dataclass(frozen=True)
@@ -280,7 +279,7 @@ class _Out:
     unhealthy: int = 0
 
 
-def _nodes_out(job, fleet: _Fleet) -> _Out | None:
+def _nodes_out(job, fleet: Fleet) -> _Out | None:
     """What the job waits for when nodes that are out now could hold it; None if none could."""
 
     def roomy(node: Node) -> bool:

@@ -147,7 +147,8 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
 
 # The nodes of the last load, by node id, with the rows they were built from: an unchanged
 # node is handed out as the same frozen object, and when none changed the same tuple is, so the
-# core's topology cache (keyed on that tuple) holds across cycles. One per process.
+# indexes the core builds from it (the cycle's PlanMemo, keyed on that tuple) hold across
+# cycles. One per process.
 _last_nodes: dict = {"by_id": {}, "nodes": ()}
 
 

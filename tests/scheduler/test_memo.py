@@ -23,6 +23,7 @@ def two_clusters():
     )
     for job in range(1, 12):
         small.pending(job, "vision", gpus=1 + job % 2, type="A100")
+    small.pending(60, "vision", gpus=16, type="A100")  # no node holds it: the fleet is read
     large = (
         cluster()
         .nodes(6, prefix="h", gpus=8, type="H100")
@@ -32,6 +33,7 @@ def two_clusters():
     )
     for job in range(100, 130):
         large.pending(job, "nlp", gpus=(1, 2, 4, 8)[job % 4], type="H100")
+    large.pending(160, "nlp", gpus=64, type="H100")
     return small.snapshot(), large.snapshot()
 
 
@@ -39,6 +41,8 @@ def test_each_threads_plan_is_its_single_threaded_plan():
     snapshots = two_clusters()
     expected = [plan(s) for s in snapshots]
     assert expected[0] != expected[1] and all(p.starts for p in expected)
+    hopeless = [d.reason_code.name for p in expected for d in p.pending if d.job_id in (60, 160)]
+    assert hopeless == ["NO_MATCHING_GPUS", "NO_MATCHING_GPUS"]
     wrong: list[str] = []
     barrier = threading.Barrier(2)
 
@@ -76,6 +80,8 @@ def test_a_memo_reuses_the_index_of_the_same_tuple_and_only_of_it():
     memo = PlanMemo()
     assert memo.topology(small.nodes) is memo.topology(small.nodes)
     assert memo.history_index(small.history) is memo.history_index(small.history)
+    assert memo.fleet(small.nodes) is memo.fleet(small.nodes)
+    assert memo.fleet(large.nodes) is not memo.fleet(small.nodes)
     first = memo.topology(small.nodes)
     assert memo.topology(large.nodes) is not first
     # Equal contents in a new tuple: rebuilt, since identity is what a caller promises to keep.
