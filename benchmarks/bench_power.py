@@ -303,7 +303,9 @@ def main() -> None:
     args = parser.parse_args()
     shares = [float(x) for x in args.budgets.split(",") if x.strip()]
     if not (ZEUS / "summary_power_v100.csv").exists():
-        sys.exit(f"the zeus power sweeps are not at {ZEUS} (see ../shared/data/README.md)")
+        sys.exit(
+            f"the zeus power sweeps are not at {ZEUS} (optional: README.md, section Data, says where to get it)"
+        )
     started = time.monotonic()
     workloads = load_workloads()
     jobs = make_jobs(workloads, args.hours, args.seed)

@@ -31,7 +31,7 @@ from scheduler.power_fit import (
 ZEUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "zeus"
 needs_zeus = pytest.mark.skipif(
     not (ZEUS / "summary_power_v100.csv").exists(),
-    reason=f"the zeus power sweeps are not at {ZEUS} (see ../shared/data/README.md)",
+    reason=f"the zeus power sweeps are not at {ZEUS} (optional: README.md, section Data, says where to get it)",
 )
 
 

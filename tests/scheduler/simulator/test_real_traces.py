@@ -11,11 +11,11 @@ from tests.scheduler.simulator.builders import ALIBABA_DIR, PHILLY_DIR
 
 needs_philly = pytest.mark.skipif(
     not (PHILLY_DIR / "philly-jobs.csv").exists(),
-    reason=f"the Philly trace is not at {PHILLY_DIR} (see ../shared/data/README.md)",
+    reason=f"the Philly trace is not at {PHILLY_DIR} (optional: README.md, section Data, says where to get it)",
 )
 needs_alibaba = pytest.mark.skipif(
     not (ALIBABA_DIR / "openb_pod_list_default.csv").exists(),
-    reason=f"the Alibaba openb trace is not at {ALIBABA_DIR} (see ../shared/data/README.md)",
+    reason=f"the Alibaba openb trace is not at {ALIBABA_DIR} (optional: README.md, section Data, says where to get it)",
 )
 
 
