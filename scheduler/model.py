@@ -67,7 +67,7 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class PowerProfile:
-    """How a job's throughput and draw depend on its GPUs' power cap (see scheduler.power).
+    """How a job's throughput and draw depend on its GPUs' power cap (see scheduler.gpu_model).
 
     The defaults are a typical training job: the median of the profiles fitted to the zeus
     workloads that draw at least 60 % of the maximum cap uncapped.

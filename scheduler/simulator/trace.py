@@ -105,7 +105,7 @@ def compress_arrivals(jobs: tuple[TraceJob, ...], load_factor: float) -> tuple[T
     return tuple(out)
 
 
-# Power limits of GPU types that scheduler.power does not list. The Alibaba names are that
+# Power limits of GPU types that scheduler.gpu_model does not list. The Alibaba names are that
 # trace's own; G2 and G3 are not public, so they get a V100-class board (an assumption).
 _EXTRA_GPU_TYPES: dict[str, GpuType] = {
     t.name: t
