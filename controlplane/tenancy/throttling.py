@@ -13,6 +13,7 @@ into an outage of the API.
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import time
@@ -123,7 +124,7 @@ class WindowCounter:
         return self.wait_s(limit[1], time.time()) if limit else 1
 
 
-class CountingThrottle(BaseThrottle):
+class CountingThrottle(BaseThrottle, abc.ABC):
     """DRF throttle on a WindowCounter; subclasses say whom a request counts against."""
 
     scope = ""
@@ -132,8 +133,9 @@ class CountingThrottle(BaseThrottle):
         self.counter = WindowCounter(self.scope)
         self._wait = None
 
+    @abc.abstractmethod
     def ident_for(self, request) -> str | None:
-        raise NotImplementedError
+        """Whom this request counts against, or None when this throttle does not apply to it."""
 
     def get_ident(self, request) -> str:
         return client_ip(request)
