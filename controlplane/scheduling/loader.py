@@ -11,10 +11,9 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from django.db import connections
-from django.db.models import F, FloatField, Func, Sum
+from django.db.models import Sum
 
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
 from controlplane.jobs.models import (
@@ -26,6 +25,8 @@ from controlplane.jobs.models import (
     JobAttempt,
     JobState,
 )
+from controlplane.scheduling.profiles import with_learned_profiles
+from controlplane.scheduling.rows import from_unix_s, raw_rows, unix_s
 from controlplane.tenancy.models import Quota, Tenant
 from scheduler import model as m
 
@@ -63,48 +64,6 @@ class LoadedSnapshot:
     running_gpus: dict[int, tuple[str, ...]] = field(default_factory=dict)  # attempt id -> uuids
 
 
-class UnixSeconds(Func):
-    """A timestamp column as Unix seconds, computed by the database.
-
-    Turning tens of thousands of timestamps into datetimes in Python and back into numbers
-    was the largest part of a load; the database hands over plain floats instead.
-    """
-
-    output_field = FloatField()
-
-    def as_postgresql(self, compiler, connection, **extra_context):
-        return self.as_sql(
-            compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::float8"
-        )
-
-    def as_sqlite(self, compiler, connection, **extra_context):
-        # Django stores aware datetimes in UTC; julianday reads that text format.
-        return self.as_sql(
-            compiler, connection, template="(julianday(%(expressions)s) - 2440587.5) * 86400.0"
-        )
-
-
-def unix_s(field_name: str) -> UnixSeconds:
-    return UnixSeconds(F(field_name))
-
-
-def raw_rows(queryset) -> list[tuple]:
-    """Run a values_list queryset and return the driver's rows as they are.
-
-    Skips Django's per-value converters, which cost as much as the query itself on the tables
-    that grow with the cluster. Only for columns the driver already returns as plain numbers,
-    text or booleans (SQLite returns booleans as 0/1: callers wrap them in bool()).
-    """
-    sql, params = queryset.query.sql_with_params()
-    with connections[queryset.db].cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
-def from_unix_s(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, tz=UTC)
-
-
 def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
     """Read the cluster as the scheduler must see it. A fixed number of queries whatever the row counts (ten, plus one for budgets, one per budget period in use, and two when running attempts are due for a power-profile look)."""
     now_s = time.time() if now_s is None else now_s
@@ -116,8 +75,6 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
     desired_caps: dict[str, float | None] = {}
     earlier = _earlier_service_s()
     running, running_gpus, held_uuids = _load_running(now_s, earlier)
-    from controlplane.scheduling.profiles import with_learned_profiles
-
     running = with_learned_profiles(running, now_s)
     nodes = load_nodes(pool_names, gpu_node, desired_caps)
     orphans = held_uuids - {u for uuids in running_gpus.values() for u in uuids}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from django.conf import settings
 
 from controlplane.cluster.models import GPU, GpuTelemetry
-from controlplane.scheduling.loader import from_unix_s, raw_rows, unix_s
+from controlplane.scheduling.rows import from_unix_s, raw_rows, unix_s
 from scheduler import model as m
 from scheduler.power_fit import CapSummary, PowerSample, fit_profile, samples_moved
 
