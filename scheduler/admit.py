@@ -30,7 +30,16 @@ from collections.abc import Iterable
 
 from scheduler import backfill, fairness, placement, quota
 from scheduler.backfill import Release, Reservation
-from scheduler.model import Config, Ordering, Pending, Preemption, ReasonCode, Snapshot, Start
+from scheduler.model import (
+    Config,
+    Ordering,
+    Pending,
+    Preemption,
+    ReasonCode,
+    Running,
+    Snapshot,
+    Start,
+)
 from scheduler.placement import ClusterIndex, TypeIndex
 from scheduler.preemption import Search, Victims, find_victims, reason_for
 from scheduler.priority import las_queue
@@ -39,12 +48,21 @@ from scheduler.reasons import Waiting
 
 RC = ReasonCode
 
+# What decides the answer of a job blocked on capacity (see Admission._blocked): type, GPUs,
+# CPUs, memory, within the guarantee, the tenant whose own work it may preempt, priority, the
+# job the type is reserved for, and whether the type could not be reserved.
+HopelessKey = tuple[str, int, float, int, bool, str | None, int, int | None, bool]
 
-def _preference(option) -> tuple[bool, bool]:
+
+# A type a job could run on, with what its tenant's quota says about it.
+Option = tuple[TypeIndex, quota.Verdict]
+
+
+def _preference(option: Option) -> tuple[bool, bool]:
     return (not option[1].ok, option[1].borrowed)
 
 
-def _blocked_preference(option) -> tuple[bool, bool]:
+def _blocked_preference(option: Option) -> tuple[bool, bool]:
     return (not option[1].ok, not option[1].wait)
 
 
@@ -80,7 +98,7 @@ class Admission:
         self._victims: Victims | None = None
         self._max_resources: dict[str, tuple[float, int]] = {}
         # what a capacity-blocked job got, by what decided it (see _blocked)
-        self._hopeless: dict[tuple, tuple] = {}
+        self._hopeless: dict[HopelessKey, tuple[int, ReasonCode, int | None, int]] = {}
         self._own_rule = config.preemption and config.ordering is Ordering.FAIR
 
     @property
@@ -158,7 +176,7 @@ class Admission:
                 return
             self._blocked(job, ti, book, verdict)
             return
-        options = []
+        options: list[Option] = []
         biggest = 0
         for t in self.types:
             ti = types[t]
@@ -203,16 +221,19 @@ class Admission:
                 search.need_quota = quota.quota_need(book, t, n, self.config, job.preemptible)
                 res = self.reservations.get(t)
                 restricted, slack = res.limits(job.job_id, self._end(job)) if res else (False, None)
-                if n <= ti.max_node_cap and not (restricted and not res.allows(n)):
+                if n <= ti.max_node_cap and not (
+                    restricted and res is not None and not res.allows(n)
+                ):
                     where = placement.find(ti, n, self.index.fits_for(job), slack)
                     search.free_node = where[0][0] if where else None
                 if self._preempt(job, ti, book, search):
                     return
+            assert verdict.code is not None, "a verdict that is not ok names its reason"
             self._wait(job, verdict.code, t, verdict.detail)
             return
         # Jobs alike in what the steps below look at get the same answer while nothing of the
         # type changed: a long queue behind a full cluster is then decided in O(1) per job.
-        memo_key = None
+        memo_key: HopelessKey | None = None
         if self.config.ordering not in (Ordering.SRTF, Ordering.LAS):
             res = self.reservations.get(t)
             memo_key = (
@@ -231,13 +252,13 @@ class Admission:
                 w = self._wait(job, hit[1], t)
                 w.head, w.count = hit[2], hit[3]
                 return
-        search = self._capacity_search(job, ti, book)
-        if search is not None:
+        capacity_search = self._capacity_search(job, ti, book)
+        if capacity_search is not None:
             if self._claim_stopping(job, ti, book):
                 return
-            if (search.cross or search.own or search.baseline) and self._preempt(
-                job, ti, book, search
-            ):
+            if (
+                capacity_search.cross or capacity_search.own or capacity_search.baseline
+            ) and self._preempt(job, ti, book, capacity_search):
                 return
         if self.config.backfill and t not in self.reservations and t not in self.unreservable:
             res = self._reserve(job, ti)
@@ -289,19 +310,21 @@ class Admission:
         end_s = self._end(job)
         res = self.reservations.get(ti.gpu_type)
         restricted, slack = res.limits(job.job_id, end_s) if res else (False, None)
-        if restricted and not res.allows(n):
+        if restricted and res is not None and not res.allows(n):
             return False
         where = placement.find(ti, n, self.index.fits_for(job), slack)
         if where is None:
             return False
-        if restricted:
+        if restricted and res is not None:
             res.consume(where)
         placements = placement.commit(self.index, ti, job, where)
         self.starts.append(Start(job_id=job.job_id, placements=placements, borrowed=borrowed))
         self._book(job, ti, book, where, end_s)
         return True
 
-    def _book(self, job, ti: TypeIndex, book: Book, where, end_s: float) -> None:
+    def _book(
+        self, job: Pending, ti: TypeIndex, book: Book, where: list[tuple[int, int]], end_s: float
+    ) -> None:
         book.add(ti.gpu_type, job.gpus)
         book.running_jobs += 1
         fairness.refresh(book, self.capacity)
@@ -441,7 +464,7 @@ class Admission:
         w.start_s = self.now_s
         return True
 
-    def _evict(self, r, size: int, reason: str, for_job_id: int | None) -> None:
+    def _evict(self, r: Running, size: int, reason: str, for_job_id: int | None) -> None:
         self.preempted.add(r.attempt_id)
         self.preemptions.append(
             Preemption(

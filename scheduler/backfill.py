@@ -18,6 +18,8 @@ which is the greedy regime the baselines are measured in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from scheduler.placement import TypeIndex
 
 # (predicted end in seconds, node ordinal, GPUs of the type it frees there)
@@ -29,7 +31,9 @@ class Reservation:
 
     __slots__ = ("job_id", "gpu_type", "gpus", "start_s", "node", "slack")
 
-    def __init__(self, job_id: int, gpu_type: str, gpus: int, start_s: float, node, slack: int):
+    def __init__(
+        self, job_id: int, gpu_type: str, gpus: int, start_s: float, node: int | None, slack: int
+    ):
         self.job_id = job_id
         self.gpu_type = gpu_type
         self.gpus = gpus
@@ -65,7 +69,7 @@ def reserve(
     ti: TypeIndex,
     now_s: float,
     releases: list[Release],
-    node_ok,
+    node_ok: Callable[[int], bool] | None,
 ) -> Reservation | None:
     """The earliest reservation for n GPUs of this type, or None if they never free up."""
     if n <= ti.max_node_cap:

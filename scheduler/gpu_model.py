@@ -83,7 +83,8 @@ def _clock_from_share(share: float, clock_exponent: float, floor_clock: float) -
     """
     if share <= 0.0:
         return _MIN_CLOCK
-    floor_share = floor_clock**clock_exponent
+    # Positive bases, so these powers are real (typeshed cannot know that of float ** float).
+    floor_share: float = floor_clock**clock_exponent
     if share <= floor_share:
         clock = share / (floor_share / floor_clock)
     else:

@@ -16,7 +16,7 @@ change under a cached copy.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import attrgetter
 
@@ -223,8 +223,10 @@ class ClusterIndex:
             held.update(r.gpus)
         self.track_cpus = any(topo.node_cpus)
         self.track_mem = any(topo.node_mem)
-        self.cpus_free = list(topo.node_cpus) if self.track_cpus else None
-        self.mem_free = list(topo.node_mem) if self.track_mem else None
+        # None when no node states any: nothing is booked then. Memory left becomes fractional
+        # once a gang's share is booked, hence float.
+        self.cpus_free: list[float] | None = list(topo.node_cpus) if self.track_cpus else None
+        self.mem_free: list[float] | None = list(topo.node_mem) if self.track_mem else None
         if self.track_cpus or self.track_mem:
             self._charge_all(running)
         self._nodes_of: dict[int, dict[int, int]] = {}
@@ -261,10 +263,9 @@ class ClusterIndex:
         gpu_node = self.topo.gpu_node
         cpus_free, mem_free = self.cpus_free, self.mem_free
         node_cpus, node_mem = self.topo.node_cpus, self.topo.node_mem
-        track_cpus, track_mem = self.track_cpus, self.track_mem
         for r in running:
-            cpus = r.cpus if track_cpus else 0.0
-            mem = r.memory_mib if track_mem else 0
+            cpus = r.cpus if cpus_free is not None else 0.0
+            mem = r.memory_mib if mem_free is not None else 0
             if not (cpus or mem):
                 continue
             nodes = list(map(gpu_node.get, r.gpus))
@@ -277,9 +278,9 @@ class ClusterIndex:
                 continue
             if first is None:
                 continue
-            if cpus and node_cpus[first]:
+            if cpus and cpus_free is not None and node_cpus[first]:
                 cpus_free[first] -= cpus * total / total
-            if mem and node_mem[first]:
+            if mem and mem_free is not None and node_mem[first]:
                 mem_free[first] -= mem * total / total
 
     def _charge_running(self, r: Running, gpu_node: dict[str, int]) -> None:
@@ -338,7 +339,9 @@ class ClusterIndex:
         if not need_cpus and not need_mem:
             return None
         n = max(job.gpus, 1)
-        cpus_free, mem_free = self.cpus_free, self.mem_free
+        # An untracked resource has a need of 0 here, so its empty stand-in is never read.
+        cpus_free: Sequence[float] = self.cpus_free if self.cpus_free is not None else ()
+        mem_free: Sequence[float] = self.mem_free if self.mem_free is not None else ()
         node_cpus, node_mem = self.topo.node_cpus, self.topo.node_mem
 
         def fits(node: int, count: int) -> bool:

@@ -380,12 +380,12 @@ def plan_power_caps(
             _move(unit, ledger, floor_w)
             planned.append(unit)
 
-    for tenant in sorted(tight_tenants):
-        own = [u for u in planned if u.attempt.tenant == tenant]
-        _shed(own, ledger, step_w, lambda tenant=tenant: ledger.excess_w(tenant=tenant))
+    for tenant_name in sorted(tight_tenants):
+        own = [u for u in planned if u.attempt.tenant == tenant_name]
+        _shed(own, ledger, step_w, functools.partial(ledger.excess_w, tenant=tenant_name))
     for pool in sorted(tight_pools):
         inside = [u for u in planned if any(p == pool for _, p in u.gpus)]
-        _shed(inside, ledger, step_w, lambda pool=pool: ledger.excess_w(pool=pool))
+        _shed(inside, ledger, step_w, functools.partial(ledger.excess_w, pool=pool))
     _grant([u for u in planned if not u.throttled], ledger, step_w)
 
     for unit in units:

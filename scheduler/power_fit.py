@@ -13,7 +13,7 @@ parameters, a few hundred evaluations of a seven-sample loss, a few milliseconds
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -102,7 +102,10 @@ def _loss(
 
 
 def _nelder_mead(
-    function, start: Sequence[float], step: Sequence[float], iterations: int
+    function: Callable[[Sequence[float]], float],
+    start: Sequence[float],
+    step: Sequence[float],
+    iterations: int,
 ) -> tuple[list[float], float]:
     """Minimise ``function`` from ``start``; the textbook simplex method (Nelder and Mead, 1965)."""
     n = len(start)
@@ -146,7 +149,7 @@ def _nelder_mead(
 
 
 def fit_profile(
-    samples: Iterable[PowerSample | tuple],
+    samples: Iterable[PowerSample | tuple[float, ...]],
     max_w: float,
     prior: PowerProfile | None = None,
     iterations: int = 150,
@@ -262,7 +265,10 @@ def samples_moved(
             (old.utilization, new.utilization, share),
             (old.clock_ratio, new.clock_ratio, share),
         ):
-            if (a is None) != (b is None) or (a is not None and abs(a - b) >= limit):
+            if a is None or b is None:
+                if (a is None) != (b is None):
+                    return True
+            elif abs(a - b) >= limit:
                 return True
     return False
 

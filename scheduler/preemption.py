@@ -216,7 +216,15 @@ class Search:
         "free_node",
     )
 
-    def __init__(self, tenant, gpu_type, gpus, priority, predicted_s, queue):
+    def __init__(
+        self,
+        tenant: str,
+        gpu_type: str,
+        gpus: int,
+        priority: int,
+        predicted_s: float,
+        queue: int,
+    ):
         self.tenant = tenant
         self.gpu_type = gpu_type
         self.gpus = gpus
@@ -289,23 +297,23 @@ def find_victims(
         # Borrowed attempts already preempted, or whose tenant is back at its guarantee, stay
         # out for the rest of the cycle: skip them for good instead of for every job again.
         first = victims.start.get(skip_key, 0) if skip_key else 0
-        leading = skip_key is not None
+        leading = skip_key  # the key while still in the skippable prefix, then None
         for i in range(first, len(cands)):
             c = cands[i]
             aid = c.run.attempt_id
             if aid in done or aid in seen:
-                if leading and aid in done:
-                    victims.start[skip_key] = i + 1
+                if leading is not None and aid in done:
+                    victims.start[leading] = i + 1
                 continue
             if (
-                leading
+                leading is not None
                 and c.tenant != s.tenant
                 and c.tenant not in tentative
                 and not books[c.tenant].over_guarantee(s.gpu_type)
             ):
-                victims.start[skip_key] = i + 1
+                victims.start[leading] = i + 1
                 continue
-            leading = False
+            leading = None
             if not _qualifies(s, source, c):
                 break  # each list is sorted so that none further qualifies either
             if c.tenant != s.tenant:
@@ -361,6 +369,7 @@ def find_victims(
         if not need_capacity:
             return True
         if single:
+            assert target is not None, "a job on one node is satisfied only once it has a node"
             got = ti.free_on(target) + ti.soon.get(target, 0)
             got += sum(c.nodes.get(target, 0) for c in rest)
         else:
@@ -374,7 +383,12 @@ def find_victims(
     return [(c, rules[source]) for c, source in kept], (target if single else None)
 
 
-def _sources(s: Search, victims: Victims, ti: TypeIndex, need_capacity: bool):
+# (rule, its candidates in walking order, the key of Victims.start its skipped prefix is kept
+# by, or None when the list is walked from its head every time)
+Source = tuple[str, list[Candidate], tuple[str, str] | None]
+
+
+def _sources(s: Search, victims: Victims, ti: TypeIndex, need_capacity: bool) -> list[Source]:
     """The candidate lists to walk, in order, each with the key its skipped prefix is kept by.
 
     Borrowed work of other tenants goes first, unless the job must first get some of its own
@@ -383,8 +397,8 @@ def _sources(s: Search, victims: Victims, ti: TypeIndex, need_capacity: bool):
     t = s.gpu_type
     # Borrowed work of other tenants is walked only where it could make room on a node.
     others_help = not (need_capacity and s.gpus <= ti.max_node_cap) or victims.most(ti) >= s.gpus
-    others = []
-    own = []
+    others: list[Source] = []
+    own: list[Source] = []
     if s.cross and others_help:
         others.append(("cross", victims.cross(t), ("cross", t)))
     if s.baseline is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from scheduler.model import ANY_GPU_TYPE, Config, Ordering, Pending
 from scheduler.quota import ANY, Book
@@ -64,6 +64,7 @@ def order(
     ordering = config.ordering
     if ordering is Ordering.FAIR:
         return _fair(pending, config, now_s, books, predicted_s)
+    key: Callable[[Pending], tuple[float, ...]]
     if ordering is Ordering.FIFO:
         key = lambda p: (p.submitted_at_s, p.job_id)  # noqa: E731
     elif ordering in (Ordering.SJF, Ordering.SRTF):
@@ -123,7 +124,8 @@ def _fair(
     predicted_s: dict[int, float],
 ) -> Iterator[Pending]:
     period_s = config.aging_period_s
-    per_tenant: dict[str, list[tuple]] = {}
+    # (-priority, predicted s, submitted s, job id, job), sorted per tenant
+    per_tenant: dict[str, list[tuple[int, float, float, int, Pending]]] = {}
     for p in pending:
         priority = p.priority
         if period_s > 0:
@@ -137,20 +139,23 @@ def _fair(
             per_tenant[p.tenant] = [row]
         else:
             rows.append(row)
-    queues: dict[str, list[tuple]] = {}
-    heap: list[tuple] = []
+    # the same, led by 0 for the jobs within the tenant's guarantee and 1 for the others
+    queues: dict[str, list[tuple[int, int, float, float, int, Pending]]] = {}
+    # (within, -priority, tenant's share, predicted s, submitted s, job id, the share's version,
+    # tenant, position in its queue)
+    heap: list[tuple[int, int, float, float, float, int, int, str, int]] = []
     for tenant, rows in per_tenant.items():
         rows.sort()
         guaranteed = guaranteed_jobs([row[4] for row in rows], books[tenant])
         if guaranteed:
-            rows = [(0, *r) for r in rows if r[3] in guaranteed] + [
+            queue = [(0, *r) for r in rows if r[3] in guaranteed] + [
                 (1, *r) for r in rows if r[3] not in guaranteed
             ]
         else:
-            rows = [(1, *r) for r in rows]
-        queues[tenant] = rows
+            queue = [(1, *r) for r in rows]
+        queues[tenant] = queue
         book = books[tenant]
-        first = rows[0]
+        first = queue[0]
         heap.append((*first[:2], book.share, *first[2:5], book.version, tenant, 0))
     heapq.heapify(heap)
     # The head is replaced in place (one sift, not a pop and a push): entries differ in their
@@ -161,15 +166,15 @@ def _fair(
         tenant = entry[7]
         book = books[tenant]
         i = entry[8]
-        rows = queues[tenant]
+        queue = queues[tenant]
         if entry[6] != book.version:
-            row = rows[i]
-            replace_head(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))
+            queued = queue[i]
+            replace_head(heap, (*queued[:2], book.share, *queued[2:5], book.version, tenant, i))
             continue
-        yield rows[i][5]
+        yield queue[i][5]
         i += 1
-        if i < len(rows):
-            row = rows[i]
-            replace_head(heap, (*row[:2], book.share, *row[2:5], book.version, tenant, i))
+        if i < len(queue):
+            queued = queue[i]
+            replace_head(heap, (*queued[:2], book.share, *queued[2:5], book.version, tenant, i))
         else:
             pop(heap)

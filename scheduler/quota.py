@@ -119,7 +119,9 @@ class Verdict:
 
     __slots__ = ("ok", "wait", "code", "borrowed", "detail")
 
-    def __init__(self, ok: bool, wait: bool, code: ReasonCode | None, borrowed: bool, detail=""):
+    def __init__(
+        self, ok: bool, wait: bool, code: ReasonCode | None, borrowed: bool, detail: str = ""
+    ):
         self.ok = ok
         self.wait = wait  # blocked only by the tenant's own stopping attempts: they free it soon
         self.code = code

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.model import Node, PendingDecision, ReasonCode
+from scheduler.model import Node, Pending, PendingDecision, ReasonCode
 
 RC = ReasonCode
 
@@ -40,7 +40,7 @@ class Waiting:
     down = 0
     unhealthy = 0
 
-    def __init__(self, job, code: ReasonCode, gpu_type: str = "", detail: str = ""):
+    def __init__(self, job: Pending, code: ReasonCode, gpu_type: str = "", detail: str = ""):
         self.job = job
         self.code = code
         self.gpu_type = gpu_type  # the type the facts are about (for any-type jobs: the best one)
@@ -64,7 +64,7 @@ def decisions(
     if hopeless and nodes:
         fleet = (fleet_of or build_fleet)(nodes)
         # A queue of identical jobs behind a node that is down costs one look, not one each.
-        seen: dict[tuple, _Out | None] = {}
+        seen: dict[tuple[int, str, float, int], _Out | None] = {}
         for w in hopeless:
             job = w.job
             key = (job.gpus, job.gpu_type, job.cpus, job.memory_mib)
@@ -211,7 +211,7 @@ def _are(count: int) -> str:
     return "is" if count == 1 else "are"
 
 
-def _resources(job) -> str:
+def _resources(job: Pending) -> str:
     cpus = f"{job.cpus:g} CPUs" if job.cpus else ""
     memory = f"{job.memory_mib} MiB of memory" if job.memory_mib else ""
     return " and ".join(part for part in (cpus, memory) if part)
@@ -279,7 +279,7 @@ class _Out:
     unhealthy: int = 0
 
 
-def _nodes_out(job, fleet: Fleet) -> _Out | None:
+def _nodes_out(job: Pending, fleet: Fleet) -> _Out | None:
     """What the job waits for when nodes that are out now could hold it; None if none could."""
 
     def roomy(node: Node) -> bool:

@@ -6,6 +6,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TextIO
 
 from scheduler.simulator.engine import (
     PlanFunction,
@@ -79,7 +80,9 @@ def compare(
     return Comparison(summaries, {n: results[n] for n in order})
 
 
-def progress_bar(label: str, width: int = 30, stream=None) -> Callable[[Progress], None]:
+def progress_bar(
+    label: str, width: int = 30, stream: TextIO | None = None
+) -> Callable[[Progress], None]:
     """A plain-text progress bar on stderr, redrawn at most five times a second."""
     out = stream or sys.stderr
     last = [0.0]

@@ -57,6 +57,7 @@ from scheduler.model import (
     ReasonCode,
     Running,
     Snapshot,
+    Start,
     Tenant,
 )
 from scheduler.priority import las_queue
@@ -220,6 +221,20 @@ class _Attempt:
         "shielded",
         "pool_index",
     )
+    attempt_id: int
+    job: _Job
+    gpus: tuple[str, ...]
+    gpu_type: str
+    start_s: float
+    progress_from_s: float  # when it starts making progress (after its restart cost)
+    speed: float  # relative throughput of its slowest GPU at the caps in force
+    end_s: float
+    version: int  # bumped when its end moves, so a queued completion event can tell it is stale
+    predicted_end_s: float | None
+    running: Running  # the object the last plan saw
+    running_at_s: float  # when ``running`` was made
+    shielded: bool
+    pool_index: int
 
 
 class _Engine:
@@ -566,8 +581,8 @@ class _Engine:
         """
         pending = self.tenant_pending[tenant].values()
         if self.config.ordering is Ordering.SRTF:
-            predicted = [p.predicted_duration_s for p in pending]
-            if not predicted or None in predicted:
+            predicted = [d for p in pending if (d := p.predicted_duration_s) is not None]
+            if not predicted or len(predicted) < len(pending):
                 return None
             if self.options.oracle is not Oracle.REMAINING:
                 return None
@@ -696,6 +711,7 @@ class _Engine:
         self._release(a, now_s)
         self._record(now_s)
         t = job.trace
+        assert job.first_start_s is not None, "a job that completes has started"
         self.outcomes.append(
             JobOutcome(
                 job_id=t.job_id,
@@ -746,7 +762,7 @@ class _Engine:
         self.preemptions += 1
         self._enqueue(job)
 
-    def _start(self, start, predicted: dict[int, float], now_s: float) -> None:
+    def _start(self, start: Start, predicted: dict[int, float], now_s: float) -> None:
         job = self.pending.get(start.job_id)
         if job is None:
             raise PlanError(f"t={now_s:.0f}: start of job {start.job_id}, which is not pending")
@@ -773,6 +789,8 @@ class _Engine:
                         f"t={now_s:.0f}: job {t.job_id} asks for {t.gpu_type}, "
                         f"got {self.gpu_type[uuid]} GPU {uuid}"
                     )
+        if gpu_type is None:
+            raise PlanError(f"t={now_s:.0f}: job {t.job_id} started on no GPU")
         # Quota: the plan must keep every tenant within its limits, in all and per type.
         n = len(gpus)
         wanted = self._quota_keys(t.tenant, gpus)

@@ -8,7 +8,7 @@ are counted in the trace's notes, never dropped in silence.
 from __future__ import annotations
 
 import csv
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -243,7 +243,7 @@ def load_alibaba(
     )
     jobs: list[TraceJob] = []
     skipped_no_gpu = skipped_never_ran = fractional = any_of_several = 0
-    gpu_seconds_by_qos: Counter[str] = Counter()
+    gpu_seconds_by_qos: defaultdict[str, float] = defaultdict(float)
     for line, row in _rows(pods_path, required):
         num_gpu = _whole(pods_path, line, "num_gpu", row["num_gpu"])
         gpu_milli = _whole(pods_path, line, "gpu_milli", row["gpu_milli"])

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.simulator.engine import Result
+from scheduler.simulator.engine import JobOutcome, Result
 
 _WAIT_EPSILON_S = 1e-6
 
@@ -109,7 +109,7 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
 
     ref_jct = {o.job_id: o.jct_s for o in reference.outcomes} if reference else {}
     tenant_rows = []
-    by_tenant: dict[str, list] = {t: [] for t in result.tenants}
+    by_tenant: dict[str, list[JobOutcome]] = {t: [] for t in result.tenants}
     for o in outcomes:
         by_tenant.setdefault(o.tenant, []).append(o)
     for tenant, rows in by_tenant.items():

@@ -7,13 +7,16 @@ without it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from scheduler.simulator.engine import Result
 from scheduler.simulator.metrics import Summary, format_seconds, step_average, step_peak
 
-SUMMARY_COLUMNS = (
+# (column heading, how a policy's summary fills it)
+Columns = tuple[tuple[str, Callable[[Summary], str]], ...]
+
+SUMMARY_COLUMNS: Columns = (
     ("mean JCT (s)", lambda s: format_seconds(s.mean_jct_s)),
     ("median JCT (s)", lambda s: format_seconds(s.median_jct_s)),
     ("p99 JCT (s)", lambda s: format_seconds(s.p99_jct_s)),
@@ -31,7 +34,7 @@ SUMMARY_COLUMNS = (
     ("CPU (s)", lambda s: f"{s.cpu_s:.1f}"),
     ("events/s", lambda s: f"{s.events_per_s:,.0f}"),
 )
-POWER_COLUMNS = (
+POWER_COLUMNS: Columns = (
     ("energy (MWh)", lambda s: f"{s.energy_j / 3.6e9:,.2f}"),
     ("peak (kW)", lambda s: f"{s.peak_power_w / 1000:,.1f}"),
     ("over budget (s)", lambda s: f"{s.over_budget_s:,.0f}"),

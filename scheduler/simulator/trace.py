@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 from scheduler.gpu_model import GPU_TYPES, GpuType
 from scheduler.model import ANY_GPU_TYPE, Gpu, Node
@@ -131,7 +132,18 @@ def gpu_type_limits(gpu_type: str) -> GpuType:
     return GPU_TYPES.get(board) or _EXTRA_GPU_TYPES.get(board) or _GENERIC_GPU
 
 
-def make_node(name: str, gpus: int, gpu_type: str, pool: str = "default", **extra) -> Node:
+class NodeExtras(TypedDict, total=False):
+    """The fields of a Node that make_node passes through as given."""
+
+    schedulable: bool
+    draining: bool
+    cpus: float
+    memory_mib: int
+
+
+def make_node(
+    name: str, gpus: int, gpu_type: str, pool: str = "default", **extra: Unpack[NodeExtras]
+) -> Node:
     """A scheduler Node with ``gpus`` GPUs of ``gpu_type``, their power limits filled in."""
     limits = gpu_type_limits(gpu_type)
     return Node(
