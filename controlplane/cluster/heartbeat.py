@@ -11,7 +11,6 @@ controlplane.jobs.actions.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import random
@@ -24,15 +23,21 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from controlplane.cluster import lease, telemetry
-from controlplane.cluster.agent_auth import db_datetime, node_by_token_hash
-from controlplane.cluster.models import GPU, Node, NodeGeneration
+from controlplane.cluster.agent_auth import node_by_token_hash
+from controlplane.cluster.desired_state import (
+    Work,
+    current_desired_state,  # noqa: F401 - agent_api's watch asks for it here
+    desired_caps,
+    desired_state,
+    digest,
+    load_work,
+)
+from controlplane.cluster.models import Node, NodeGeneration
 from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs import actions
 from controlplane.jobs.models import (
-    ACTIVE_ATTEMPT_STATES,
     Allocation,
     AttemptState,
-    Job,
     JobAttempt,
 )
 
@@ -91,166 +96,11 @@ class Heartbeat:
         return not self.reports_complete or attempt_id in self.unreadable_attempts
 
 
-@dataclass(slots=True)
-class Work:
-    """An active attempt that holds GPUs on this node (or, needing none, was placed on it)."""
-
-    attempt_id: int
-    job_id: int
-    state: str
-    stop_requested_at: dt.datetime | None
-    started_at: dt.datetime | None
-    energy_j: float
-    job_gpus: int
-    image: str
-    command: list
-    env: dict
-    cpus: float
-    memory_mib: int
-    max_runtime_s: int
-    gpu_uuids: list[str] = field(default_factory=list)
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.stop_requested_at is not None
-
-    @property
-    def wanted(self) -> bool:
-        return self.state in ACTIVE_ATTEMPT_STATES and not self.stop_requested
-
-    @property
-    def all_gpus_here(self) -> bool:
-        return len(self.gpu_uuids) >= self.job_gpus
-
-
 def from_unix(ts: float | None, *, not_after: dt.datetime) -> dt.datetime | None:
     """An agent's Unix time as a datetime; a clock running ahead is clamped to ours."""
     if ts is None:
         return None
     return min(dt.datetime.fromtimestamp(ts, tz=dt.UTC), not_after)
-
-
-def _work_sql() -> str:
-    qn = connection.ops.quote_name
-    attempt, job = qn(JobAttempt._meta.db_table), qn(Job._meta.db_table)
-    alloc, gpu = qn(Allocation._meta.db_table), qn(GPU._meta.db_table)
-    # The attempts holding a GPU of the node (found from its GPUs: node index, then the
-    # partial index of active allocations) and those placed on it (the (node, state) index,
-    # for jobs that need no GPU). Written as a UNION of two index lookups because the
-    # equivalent OR across the joins makes PostgreSQL scan every active attempt of the
-    # cluster, on every heartbeat.
-    return f"""
-        WITH here(id) AS (
-            SELECT al.attempt_id FROM {alloc} al JOIN {gpu} g ON g.id = al.gpu_id
-            WHERE al.active AND g.node_id = %s
-            UNION
-            SELECT id FROM {attempt} WHERE node_id = %s AND state IN (%s, %s)
-        )
-        SELECT a.id, a.job_id, a.state, a.stop_requested_at, a.started_at, a.energy_j,
-               j.gpus, j.image, j.command, j.env, j.cpus, j.memory_mib, j.max_runtime_s,
-               g.uuid
-        FROM here
-        JOIN {attempt} a ON a.id = here.id
-        JOIN {job} j ON j.id = a.job_id
-        LEFT JOIN {alloc} al ON al.attempt_id = a.id AND al.active
-        LEFT JOIN {gpu} g ON g.id = al.gpu_id AND g.node_id = %s
-        WHERE a.state IN (%s, %s)
-        ORDER BY a.id, g."index"
-    """
-
-
-def _json(value):
-    # jsonb arrives as text through Django's PostgreSQL backend, as does SQLite's JSON.
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
-def load_work(node_id: int) -> dict[int, Work]:
-    """The node's active attempts with their local GPUs: one query, whatever their number.
-
-    One row per attempt and allocation; a gang's GPUs on other nodes come back without a UUID.
-    Attempts placed on this node that hold none of its GPUs count only when their job needs no
-    GPU at all.
-    """
-    admitted, running = AttemptState.ADMITTED.value, AttemptState.RUNNING.value
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _work_sql(), [node_id, node_id, admitted, running, node_id, admitted, running]
-        )
-        rows = cursor.fetchall()
-    work: dict[int, Work] = {}
-    for row in rows:
-        aid, uuid = row[0], row[13]
-        w = work.get(aid)
-        if w is None:
-            job_id, state, stop_at, started_at, energy_j, gpus, image, command, env = row[1:10]
-            cpus, memory_mib, max_runtime_s = row[10:13]
-            w = work[aid] = Work(
-                attempt_id=aid,
-                job_id=job_id,
-                state=state,
-                stop_requested_at=db_datetime(stop_at),
-                started_at=db_datetime(started_at),
-                energy_j=energy_j,
-                job_gpus=gpus,
-                image=image,
-                command=_json(command),
-                env=_json(env),
-                cpus=cpus,
-                memory_mib=memory_mib,
-                max_runtime_s=max_runtime_s,
-            )
-        if uuid is not None:
-            w.gpu_uuids.append(uuid)
-    return {aid: w for aid, w in work.items() if w.gpu_uuids or w.job_gpus == 0}
-
-
-def desired_state(
-    work: dict[int, Work], caps: dict[str, float], heartbeat_interval_s: float
-) -> dict:
-    """The answer of docs/agent-protocol.md: what should run here, and at which caps."""
-    return {
-        "attempts": [
-            {
-                "attempt_id": w.attempt_id,
-                "job_id": w.job_id,
-                "image": w.image,
-                "command": w.command,
-                "env": w.env,
-                "gpu_uuids": w.gpu_uuids,
-                "cpus": w.cpus,
-                "memory_mib": w.memory_mib,
-                "max_runtime_s": w.max_runtime_s,
-            }
-            for w in work.values()
-            if w.wanted
-        ],
-        "power_caps_w": caps,
-        "heartbeat_interval_s": heartbeat_interval_s,
-        # The agent counts it from when it sent the heartbeat this answers (lease.py).
-        **lease.grant(),
-    }
-
-
-def desired_caps(node_id: int) -> dict[str, float]:
-    qn = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT uuid, desired_power_cap_w FROM {qn(GPU._meta.db_table)} "
-            'WHERE node_id = %s AND desired_power_cap_w IS NOT NULL ORDER BY "index"',
-            [node_id],
-        )
-        return dict(cursor.fetchall())
-
-
-def current_desired_state(node: Node) -> dict:
-    """The desired state as a heartbeat would answer it now (two reads, no writes)."""
-    return desired_state(load_work(node.pk), desired_caps(node.pk), node.heartbeat_interval_s)
-
-
-def digest(answer: dict) -> str:
-    """A fingerprint of the part of an answer the agent acts on."""
-    acted_on = {"attempts": answer["attempts"], "power_caps_w": answer["power_caps_w"]}
-    return hashlib.sha1(json.dumps(acted_on, sort_keys=True).encode()).hexdigest()
 
 
 # --- what each node was last told (so a watch can tell a change it missed) -------------------
@@ -307,8 +157,9 @@ def last_answer_digest(node: Node) -> str | None:
 # request, under the node lock.
 #
 # The answer is cached per process by (token hash, generation). PostgreSQL triggers count every
-# change of a node's work or caps in its generation (migration cluster 0002), in the writer's
-# own transaction, so no code path can change the desired state and leave a stale answer. On a
+# change of a column the answer reads (declared in controlplane.cluster.desired_state, counted
+# by the triggers of cluster migrations 0002 and 0007) in its generation, in the writer's own
+# transaction, so no code path can change the desired state and leave a stale answer. On a
 # generation this process has not seen, one more read fetches the work and caps.
 
 

@@ -1,0 +1,286 @@
+"""What a heartbeat answers, and every column that answer is read from.
+
+The answer (docs/agent-protocol.md) tells a node which attempts to run, with what, on which of
+its GPUs, and at which power caps. controlplane.cluster.heartbeat serves it from a per-process
+cache keyed by the node's desired-state generation, which PostgreSQL triggers bump in the
+writer's own transaction (cluster migrations 0002 and 0007). The cache is right only while
+every column the answer reads is one whose change the triggers count: READS below declares
+them, the two statements are built from it, and tests/controlplane/agent/test_desired_state.py
+changes each declared column on a node with work and fails if the node's generation stays put,
+and fails if the statements read a column READS does not declare.
+
+A new field in the answer: add its Read here (with its Work attribute), its key in
+desired_state(), and its value in the test's table of changes; when the test then fails, the
+column needs a trigger (a new cluster migration in the style of 0007).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from django.db import connection, models
+
+from controlplane.cluster import lease
+from controlplane.cluster.agent_auth import db_datetime
+from controlplane.cluster.models import GPU, Node
+from controlplane.jobs.models import (
+    ACTIVE_ATTEMPT_STATES,
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+)
+
+# The tables the statements read, by the alias every column reference is qualified with.
+TABLES: dict[str, type[models.Model]] = {
+    "a": JobAttempt,
+    "j": Job,
+    "al": Allocation,
+    "g": GPU,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One column the answer's statements read."""
+
+    alias: str  # its table, as a key of TABLES
+    column: str  # the Django field's attname, which is its column name
+    # The Work attribute it fills (work statement only); None: joined, filtered or sorted on.
+    attr: str | None = None
+    # False: read with the work for the full heartbeat path's decisions, which reads it afresh
+    # under the node lock, but in no answer and never looked at on the cached (steady) path; a
+    # change of it need not move the generation.
+    in_answer: bool = True
+
+    @property
+    def model(self) -> type[models.Model]:
+        return TABLES[self.alias]
+
+
+# The work statement: the node's active attempts and their GPUs here. In SELECT order first
+# (attempt id leading: the rows are grouped on it), then what the joins and filters read.
+WORK_READS: tuple[Read, ...] = (
+    Read("a", "id", "attempt_id"),
+    Read("a", "job_id", "job_id"),
+    Read("a", "state", "state"),
+    Read("a", "stop_requested_at", "stop_requested_at"),
+    # When it started, and its energy so far: the full path's loss and energy bookkeeping.
+    # energy_j is rewritten by every telemetry batch: a trigger counting it would empty every
+    # node's cached answer once a second.
+    Read("a", "started_at", "started_at", in_answer=False),
+    Read("a", "energy_j", "energy_j", in_answer=False),
+    Read("j", "gpus", "job_gpus"),
+    Read("j", "image", "image"),
+    Read("j", "command", "command"),
+    Read("j", "env", "env"),
+    Read("j", "cpus", "cpus"),
+    Read("j", "memory_mib", "memory_mib"),
+    Read("j", "max_runtime_s", "max_runtime_s"),
+    Read("g", "uuid", "gpu_uuids"),
+    Read("a", "node_id"),
+    Read("j", "id"),
+    Read("al", "attempt_id"),
+    Read("al", "gpu_id"),
+    Read("al", "active"),
+    Read("g", "id"),
+    Read("g", "node_id"),
+    Read("g", "index"),
+)
+# The caps statement: the GPUs of the node that have a desired cap.
+CAPS_READS: tuple[Read, ...] = (
+    Read("g", "uuid"),
+    Read("g", "desired_power_cap_w"),
+    Read("g", "node_id"),
+    Read("g", "index"),
+)
+READS: tuple[Read, ...] = WORK_READS + CAPS_READS
+# The answer also carries the node's heartbeat interval: read with the node on every heartbeat,
+# it is part of the cache's key (heartbeat.prepared_answer), not of the generation.
+NODE_KEYED: tuple[tuple[type[models.Model], str], ...] = ((Node, "heartbeat_interval_s"),)
+
+
+@dataclass(slots=True)
+class Work:
+    """An active attempt that holds GPUs on this node (or, needing none, was placed on it)."""
+
+    attempt_id: int
+    job_id: int
+    state: str
+    stop_requested_at: dt.datetime | None
+    started_at: dt.datetime | None
+    energy_j: float
+    job_gpus: int
+    image: str
+    command: list
+    env: dict
+    cpus: float
+    memory_mib: int
+    max_runtime_s: int
+    gpu_uuids: list[str] = field(default_factory=list)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_requested_at is not None
+
+    @property
+    def wanted(self) -> bool:
+        return self.state in ACTIVE_ATTEMPT_STATES and not self.stop_requested
+
+    @property
+    def all_gpus_here(self) -> bool:
+        return len(self.gpu_uuids) >= self.job_gpus
+
+
+def _json(value):
+    # jsonb arrives as text through Django's PostgreSQL backend, as does SQLite's JSON.
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _converter(read: Read):
+    """How a raw value of this column becomes its Work attribute."""
+    kind = read.model._meta.get_field(read.column)
+    if isinstance(kind, models.DateTimeField):
+        return db_datetime
+    if isinstance(kind, models.JSONField):
+        return _json
+    return None
+
+
+def _ref(read: Read) -> str:
+    return f"{read.alias}.{connection.ops.quote_name(read.column)}"
+
+
+def _table(alias: str) -> str:
+    return f"{connection.ops.quote_name(TABLES[alias]._meta.db_table)} {alias}"
+
+
+# Work attributes filled from one row's leading columns, with their converters; the GPU's UUID
+# (gpu_uuids) is the last column, one per row.
+_SCALARS = tuple(r for r in WORK_READS if r.attr is not None and r.attr != "gpu_uuids")
+_CONVERT = tuple((r.attr, _converter(r)) for r in _SCALARS)
+(_GPU_UUID,) = (r for r in WORK_READS if r.attr == "gpu_uuids")
+
+
+def work_sql() -> str:
+    """The node's active attempts with their GPUs here, one row per attempt and allocation.
+
+    Parameters: node id, node id, the two active states, node id, the two active states.
+    """
+    selected = ", ".join(_ref(r) for r in (*_SCALARS, _GPU_UUID))
+    # The attempts holding a GPU of the node (found from its GPUs: node index, then the
+    # partial index of active allocations) and those placed on it (the (node, state) index,
+    # for jobs that need no GPU). Written as a UNION of two index lookups because the
+    # equivalent OR across the joins makes PostgreSQL scan every active attempt of the
+    # cluster, on every heartbeat.
+    return f"""
+        WITH here(aid) AS (
+            SELECT al.attempt_id FROM {_table("al")} JOIN {_table("g")} ON g.id = al.gpu_id
+            WHERE al.active AND g.node_id = %s
+            UNION
+            SELECT a.id FROM {_table("a")} WHERE a.node_id = %s AND a.state IN (%s, %s)
+        )
+        SELECT {selected}
+        FROM here
+        JOIN {_table("a")} ON a.id = here.aid
+        JOIN {_table("j")} ON j.id = a.job_id
+        LEFT JOIN {_table("al")} ON al.attempt_id = a.id AND al.active
+        LEFT JOIN {_table("g")} ON g.id = al.gpu_id AND g.node_id = %s
+        WHERE a.state IN (%s, %s)
+        ORDER BY a.id, g."index"
+    """
+
+
+def caps_sql() -> str:
+    """The desired caps of the node's GPUs that have one, by UUID. Parameter: node id."""
+    return (
+        f"SELECT g.uuid, g.desired_power_cap_w FROM {_table('g')} "
+        'WHERE g.node_id = %s AND g.desired_power_cap_w IS NOT NULL ORDER BY g."index"'
+    )
+
+
+_sql: dict[str, str] = {}
+
+
+def _statement(name: str, build) -> str:
+    sql = _sql.get(name)
+    if sql is None:
+        sql = _sql[name] = build()
+    return sql
+
+
+def load_work(node_id: int) -> dict[int, Work]:
+    """The node's active attempts with their local GPUs: one query, whatever their number.
+
+    One row per attempt and allocation; a gang's GPUs on other nodes come back without a UUID.
+    Attempts placed on this node that hold none of its GPUs count only when their job needs no
+    GPU at all.
+    """
+    admitted, running = AttemptState.ADMITTED.value, AttemptState.RUNNING.value
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _statement("work", work_sql),
+            [node_id, node_id, admitted, running, node_id, admitted, running],
+        )
+        rows = cursor.fetchall()
+    work: dict[int, Work] = {}
+    for row in rows:
+        aid, uuid = row[0], row[-1]
+        w = work.get(aid)
+        if w is None:
+            w = work[aid] = Work(
+                **{
+                    attr: value if convert is None else convert(value)
+                    for (attr, convert), value in zip(_CONVERT, row, strict=False)
+                }
+            )
+        if uuid is not None:
+            w.gpu_uuids.append(uuid)
+    return {aid: w for aid, w in work.items() if w.gpu_uuids or w.job_gpus == 0}
+
+
+def desired_caps(node_id: int) -> dict[str, float]:
+    with connection.cursor() as cursor:
+        cursor.execute(_statement("caps", caps_sql), [node_id])
+        return dict(cursor.fetchall())
+
+
+def desired_state(
+    work: dict[int, Work], caps: dict[str, float], heartbeat_interval_s: float
+) -> dict:
+    """The answer of docs/agent-protocol.md: what should run here, and at which caps."""
+    return {
+        "attempts": [
+            {
+                "attempt_id": w.attempt_id,
+                "job_id": w.job_id,
+                "image": w.image,
+                "command": w.command,
+                "env": w.env,
+                "gpu_uuids": w.gpu_uuids,
+                "cpus": w.cpus,
+                "memory_mib": w.memory_mib,
+                "max_runtime_s": w.max_runtime_s,
+            }
+            for w in work.values()
+            if w.wanted
+        ],
+        "power_caps_w": caps,
+        "heartbeat_interval_s": heartbeat_interval_s,
+        # The agent counts it from when it sent the heartbeat this answers (lease.py).
+        **lease.grant(),
+    }
+
+
+def current_desired_state(node: Node) -> dict:
+    """The desired state as a heartbeat would answer it now (two reads, no writes)."""
+    return desired_state(load_work(node.pk), desired_caps(node.pk), node.heartbeat_interval_s)
+
+
+def digest(answer: dict) -> str:
+    """A fingerprint of the part of an answer the agent acts on."""
+    acted_on = {"attempts": answer["attempts"], "power_caps_w": answer["power_caps_w"]}
+    return hashlib.sha1(json.dumps(acted_on, sort_keys=True).encode()).hexdigest()
