@@ -9,6 +9,7 @@ them has to import another to get them.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import overload
 
 from django.db import connections
 from django.db.models import F, FloatField, Func
@@ -52,5 +53,11 @@ def raw_rows(queryset) -> list[tuple]:
         return cursor.fetchall()
 
 
+@overload
+def from_unix_s(value: float) -> datetime: ...
+@overload
+def from_unix_s(value: None) -> None: ...
+@overload
+def from_unix_s(value: float | None) -> datetime | None: ...
 def from_unix_s(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, tz=UTC)
