@@ -7,4 +7,5 @@ from frontend import whatif_views
 urlpatterns = [
     path("manage/whatif/", whatif_views.whatif_list, name="whatif-list"),
     path("manage/whatif/<int:pk>/", whatif_views.whatif_detail, name="whatif-detail"),
+    path("manage/whatif/<int:pk>/report.md", whatif_views.whatif_markdown, name="whatif-markdown"),
 ]

@@ -3,7 +3,9 @@ quotas, weights, power budgets or policy, watch the replay's progress, and read 
 
 The form takes the very arguments of `manage.py whatif` and checks them with the same parser,
 so a mistake reads the same in both. The run itself is a Celery task (a thread in the embedded
-mode); the run page polls its progress with htmx and shows the report when it is done.
+mode); the run page polls its progress with htmx and, when it is done, renders the report from
+the run's structured summary with templates (the Markdown download is written from that same
+summary).
 """
 
 from __future__ import annotations
@@ -13,19 +15,19 @@ import re
 
 from django import forms
 from django.contrib import messages
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
 
 from controlplane.scheduling.models import WhatIfRun, WhatIfState
-from controlplane.scheduling.whatif import WhatIfError, WhatIfParams, build_params
+from controlplane.scheduling.whatif.params import WhatIfError, WhatIfParams, build_params
+from controlplane.scheduling.whatif.report import Report, report_of
 from controlplane.scheduling.whatif_tasks import launch_whatif
 from frontend.views import page, staff_required
 from scheduler.simulator.policies import PRESETS
 
 POLL_S = 2
 RECENT_RUNS = 20
-STATE_BADGE = {
+STATE_BADGE: dict[str, str] = {
     WhatIfState.QUEUED: "warn",
     WhatIfState.RUNNING: "info",
     WhatIfState.DONE: "ok",
@@ -131,13 +133,39 @@ def whatif_detail(request, pk: int):
         "run": run,
         "described": _describe(run),
         "badge_class": STATE_BADGE.get(run.state, "info"),
-        "report_html": render_markdown(run.report_markdown) if run.report_markdown else "",
+        "report": _report(run),
         "poll_s": POLL_S,
         "progress_pct": round(100 * run.progress),
     }
     if request.htmx:
         return render(request, "frontend/whatif/live.html", {**context, "fragment": True})
     return page(request, "frontend/whatif/detail.html", context, nav="whatif")
+
+
+@staff_required
+def whatif_markdown(request, pk: int):
+    """A finished run's report as Markdown, as `manage.py whatif` prints it."""
+    run = get_object_or_404(WhatIfRun, pk=pk)
+    if not run.report_markdown:
+        raise Http404("This what-if has no report (yet).")
+    response = HttpResponse(run.report_markdown, content_type="text/markdown; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="whatif-{run.pk}.md"'
+    return response
+
+
+def _report(run: WhatIfRun) -> Report | None:
+    """The report of a done run, read from its summary; None while there is none."""
+    params = _params(run)
+    if run.state != WhatIfState.DONE or not run.summary.get("rows") or params is None:
+        return None
+    return report_of(params, run.summary)
+
+
+def _params(run: WhatIfRun) -> WhatIfParams | None:
+    try:
+        return WhatIfParams.from_json(run.params)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _initial_period() -> dict:
@@ -147,9 +175,8 @@ def _initial_period() -> dict:
 
 def _describe(run: WhatIfRun) -> dict:
     """The period, policy and changes of a run, for a person."""
-    try:
-        params = WhatIfParams.from_json(run.params)
-    except (KeyError, TypeError, ValueError):
+    params = _params(run)
+    if params is None:
         return {"period": "?", "policy": "?", "changes": []}
     changes = [f"{t} weight {w:g}" for t, w in sorted(params.weights.items())]
     changes += [f"quota {q.describe()}" for q in params.quotas]
@@ -162,100 +189,3 @@ def _describe(run: WhatIfRun) -> dict:
         "policy": params.policy,
         "changes": changes,
     }
-
-
-# --- a small Markdown renderer: the subset the what-if report uses, everything escaped -----------
-
-_INLINE_CODE = re.compile(r"`([^`]+)`")
-_IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")
-_TABLE_SEPARATOR = re.compile(r"^\|(\s*:?-+:?\s*\|)+\s*$")
-
-
-def _inline(text: str) -> str:
-    # Escape first: nothing from the report reaches the page as markup.
-    html = escape(text)
-    html = _IMAGE.sub(lambda m: f"<em>(plot: {m.group(1)})</em>", html)
-    return _INLINE_CODE.sub(lambda m: f"<code>{m.group(1)}</code>", html)
-
-
-def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
-def render_markdown(text: str) -> SafeString:
-    """Headings, paragraphs, bullet lists, tables and code blocks, as escaped HTML.
-
-    Headings drop one level (the page has its own h1), so the report's title is an h2.
-    """
-    out: list[str] = []
-    lines = text.splitlines()
-    i = 0
-    paragraph: list[str] = []
-
-    def flush() -> None:
-        if paragraph:
-            out.append(f"<p>{_inline(' '.join(paragraph))}</p>")
-            paragraph.clear()
-
-    while i < len(lines):
-        line = lines[i]
-        stripped = line.strip()
-        if stripped.startswith("```"):
-            flush()
-            body = []
-            i += 1
-            while i < len(lines) and not lines[i].strip().startswith("```"):
-                body.append(lines[i])
-                i += 1
-            out.append(f'<pre class="code">{escape(chr(10).join(body))}</pre>')
-        elif heading := re.match(r"^(#{1,5})\s+(.*)$", stripped):
-            flush()
-            level = min(len(heading.group(1)) + 1, 6)
-            out.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
-        elif stripped.startswith("- "):
-            flush()
-            items = []
-            while i < len(lines) and lines[i].strip().startswith("- "):
-                items.append(f"<li>{_inline(lines[i].strip()[2:])}</li>")
-                i += 1
-            out.append("<ul>" + "".join(items) + "</ul>")
-            continue
-        elif (
-            stripped.startswith("|")
-            and i + 1 < len(lines)
-            and _TABLE_SEPARATOR.match(lines[i + 1].strip())
-        ):
-            flush()
-            header = _cells(stripped)
-            numeric = [c.endswith(":") for c in _cells(lines[i + 1])]
-            i += 2
-            rows = []
-            while i < len(lines) and lines[i].strip().startswith("|"):
-                rows.append(_cells(lines[i]))
-                i += 1
-            out.append(_table(header, numeric, rows))
-            continue
-        elif not stripped:
-            flush()
-        else:
-            paragraph.append(stripped)
-        i += 1
-    flush()
-    # Safe: every piece of text above went through escape().
-    return mark_safe("\n".join(out))
-
-
-def _table(header: list[str], numeric: list[bool], rows: list[list[str]]) -> str:
-    def css(k: int) -> str:
-        return ' class="num nowrap"' if k < len(numeric) and numeric[k] else ""
-
-    head = "".join(f'<th scope="col"{css(k)}>{_inline(c)}</th>' for k, c in enumerate(header))
-    body = []
-    for row in rows:
-        cells = [f'<th scope="row">{_inline(row[0])}</th>'] if row else []
-        cells += [f"<td{css(k)}>{_inline(c)}</td>" for k, c in enumerate(row[1:], start=1)]
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return (
-        f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-    )

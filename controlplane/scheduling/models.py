@@ -31,8 +31,10 @@ class WhatIfState(models.TextChoices):
 class WhatIfRun(models.Model):
     """A replay of the cluster's own history under a changed config, launched by an admin.
 
-    params is what controlplane.scheduling.whatif.WhatIfParams.to_json() writes; summary holds
-    the figures of every row of the report (what really happened, and the simulated runs).
+    params is what controlplane.scheduling.whatif.params.WhatIfParams.to_json() writes; summary
+    holds the figures of every row of the report (what really happened, and the simulated runs),
+    what changes and the notes, as controlplane.scheduling.whatif.report.summary_json writes them:
+    the pages render it. report_markdown is the same report as text, written from the summary.
     """
 
     requested_by = models.ForeignKey(

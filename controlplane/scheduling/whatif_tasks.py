@@ -18,6 +18,9 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from controlplane.scheduling.models import WhatIfRun, WhatIfState
+from controlplane.scheduling.whatif.params import WhatIfParams
+from controlplane.scheduling.whatif.replay import run_whatif as replay_history
+from controlplane.scheduling.whatif.report import report_of, summary_json
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +36,6 @@ def run_whatif(run_id: int) -> str:
 
 
 def execute_run(run_id: int) -> str:
-    from controlplane.scheduling.whatif import WhatIfParams
-    from controlplane.scheduling.whatif import run_whatif as replay_history
-
     claimed = WhatIfRun.objects.filter(pk=run_id, state=WhatIfState.QUEUED).update(
         state=WhatIfState.RUNNING, started_at=timezone.now(), progress=0.0
     )
@@ -53,7 +53,10 @@ def execute_run(run_id: int) -> str:
         WhatIfRun.objects.filter(pk=run_id, state=WhatIfState.RUNNING).update(progress=fraction)
 
     try:
-        report = replay_history(WhatIfParams.from_json(run.params), progress=progress)
+        params = WhatIfParams.from_json(run.params)
+        summary = summary_json(replay_history(params, progress=progress))
+        # The text is written from the summary, as the page is: the same figures in the same words.
+        markdown = report_of(params, summary).markdown()
     except Exception as exc:
         log.exception("what-if %s failed", run_id)
         WhatIfRun.objects.filter(pk=run_id).update(
@@ -64,8 +67,8 @@ def execute_run(run_id: int) -> str:
         state=WhatIfState.DONE,
         finished_at=timezone.now(),
         progress=1.0,
-        report_markdown=report.markdown,
-        summary=report.summary_json(),
+        report_markdown=markdown,
+        summary=summary,
         error="",
     )
     return WhatIfState.DONE
@@ -77,8 +80,8 @@ def runs_in_thread() -> bool:
 
 
 @transaction.atomic
-def launch_whatif(params, *, requested_by=None) -> WhatIfRun:
-    """Store a queued run for params (a WhatIfParams) and start it once the row is committed."""
+def launch_whatif(params: WhatIfParams, *, requested_by=None) -> WhatIfRun:
+    """Store a queued run for params and start it once the row is committed."""
     run = WhatIfRun.objects.create(requested_by=requested_by, params=params.to_json())
     transaction.on_commit(lambda: _dispatch(run.pk))
     return run

@@ -6,7 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from controlplane.scheduling.whatif import CURRENT_LABEL, REAL_LABEL, WHATIF_LABEL
+from controlplane.scheduling.whatif.replay import CURRENT_LABEL, REAL_LABEL, WHATIF_LABEL
 from controlplane.tenancy.models import Quota
 from tests.controlplane.whatif.conftest import SINCE, T0, UNTIL
 
@@ -214,7 +214,8 @@ def test_a_period_without_finished_jobs_says_so(one_gpu_at_a_time):
 
 
 def test_the_replays_report_their_progress_in_order_up_to_the_end(busy_history):
-    from controlplane.scheduling.whatif import build_params, run_whatif
+    from controlplane.scheduling.whatif.params import build_params
+    from controlplane.scheduling.whatif.replay import run_whatif
 
     seen: list[float] = []
     params = build_params(since=SINCE, until=UNTIL, quotas=["vision:H100-SXM-80GB=2:8"])

@@ -1,11 +1,14 @@
 """The what-if pages: cluster admins launch a run and read its report; nobody else gets in."""
 
+import re
+
 import pytest
 from django.urls import reverse
 
 from controlplane.scheduling.models import WhatIfRun, WhatIfState
+from controlplane.scheduling.whatif.params import WhatIfParams
+from controlplane.scheduling.whatif.report import report_of
 from controlplane.tenancy.models import Quota
-from frontend.whatif_views import render_markdown
 from tests.controlplane.whatif.conftest import SINCE, UNTIL, wait_until
 
 LAUNCH = {
@@ -56,6 +59,11 @@ def test_an_admin_launches_a_what_if_and_reads_its_report_when_the_run_is_done(
     assert '<th scope="row">what really happened</th>' in html
     assert '<th scope="row">simulated: what-if</th>' in html
     assert "vision: weight 1 -&gt; 2" in html
+    # The download is the text the command prints, from the same summary.
+    download = client.get(reverse("whatif-markdown", args=[run.pk]))
+    assert download["Content-Type"] == "text/markdown; charset=utf-8"
+    assert download.content.decode() == run.report_markdown
+    assert "| what really happened |" in run.report_markdown
     listing = client.get(reverse("whatif-list")).content.decode()
     assert reverse("whatif-detail", args=[run.pk]) in listing
     assert "quota vision:H100-SXM-80GB=2:2" in listing
@@ -112,37 +120,172 @@ def test_the_form_refuses_a_period_that_ends_before_it_begins(client, cluster_ad
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name", ["whatif-list", "whatif-detail"])
+@pytest.mark.parametrize("name", ["whatif-list", "whatif-detail", "whatif-markdown"])
 def test_members_get_403(client, alice, name):
     run = WhatIfRun.objects.create(params={})
     client.force_login(alice)
-    args = [run.pk] if name == "whatif-detail" else []
+    args = [] if name == "whatif-list" else [run.pk]
     assert client.get(reverse(name, args=args)).status_code == 403
     assert client.post(reverse("whatif-list"), LAUNCH).status_code == 403
     assert WhatIfRun.objects.count() == 1
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name", ["whatif-list", "whatif-detail"])
+@pytest.mark.parametrize("name", ["whatif-list", "whatif-detail", "whatif-markdown"])
 def test_anonymous_visitors_are_sent_to_sign_in(client, name):
     run = WhatIfRun.objects.create(params={})
-    url = reverse(name, args=[run.pk] if name == "whatif-detail" else [])
+    url = reverse(name, args=[] if name == "whatif-list" else [run.pk])
     response = client.get(url)
     assert response.status_code == 302
     assert response["Location"] == f"{reverse('login')}?next={url}"
 
 
-def test_the_report_renderer_escapes_html_in_the_report():
-    html = render_markdown(
-        "# <script>alert(1)</script>\n\n- a <b>tenant</b>\n\n| run | x |\n|---|---:|\n| <i>r</i> | 1 |\n"
+# A done run as the task stores it: the figures in the summary, NaN stored as null.
+def _row(label: str, **figures) -> dict:
+    row = {
+        "policy": label,
+        "jobs": 2,
+        "unfinished": 0,
+        "mean_jct_s": 900.0,
+        "median_jct_s": 900.0,
+        "p99_jct_s": 1194.0,
+        "mean_queue_s": 300.0,
+        "p99_queue_s": 594.0,
+        "makespan_s": 1200.0,
+        "waited_share": 0.5,
+        "utilization": 0.5,
+        "preemptions": 0,
+        "preempted_gpu_hours_lost": 0.0,
+        "max_rho": 1.0,
+        "jain_rho": 1.0,
+        "energy_j": 0.0,
+        "peak_power_w": None,
+        "power_budget_w": None,
+        "over_budget_s": None,
+        "wall_s": 0,
+        "cpu_s": 0,
+        "events": 0,
+        "plan_calls": 0,
+        "plan_wall_s": 0,
+        "tenants": [
+            {
+                "tenant": "vision",
+                "jobs": 2,
+                "mean_jct_s": 900.0,
+                "mean_queue_s": 300.0,
+                "waited_share": 0.5,
+                "rho": 1.0,
+                "rho_job_mean": 1.0,
+            }
+        ],
+    }
+    return {**row, **figures}
+
+
+SUMMARY = {
+    "rows": [
+        _row("what really happened"),
+        _row(
+            "simulated: what-if",
+            jobs=1,
+            unfinished=1,
+            mean_jct_s=1234.56,
+            mean_queue_s=12.34,
+            waited_share=0.25,
+            energy_j=7.2e6,
+            peak_power_w=2900.0,
+            over_budget_s=8684.0,
+            tenants=[
+                {
+                    "tenant": "<b>vision</b>",
+                    "jobs": 1,
+                    "mean_jct_s": 1234.56,
+                    "mean_queue_s": 12.34,
+                    "waited_share": 0.0,
+                    "rho": None,
+                    "rho_job_mean": None,
+                }
+            ],
+        ),
+    ],
+    "changes": ["vision: weight 1 -> 2"],
+    "notes": ["2 finished jobs submitted from 2026-11-01 00:00 to 2026-12-01 00:00 UTC."],
+}
+
+
+@pytest.fixture
+def done_run():
+    params = {"since": "2026-11-01T00:00:00+00:00", "until": "2026-12-01T00:00:00+00:00"}
+    return WhatIfRun.objects.create(
+        params=params,
+        state=WhatIfState.DONE,
+        progress=1.0,
+        summary=SUMMARY,
+        report_markdown=report_of(WhatIfParams.from_json(params), SUMMARY).markdown(),
     )
-    assert "<script>" not in html and "<b>" not in html and "<i>" not in html
-    assert "<h2>&lt;script&gt;alert(1)&lt;/script&gt;</h2>" in html
-    assert "<li>a &lt;b&gt;tenant&lt;/b&gt;</li>" in html
-    assert '<th scope="row">&lt;i&gt;r&lt;/i&gt;</th><td class="num nowrap">1</td>' in html
 
 
-def test_the_report_renderer_keeps_code_and_paragraphs():
-    html = render_markdown("Some `code` here\nand there.\n\n```\nmanage.py whatif <x>\n```\n")
-    assert "<p>Some <code>code</code> here and there.</p>" in html
-    assert '<pre class="code">manage.py whatif &lt;x&gt;</pre>' in html
+def _cells(html: str, label: str) -> list[str]:
+    """The cells of the table row that label names, as the page shows them."""
+    start = html.index(f'<th scope="row">{label}</th>')
+    row = html[start : html.index("</tr>", start)]
+    return re.findall(r'<td class="num nowrap">([^<]*)</td>', row)
+
+
+@pytest.mark.django_db
+def test_the_report_page_shows_the_figures_of_the_stored_summary(client, cluster_admin, done_run):
+    client.force_login(cluster_admin)
+    html = client.get(reverse("whatif-detail", args=[done_run.pk])).content.decode()
+    assert "<h2>What-if on 2026-11-01 00:00 to 2026-12-01 00:00 UTC</h2>" in html
+    assert "<li>vision: weight 1 -&gt; 2</li>" in html
+    assert (
+        "<li>2 finished jobs submitted from 2026-11-01 00:00 to 2026-12-01 00:00 UTC.</li>" in html
+    )
+    # mean JCT, median, p99, mean queue, p99 queue, waited, makespan, util, preempt, GPU-h lost,
+    # max rho, Jain, jobs, energy, peak, over budget: unknown figures (null) show as "-".
+    assert _cells(html, "what really happened") == [
+        "900.0", "900.0", "1,194.0", "300.0", "594.0", "50.0 %", "0.01", "50.0 %", "0", "0.0",
+        "1.000", "1.000", "2", "0.0", "-", "-",
+    ]  # fmt: skip
+    whatif_cells = _cells(html, "simulated: what-if")
+    assert whatif_cells[0] == "1,234.6" and whatif_cells[3] == "12.3"
+    assert whatif_cells[5] == "25.0 %"
+    assert whatif_cells[12] == "1 (+1 unfinished)"
+    assert whatif_cells[13:] == ["2.0", "2.9", "8,684"]
+    assert '<th scope="col" class="num nowrap">mean JCT (s)</th>' in html
+    assert "<p>JCT = finish - submit; queue = JCT - time holding GPUs" in html
+
+
+@pytest.mark.django_db
+def test_the_per_tenant_table_shows_each_rows_figures_and_escapes_names(
+    client, cluster_admin, done_run
+):
+    client.force_login(cluster_admin)
+    html = client.get(reverse("whatif-detail", args=[done_run.pk])).content.decode()
+    assert '<th scope="col" class="num nowrap">simulated: what-if queue / JCT / rho</th>' in html
+    assert _cells(html, "vision") == ["2", "300.0 / 900 / 1.000", "-"]
+    # A tenant the what-if row alone has; its rho was NaN (null in the summary).
+    assert _cells(html, "&lt;b&gt;vision&lt;/b&gt;") == ["1", "-", "12.3 / 1,235 / -"]
+    assert "<b>vision</b>" not in html
+
+
+@pytest.mark.django_db
+def test_the_page_and_the_download_show_the_same_figures(client, cluster_admin, done_run):
+    client.force_login(cluster_admin)
+    html = client.get(reverse("whatif-detail", args=[done_run.pk])).content.decode()
+    text = client.get(reverse("whatif-markdown", args=[done_run.pk])).content.decode()
+    line = next(line for line in text.splitlines() if line.startswith("| what really happened |"))
+    assert line.strip("| ").split(" | ")[1:] == _cells(html, "what really happened")
+    assert reverse("whatif-markdown", args=[done_run.pk]) in html
+
+
+@pytest.mark.django_db
+def test_a_run_without_a_report_has_no_download_and_no_report_section(client, cluster_admin):
+    run = WhatIfRun.objects.create(
+        params={"since": "2026-11-01T00:00:00+00:00", "until": "2026-12-01T00:00:00+00:00"},
+        state=WhatIfState.RUNNING,
+    )
+    client.force_login(cluster_admin)
+    assert client.get(reverse("whatif-markdown", args=[run.pk])).status_code == 404
+    html = client.get(reverse("whatif-detail", args=[run.pk])).content.decode()
+    assert 'aria-label="Report"' not in html

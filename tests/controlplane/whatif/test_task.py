@@ -3,7 +3,8 @@
 import pytest
 
 from controlplane.scheduling.models import WhatIfRun, WhatIfState
-from controlplane.scheduling.whatif import REAL_LABEL, WHATIF_LABEL, build_params
+from controlplane.scheduling.whatif.params import build_params
+from controlplane.scheduling.whatif.replay import REAL_LABEL, WHATIF_LABEL
 from controlplane.scheduling.whatif_tasks import execute_run, launch_whatif, runs_in_thread
 from controlplane.tenancy.models import Quota
 from tests.controlplane.whatif.conftest import SINCE, UNTIL, wait_until

@@ -1,7 +1,7 @@
 """python manage.py whatif: replay a period of the cluster's own history under a changed config.
 
 Prints the Markdown report (simulated vs what really happened); with --out, writes report.md
-and its plots there. See controlplane.scheduling.whatif for what each figure means.
+and its plots there. See the package controlplane.scheduling.whatif for what each figure means.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.scheduling.whatif import WhatIfError, build_params, run_whatif
+from controlplane.scheduling.whatif.params import WhatIfError, build_params
+from controlplane.scheduling.whatif.replay import run_whatif
+from controlplane.scheduling.whatif.report import report_of, summary_json, write_folder
 from scheduler.simulator.policies import PRESETS
 
 
@@ -60,12 +62,12 @@ class Command(BaseCommand):
                 power_budgets=options["power_budget"],
                 cycle_s=options["cycle_s"],
             )
-            report = run_whatif(params, progress=self._progress_bar())
+            outcome = run_whatif(params, progress=self._progress_bar())
         except WhatIfError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(report.markdown)
+        self.stdout.write(report_of(params, summary_json(outcome)).markdown())
         if options["out"]:
-            path = report.write(options["out"], plots=not options["no_plots"])
+            path = write_folder(outcome, options["out"], plots=not options["no_plots"])
             self.stderr.write(f"wrote {path}")
 
     def _progress_bar(self):
