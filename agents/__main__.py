@@ -14,12 +14,18 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
+from typing import overload
 
 from agents import __version__
 
 DEFAULT_STATE_DIR = "/var/lib/gpucp-agent"
 
 
+@overload
+def _env(name: str, default: str) -> str: ...
+@overload
+def _env(name: str, default: None = None) -> str | None: ...
 def _env(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     agent = Agent(config, client=client, gpu=gpu, runtime=runtime)
 
-    def on_signal(signum: int, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("%s: stopping the agent (jobs keep running)", signal.Signals(signum).name)
         agent.stop()
 

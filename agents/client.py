@@ -82,7 +82,7 @@ class ControlPlaneClient:
         self,
         base_url: str,
         *,
-        state_dir: str | os.PathLike,
+        state_dir: str | os.PathLike[str],
         join_token: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
@@ -138,7 +138,9 @@ class ControlPlaneClient:
             self._local.session = session
         return session
 
-    def _post(self, path: str, body: dict, token: str | None, timeout_s: float) -> Any:
+    def _post(
+        self, path: str, body: dict[str, Any], token: str | None, timeout_s: float
+    ) -> dict[str, Any]:
         if not token:
             raise Unauthorized(f"no token for {path}")
         url = self.base_url + API_PREFIX + path
@@ -161,11 +163,12 @@ class ControlPlaneClient:
         if status >= 400:
             raise Rejected(f"{url}: HTTP {status} {response.text[:500]}", status)
         try:
-            return response.json()
+            answer: dict[str, Any] = response.json()  # every endpoint answers an object
         except ValueError as exc:
             raise ControlPlaneUnavailable(f"{url}: answer is not JSON", status) from exc
+        return answer
 
-    def register(self, payload: dict) -> dict:
+    def register(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Register with the join token; keeps the node token it gets. Returns the answer."""
         if not self.join_token:
             raise Unauthorized("no join token to register with (set GPUCP_JOIN_TOKEN)")
@@ -176,7 +179,7 @@ class ControlPlaneClient:
         self._save_token(token)
         return answer
 
-    def heartbeat(self, body: dict) -> dict:
+    def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Send what the node observes; returns the desired state."""
         return self._post("/heartbeat", body, self.node_token, self.timeout_s)
 

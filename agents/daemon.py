@@ -19,9 +19,10 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agents import __version__, limits
 from agents import lease as leases
@@ -119,13 +120,13 @@ class AttemptMeta:
     stop_cause: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict) -> AttemptMeta:
+    def from_dict(cls, data: dict[str, Any]) -> AttemptMeta:
         """Read a record, ignoring keys of other versions."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
 
-def _unapplied_reports(warnings: dict) -> frozenset[int]:
+def _unapplied_reports(warnings: dict[str, Any]) -> frozenset[int]:
     """Indexes of `attempts[]` entries the control plane could not apply (named in its
     warnings by the entry itself, or by its attempt_id, state or stop_cause)."""
     unapplied = set()
@@ -190,7 +191,7 @@ class Agent:
         self._tombstones_path = self.state_dir / "finished.json"
         self._meta: dict[int, AttemptMeta] = {}
         self._tombstones: dict[int, float] = {}
-        self._conditions: dict[tuple[str, str], dict] = {}
+        self._conditions: dict[tuple[str, str], dict[str, Any]] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._seq = int(time.time() * 1000)  # grows across restarts without being stored
@@ -316,14 +317,14 @@ class Agent:
         self._load_tombstones()
         for path in self._attempts_dir.glob("*.json"):
             try:
-                meta = AttemptMeta.from_dict(json.loads(path.read_text()))
+                record = AttemptMeta.from_dict(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring unreadable %s: %s", path, exc)
                 continue
-            if meta.attempt_id in self._tombstones:
+            if record.attempt_id in self._tombstones:
                 path.unlink()  # forgotten already; the agent died while cleaning up after it
                 continue
-            self._meta[meta.attempt_id] = meta
+            self._meta[record.attempt_id] = record
         adopted = {s.attempt_id: s for s in self.runtime.adopt()}
         for attempt_id in [a for a in adopted if a in self._tombstones]:
             self.runtime.remove(attempt_id)  # acknowledged before; only its cleanup was cut short
@@ -356,7 +357,7 @@ class Agent:
         if adopted:
             log.info("adopted %d attempt(s) from before the restart", len(adopted))
 
-    def registration(self) -> dict:
+    def registration(self) -> dict[str, Any]:
         """The register request: the node and its GPU inventory."""
         return {
             "name": self.config.node_name,
@@ -387,7 +388,7 @@ class Agent:
             log.info("registered as %s", answer.get("node", self.config.node_name))
             return
 
-    def _registered(self, answer: dict) -> None:
+    def _registered(self, answer: dict[str, Any]) -> None:
         # Attempt ids are unique within one control plane's database, and a registration may be
         # with a new one (a fresh demo database reuses id 1): its ids must not be refused.
         if self._tombstones:
@@ -395,7 +396,7 @@ class Agent:
             self._save_tombstones()
         self._take_interval(answer)
 
-    def _take_interval(self, answer: dict) -> None:
+    def _take_interval(self, answer: dict[str, Any]) -> None:
         if self.config.heartbeat_interval_s is None and answer.get("heartbeat_interval_s"):
             self.interval_s = float(answer["heartbeat_interval_s"])
 
@@ -473,7 +474,7 @@ class Agent:
         self.reconcile(answer, statuses)
         return True
 
-    def _renew_lease(self, sent_at: float, answer: dict) -> None:
+    def _renew_lease(self, sent_at: float, answer: dict[str, Any]) -> None:
         """Record the lease this answer granted, for the fence (and for what we may start)."""
         try:
             lease_s = float(answer["lease_s"])
@@ -521,7 +522,7 @@ class Agent:
         self._conditions.pop(("GpuTelemetryFailed", ""), None)
         return readings
 
-    def _counters(self, gpu_uuids) -> dict[str, float | None]:
+    def _counters(self, gpu_uuids: Iterable[str]) -> dict[str, float | None]:
         counters: dict[str, float | None] = {}
         for uuid in gpu_uuids:
             try:
@@ -633,7 +634,7 @@ class Agent:
 
     def _heartbeat_body(
         self, telemetry: list[GpuTelemetry], statuses: dict[int, AttemptStatus]
-    ) -> dict:
+    ) -> dict[str, Any]:
         self._seq += 1
         attempts = []
         for attempt_id, status in sorted(statuses.items()):
@@ -723,7 +724,7 @@ class Agent:
 
     def _forget_acknowledged(
         self,
-        body: dict,
+        body: dict[str, Any],
         statuses: dict[int, AttemptStatus],
         unapplied: frozenset[int] = frozenset(),
     ) -> None:
@@ -757,7 +758,7 @@ class Agent:
                 pass
         log.info("attempt %d acknowledged and forgotten", attempt_id)
 
-    def reconcile(self, answer: dict, statuses: dict[int, AttemptStatus]) -> None:
+    def reconcile(self, answer: dict[str, Any], statuses: dict[int, AttemptStatus]) -> None:
         """Make the node match the desired state in ``answer``.
 
         Stops come first, and a GPU still held by a process being stopped is not given to a new
@@ -777,10 +778,10 @@ class Agent:
         for attempt_id, status in statuses.items():
             if status.state is not AttemptState.RUNNING:
                 continue
-            spec = desired.get(attempt_id)
-            for uuid in spec.gpu_uuids if spec is not None else status.gpu_uuids:
+            wanted = desired.get(attempt_id)
+            for uuid in wanted.gpu_uuids if wanted is not None else status.gpu_uuids:
                 held[uuid] = attempt_id
-            if spec is None:
+            if wanted is None:
                 self._stop_unwanted(attempt_id)
         for attempt_id, spec in desired.items():
             if attempt_id in self._meta or attempt_id in self._tombstones:
@@ -853,7 +854,7 @@ class Agent:
         self._save_meta(meta)
         self._wake.set()  # report it now, not at the next periodic heartbeat
 
-    def _apply_caps(self, caps_w: dict) -> None:
+    def _apply_caps(self, caps_w: dict[str, Any]) -> None:
         for uuid, cap_w in caps_w.items():
             key = ("PowerCapFailed", uuid)
             try:

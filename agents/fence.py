@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from agents.lease import Lease, boottime, mark_fenced, read_lease
@@ -65,7 +66,7 @@ def is_held(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def holding(path: Path):
+def holding(path: Path) -> Iterator[None]:
     """Hold the flock on path for the block; raises BlockingIOError if another holds it."""
     fd = _try_lock(path)
     if fd is None:
@@ -165,7 +166,7 @@ def fence_command(
 
 def ensure_fence(
     state_dir: Path, runtime: str, node_name: str, docker_url: str | None
-) -> subprocess.Popen | None:
+) -> subprocess.Popen[bytes] | None:
     """Start a fence for this state directory unless one runs; returns the one started.
 
     Started in a session of its own, so that a signal to the agent's group (a Ctrl-C, a

@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 LEASE_FILE = "lease.json"
 FENCED_DIR = "fenced"
@@ -136,12 +137,15 @@ def mark_fenced(state_dir: Path, attempt_id: int, why: str) -> None:
         os.replace(tmp, path)
 
 
-def fenced(state_dir: Path, attempt_id: int) -> dict | None:
+def fenced(state_dir: Path, attempt_id: int) -> dict[str, Any] | None:
     """The fence's note on this attempt, or None when the fence never touched it."""
     try:
-        return json.loads((Path(state_dir) / FENCED_DIR / f"{attempt_id}.json").read_text())
+        note: dict[str, Any] = json.loads(
+            (Path(state_dir) / FENCED_DIR / f"{attempt_id}.json").read_text()
+        )
     except (OSError, ValueError):
         return None
+    return note
 
 
 def forget_fenced(state_dir: Path, attempt_id: int) -> None:

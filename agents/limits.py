@@ -10,6 +10,7 @@ sentinel of 2**32 - 1, a unit mix-up), they do not describe any one board. No Dj
 from __future__ import annotations
 
 import logging
+from typing import Any, TypeGuard
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,9 @@ GPU_READING_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def in_range(value, lowest: float, highest: float) -> bool:
+def in_range(value: object, lowest: float, highest: float) -> TypeGuard[float]:
     """True for a number (not a bool, not NaN) within [lowest, highest]."""
-    kind = type(value)
-    return (kind is int or kind is float) and lowest <= value <= highest
+    return (type(value) is int or type(value) is float) and lowest <= value <= highest
 
 
 def clean_text(text: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
@@ -78,7 +78,7 @@ def clean_text(text: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
 _logged: set[tuple[str, str]] = set()
 
 
-def checked_reading(wire: dict) -> dict:
+def checked_reading(wire: dict[str, Any]) -> dict[str, Any]:
     """A heartbeat's `gpus[]` entry with every number outside its range left out (null).
 
     NVML can hand back sentinels (0xFFFFFFFF for "no reading" on some boards, a counter that
@@ -126,7 +126,7 @@ GPU_INVENTORY_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def checked_inventory(wire: dict) -> dict:
+def checked_inventory(wire: dict[str, Any]) -> dict[str, Any]:
     """A registration's `gpus[]` entry with each number brought within its range (logged):
     the registration needs them all, and one odd limit must not keep the node out."""
     for key, (lowest, highest) in GPU_INVENTORY_RANGES.items():

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         args.work_s, lambda: read_speed(path, fallback), step_s=args.step_s, report=report
     )
     print(f"done: {args.work_s:.1f} s of work in {wall_s:.1f} s", flush=True)
-    return args.exit_code
+    return int(args.exit_code)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class GpuError(Exception):
@@ -44,7 +45,7 @@ class GpuInfo:
     power_max_w: float
     power_default_w: float
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """The `gpus[]` entry of the register request."""
         return {
             "index": self.index,
@@ -75,7 +76,7 @@ class GpuTelemetry:
     xid_errors: tuple[int, ...] = field(default_factory=tuple)  # critical XIDs seen lately
     message: str = ""  # why it is unhealthy, in words
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """The `gpus[]` entry of a heartbeat."""
         wire = {
             "uuid": self.uuid,

@@ -71,7 +71,8 @@ def decode_throttle_reasons(mask: int) -> tuple[str, ...]:
 
 
 def _typed(exc: pynvml.NVMLError) -> GpuError:
-    kind = _ERROR_TYPES.get(getattr(exc, "value", None), GpuError)
+    code: int | None = getattr(exc, "value", None)
+    kind = _ERROR_TYPES.get(code, GpuError) if code is not None else GpuError
     return kind(f"NVML: {exc}")
 
 
@@ -250,7 +251,8 @@ class NvmlBackend(GpuBackend):
             if fn is None:
                 continue
             try:
-                return fn(handle)
+                reasons: int = fn(handle)
+                return reasons
             except pynvml.NVMLError as exc:
                 if exc.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     continue
@@ -261,7 +263,8 @@ class NvmlBackend(GpuBackend):
         return None
 
     def enforced_power_limit_w(self, uuid: str) -> float:
-        return _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, self._handle(uuid)) / 1000.0
+        limit_mw: int = _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, self._handle(uuid))
+        return limit_mw / 1000.0
 
     def set_power_limit(self, uuid: str, power_limit_w: float, *, dry_run: bool = False) -> float:
         handle = self._handle(uuid)
@@ -278,9 +281,9 @@ class NvmlBackend(GpuBackend):
         if current_mw is None:
             current_mw = _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
         if dry_run or abs(current_mw / 1000.0 - power_limit_w) <= LIMIT_TOLERANCE_W:
-            return _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle) / 1000.0
+            return self.enforced_power_limit_w(uuid)
         _call(pynvml.nvmlDeviceSetPowerManagementLimit, handle, int(round(power_limit_w * 1000)))
-        enforced_w = _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle) / 1000.0
+        enforced_w = self.enforced_power_limit_w(uuid)
         log.info("GPU %s: power limit %.1f W (enforced %.1f W)", uuid, power_limit_w, enforced_w)
         return enforced_w
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agents.gpu.base import (
     GpuBackend,
@@ -98,7 +99,7 @@ class SimulatedBackend(GpuBackend):
         count: int,
         *,
         node_name: str,
-        state_path: str | os.PathLike | None = None,
+        state_path: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         power_profile: PowerProfile | None = None,
         power_limit_settable: bool = True,
@@ -141,7 +142,7 @@ class SimulatedBackend(GpuBackend):
 
     @classmethod
     def from_spec(
-        cls, spec: str, *, node_name: str, state_dir: str | os.PathLike | None = None
+        cls, spec: str, *, node_name: str, state_dir: str | os.PathLike[str] | None = None
     ) -> SimulatedBackend:
         """Build from ``simulated:<profile>[:count]``; with a state dir the counters survive."""
         gpu_type, count = parse_spec(spec)
@@ -296,11 +297,12 @@ class SimulatedBackend(GpuBackend):
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def _load_state(self) -> dict:
+    def _load_state(self) -> dict[str, Any]:
         if self._state_path is None or not self._state_path.exists():
             return {}
         try:
-            return json.loads(self._state_path.read_text())
+            state: dict[str, Any] = json.loads(self._state_path.read_text())
+            return state
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable %s: %s", self._state_path, exc)
             return {}

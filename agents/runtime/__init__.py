@@ -25,7 +25,7 @@ __all__ = [
 def make_runtime(
     kind: str,
     *,
-    state_dir: str | os.PathLike,
+    state_dir: str | os.PathLike[str],
     node_name: str,
     docker_url: str | None = None,
     gpu_device_requests: bool = False,

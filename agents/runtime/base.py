@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ATTEMPT_LABEL = "gpucp.attempt-id"
 JOB_LABEL = "gpucp.job-id"
@@ -43,7 +44,7 @@ class AttemptSpec:
     max_runtime_s: float | None = None
 
     @classmethod
-    def from_wire(cls, data: dict) -> AttemptSpec:
+    def from_wire(cls, data: dict[str, Any]) -> AttemptSpec:
         """Parse one desired attempt; unknown keys are ignored so the protocol can grow."""
         return cls(
             attempt_id=int(data["attempt_id"]),
@@ -123,7 +124,7 @@ def read_file_range(path: Path, offset: int, max_bytes: int) -> bytes:
         return b""
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write a small record so that a crash leaves the old or the new one, never half of one."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import docker
 import docker.errors
@@ -72,6 +72,14 @@ def container_name(node_name: str, attempt_id: int) -> str:
     return f"gpucp-{safe}-{attempt_id}"
 
 
+class _Common(TypedDict):
+    """The fields of an AttemptStatus that every state of one attempt reports alike."""
+
+    attempt_id: int
+    job_id: int | None
+    gpu_uuids: tuple[str, ...]
+
+
 @dataclass(slots=True)
 class _Entry:
     attempt_id: int
@@ -95,7 +103,7 @@ class DockerRuntime(Runtime):
 
     def __init__(
         self,
-        state_dir: str | os.PathLike,
+        state_dir: str | os.PathLike[str],
         *,
         node_name: str,
         base_url: str | None = None,
@@ -108,11 +116,18 @@ class DockerRuntime(Runtime):
         self._gpu_device_requests = gpu_device_requests
         try:
             if base_url:
+                # docker-py hands the timeout to requests, which takes float seconds; the stubs
+                # say int.
                 self._client = docker.DockerClient(
-                    base_url=base_url, version=API_VERSION, timeout=timeout_s
+                    base_url=base_url,
+                    version=API_VERSION,
+                    timeout=timeout_s,  # type: ignore[arg-type]
                 )
             else:
-                self._client = docker.from_env(version=API_VERSION, timeout=timeout_s)
+                self._client = docker.from_env(
+                    version=API_VERSION,
+                    timeout=timeout_s,  # type: ignore[arg-type]
+                )
             self._client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
             raise RuntimeError(
@@ -222,7 +237,7 @@ class DockerRuntime(Runtime):
     # -- observing -------------------------------------------------------------------------------
 
     def _status(self, entry: _Entry) -> AttemptStatus:
-        common = {
+        common: _Common = {
             "attempt_id": entry.attempt_id,
             "job_id": entry.job_id,
             "gpu_uuids": entry.gpu_uuids,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 from agents.lease import LEASE_FILE
 from agents.runtime.base import (
@@ -65,22 +66,32 @@ def _alive(pid: int | None, start_ticks: int | None) -> bool:
     return ticks is not None and (start_ticks is None or ticks == start_ticks)
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except ValueError:
         log.warning("unreadable %s", path)
         return None
+    return record
+
+
+class _Common(TypedDict):
+    """The fields of an AttemptStatus that every state of one attempt reports alike."""
+
+    attempt_id: int
+    job_id: int | None
+    gpu_uuids: tuple[str, ...]
+    started_at: float | None
 
 
 @dataclass(slots=True)
 class _Proc:
     attempt_id: int
     dir: Path
-    record: dict
-    popen: subprocess.Popen | None = None  # only for supervisors this agent process started
+    record: dict[str, Any]
+    popen: subprocess.Popen[bytes] | None = None  # only for supervisors this agent process started
     stopping: bool = False
     lost_message: str = ""
 
@@ -92,7 +103,7 @@ class ProcessRuntime(Runtime):
 
     def __init__(
         self,
-        state_dir: str | os.PathLike,
+        state_dir: str | os.PathLike[str],
         *,
         python: str = sys.executable,
         job_path_prepend: Sequence[str] = (),
@@ -205,7 +216,7 @@ class ProcessRuntime(Runtime):
     def _status(self, proc: _Proc) -> AttemptStatus:
         record = proc.record
         child = _read_json(proc.dir / "child.json") or {}
-        common = {
+        common: _Common = {
             "attempt_id": proc.attempt_id,
             "job_id": record.get("job_id"),
             "gpu_uuids": tuple(record.get("gpu_uuids") or ()),
@@ -241,7 +252,7 @@ class ProcessRuntime(Runtime):
             **common,
         )
 
-    def _lost(self, proc: _Proc, child: dict, common: dict) -> AttemptStatus:
+    def _lost(self, proc: _Proc, child: dict[str, Any], common: _Common) -> AttemptStatus:
         """The supervisor is gone and left no exit code: make sure the job is gone too."""
         if not proc.lost_message:
             if _alive(child.get("pid"), child.get("start_ticks")):

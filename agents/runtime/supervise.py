@@ -19,9 +19,10 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 
-def _start_ticks(pid):
+def _start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot: a pid plus this names one process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -30,7 +31,7 @@ def _start_ticks(pid):
         return None
 
 
-def _write(path, data):
+def _write(path: str, data: dict[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f)
@@ -39,7 +40,7 @@ def _write(path, data):
     os.replace(tmp, path)
 
 
-def _lease_refusal(lease_path):
+def _lease_refusal(lease_path: str) -> str:
     """Why the job must not start under this lease, or "" (no lease yet: nothing to check)."""
     try:
         with open(lease_path) as f:
@@ -63,7 +64,7 @@ def _lease_refusal(lease_path):
     return ""
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     lease_path = None
     if len(argv) >= 4 and argv[2] == "--lease":
         lease_path = argv[3]
