@@ -114,7 +114,7 @@ def whatif_list(request):
         messages.success(request, f"What-if {run.pk} queued: this page shows it as it runs.")
         return redirect("whatif-detail", pk=run.pk)
     runs = [
-        (run, _describe(run), STATE_BADGE.get(run.state, "info"))
+        (run, _describe(_params(run)), STATE_BADGE.get(run.state, "info"))
         for run in WhatIfRun.objects.select_related("requested_by")[:RECENT_RUNS]
     ]
     return page(
@@ -129,11 +129,12 @@ def whatif_list(request):
 @staff_required
 def whatif_detail(request, pk: int):
     run = get_object_or_404(WhatIfRun.objects.select_related("requested_by"), pk=pk)
+    params = _params(run)
     context = {
         "run": run,
-        "described": _describe(run),
+        "described": _describe(params),
         "badge_class": STATE_BADGE.get(run.state, "info"),
-        "report": _report(run),
+        "report": _report(run, params),
         "poll_s": POLL_S,
         "progress_pct": round(100 * run.progress),
     }
@@ -153,9 +154,8 @@ def whatif_markdown(request, pk: int):
     return response
 
 
-def _report(run: WhatIfRun) -> Report | None:
+def _report(run: WhatIfRun, params: WhatIfParams | None) -> Report | None:
     """The report of a done run, read from its summary; None while there is none."""
-    params = _params(run)
     if run.state != WhatIfState.DONE or not run.summary.get("rows") or params is None:
         return None
     return report_of(params, run.summary)
@@ -173,9 +173,8 @@ def _initial_period() -> dict:
     return {"since": today - dt.timedelta(days=30), "until": today + dt.timedelta(days=1)}
 
 
-def _describe(run: WhatIfRun) -> dict:
+def _describe(params: WhatIfParams | None) -> dict:
     """The period, policy and changes of a run, for a person."""
-    params = _params(run)
     if params is None:
         return {"period": "?", "policy": "?", "changes": []}
     changes = [f"{t} weight {w:g}" for t, w in sorted(params.weights.items())]
