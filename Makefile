@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpucp
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+# What the type checker reads; its settings (strict on the core and the agent) are in pyproject.toml.
+MYPY_PATHS := scheduler agents
 
 .PHONY: run test venv lint format services system-deps clean
 
@@ -33,6 +35,7 @@ test: venv system-deps services
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy $(MYPY_PATHS)
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 	  $(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -40,6 +43,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy $(MYPY_PATHS)
 
 format: venv
 	$(BIN)/ruff check --fix .
