@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from django.db.models import Sum
 
+from controlplane.accounting.budgets import budget_states, scheduler_view
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
@@ -400,8 +401,6 @@ def _pending(key: tuple) -> m.Pending:
 
 
 def load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
-    from controlplane.accounting.budgets import budget_states, scheduler_view
-
     now = from_unix_s(time.time() if now_s is None else now_s)
     # Energy and GPU-hour budgets become, per tenant, the action of a spent budget and the power
     # pace of its energy budget (at most one query per budget period, three in all).
