@@ -22,10 +22,9 @@ How it maps onto our model:
   its own transaction and durable commit), which asks for a debounced cycle through Redis; a
   real Celery worker runs the cycles (advisory lock, load, plan, apply) on PostgreSQL; this
   script stands in for beat (a tick every SCHEDULER_CYCLE_INTERVAL_S) and for the agents: two
-  processes, each the agents of half the nodes, that report in every pass (as a heartbeat
-  does) the attempts that started and those whose runtime has passed, through the batch
-  actions actions.mark_attempts_running and actions.finish_attempts (--agents per-attempt:
-  mark_attempt_running and finish_attempt once per attempt); no containers.
+  processes, each the agents of half the nodes, whose nodes heartbeat through the production
+  heartbeat path (controlplane.cluster.heartbeat.process_heartbeat) whenever an attempt of
+  theirs started or ended; no containers.
 
 Figures, measured like Kueue's recorder does:
 - wall: from the first scheduled submit to the last job's end;
@@ -251,121 +250,126 @@ def role_submit(args) -> None:
 def role_agent(args) -> None:
     """Stand in for the agents of one shard of the nodes: run each attempt, end it on time.
 
-    Like a real agent's heartbeat, one pass reports everything the shard's nodes have to say:
-    the attempts that started and the ones that ended go through the batch actions
-    (actions.mark_attempts_running / finish_attempts), one call each per pass. With
-    --agents per-attempt, the single actions are called once per attempt instead.
+    The containers are stand-ins; what they report goes the production way: a node with
+    something to say (an attempt it started, one that ended, one it stopped) heartbeats through
+    controlplane.cluster.heartbeat.process_heartbeat, the full path of the agent API's
+    heartbeat, which applies the reports under the node's lock through the single-attempt
+    actions of controlplane.jobs.actions. Like a real agent, a heartbeat reports every attempt
+    the node runs and every GPU's reading, and an exit is reported until a heartbeat was
+    answered. A node with nothing new does not heartbeat here (a real one would, on the steady
+    path, which writes nothing in the request).
     """
     from django.db import OperationalError
     from django.db.models import F
-    from django.utils import timezone
 
-    from controlplane.jobs import actions
+    from controlplane.cluster import heartbeat as hb
+    from controlplane.cluster.models import GPU, Node
+    from controlplane.cluster.telemetry import GpuSample
     from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, AttemptState, Job, JobAttempt
 
-    per_attempt = args.agents == "per-attempt"
     due: list[tuple[float, int]] = []  # (end time, attempt id), soonest first
     mine = JobAttempt.objects.annotate(shard=F("node_id") % args.shards).filter(shard=args.shard)
+    samples: dict[int, tuple[GpuSample, ...]] = {}
+    for node_id, uuid in (
+        GPU.objects.annotate(shard=F("node_id") % args.shards)
+        .filter(shard=args.shard)
+        .order_by("node_id", "index")
+        .values_list("node_id", "uuid")
+    ):
+        samples[node_id] = (*samples.get(node_id, ()), GpuSample(uuid, power_draw_w=300.0))
+    # What each node's agent runs: attempt id -> (node id, start as Unix time).
+    runs: dict[int, tuple[int, float]] = {}
+    by_node: dict[int, set[int]] = {}
+    # Exits each node still has to report: node id -> {attempt id: report}.
+    exits: dict[int, dict[int, hb.AttemptReport]] = {}
+    retry: set[int] = set()  # nodes whose last heartbeat was not answered
     # Every attempt at or below floor is known to be finished: each pass reads only the recent
     # end of the table through the primary key, as an agent reads only its own node's work.
     floor = 0
-    spent = {"poll_s": 0.0, "start_s": 0.0, "finish_s": 0.0}
-    calls = {"start": 0, "finish": 0}
-    counts = {"started": 0, "finished": 0, "stopped": 0, "busy": 0, "deadlocks": 0}
+    seq = 0
+    spent = {"poll_s": 0.0, "heartbeat_s": 0.0}
+    counts = {"heartbeats": 0, "started": 0, "finished": 0, "stopped": 0, "deadlocks": 0}
     last_done_check = 0.0
 
-    def start(ids_names: list[tuple[int, str]]) -> list[int]:
-        begun = timezone.now()
-        if per_attempt:
-            moved = []
-            for attempt in JobAttempt.objects.filter(
-                pk__in=[pk for pk, _ in ids_names]
-            ).select_related("node"):
-                try:
-                    actions.mark_attempt_running(attempt, started_at=begun)
-                except OperationalError:
-                    counts["deadlocks"] += 1
-                    continue
-                moved.append(attempt.pk)
-        else:
-            # Attempts whose rows a cycle holds come back busy: still ADMITTED, they are
-            # read (and reported) again on the next pass.
-            try:
-                moved = actions.mark_attempts_running(
-                    [actions.StartReport(pk, started_at=begun) for pk, _ in ids_names]
-                ).done
-            except OperationalError:
-                counts["deadlocks"] += 1
-                moved = []
-        names = dict(ids_names)
-        for pk in moved:
-            heapq.heappush(due, (begun.timestamp() + RUNTIME_S[names[pk]], pk))
-        return moved
+    def start(pk: int, node_id: int, at: float) -> None:
+        runs[pk] = (node_id, at)
+        by_node.setdefault(node_id, set()).add(pk)
 
-    def finish(ids: list[int], exit_code: int) -> int:
-        if per_attempt:
-            done = 0
-            for attempt in JobAttempt.objects.filter(
-                pk__in=ids, state__in=ACTIVE_ATTEMPT_STATES
-            ).select_related("node"):
-                try:
-                    done += actions.finish_attempt(attempt, exit_code=exit_code)
-                except OperationalError:
-                    counts["deadlocks"] += 1
-                    if exit_code == 0:
-                        heapq.heappush(due, (time.time(), attempt.pk))
-            return done
+    def end(pk: int, exit_code: int, *, unwanted: bool) -> int:
+        node_id, began = runs.pop(pk)
+        by_node[node_id].discard(pk)
+        exits.setdefault(node_id, {})[pk] = hb.AttemptReport(
+            pk,
+            hb.EXITED,
+            started_at=began,
+            exit_code=exit_code,
+            finished_at=time.time(),
+            stop_cause=hb.UNWANTED if unwanted else None,
+        )
+        return node_id
+
+    def heartbeat(node_id: int) -> None:
+        nonlocal seq
+        seq += 1
+        reports = [
+            hb.AttemptReport(pk, hb.RUNNING, started_at=runs[pk][1])
+            for pk in sorted(by_node.get(node_id, ()))
+        ]
+        told = exits.get(node_id, {})
+        beat = hb.Heartbeat(
+            seq=seq,
+            sent_at=time.time(),
+            gpus=samples.get(node_id, ()),
+            attempts=(*reports, *told.values()),
+        )
         try:
-            outcome = actions.finish_attempts([actions.ExitReport(pk, exit_code) for pk in ids])
+            # The node as the agent API reads it for each request.
+            hb.process_heartbeat(Node.objects.get(pk=node_id), beat)
         except OperationalError:
-            # A deadlock the database broke by rolling this batch back: as a heartbeat
-            # answered with an error, the same reports go again on the next pass.
+            # Rolled back by a deadlock the heartbeat could not get past: as an agent whose
+            # heartbeat was answered with an error, the same reports go again next pass.
             counts["deadlocks"] += 1
-            outcome = actions.Outcome([], list(ids))
-        if exit_code == 0:
-            # Reported again on the next pass, as a heartbeat repeats what was not taken.
-            for pk in outcome.busy:
-                heapq.heappush(due, (time.time(), pk))
-        counts["busy"] += len(outcome.busy)
-        return len(outcome.done)
+            retry.add(node_id)
+            return
+        retry.discard(node_id)
+        counts["heartbeats"] += 1
+        for report in exits.pop(node_id, {}).values():
+            counts["finished" if report.stop_cause is None else "stopped"] += 1
 
     while True:
         t = time.perf_counter()
         rows = list(
             mine.filter(pk__gt=floor, state__in=ACTIVE_ATTEMPT_STATES).values_list(
-                "pk", "state", "stop_requested_at", "job__name"
+                "pk", "state", "stop_requested_at", "job__name", "node_id"
             )
         )
         spent["poll_s"] += time.perf_counter() - t
-        stopping = [pk for pk, _, stop, _ in rows if stop is not None]
-        admitted = [
-            (pk, name)
-            for pk, state, stop, name in rows
-            if state == AttemptState.ADMITTED and not stop
-        ]
-        if stopping:
-            # Preempted or cancelled: the stand-in container dies at once.
-            t = time.perf_counter()
-            counts["stopped"] += finish(stopping, 137)
-            calls["finish"] += 1
-            spent["finish_s"] += time.perf_counter() - t
-        left = set()
-        if admitted:
-            t = time.perf_counter()
-            moved = start(admitted)
-            counts["started"] += len(moved)
-            calls["start"] += 1
-            spent["start_s"] += time.perf_counter() - t
-            left = {pk for pk, _ in admitted} - set(moved)
-        ended = []
+        now = time.time()
+        talk: set[int] = set()
+        for pk, state, stop, name, node_id in rows:
+            if stop is not None:
+                if pk not in runs and state == AttemptState.ADMITTED:
+                    # Its agent had it from an answer and is starting it as the stop arrives.
+                    start(pk, node_id, now)
+                if pk in runs:
+                    # Preempted: the stand-in container dies at once, its agent says so.
+                    talk.add(end(pk, 137, unwanted=True))
+            elif state == AttemptState.ADMITTED and pk not in runs:
+                start(pk, node_id, now)
+                heapq.heappush(due, (now + RUNTIME_S[name], pk))
+                counts["started"] += 1
+                talk.add(node_id)
         while due and due[0][0] <= time.time():
-            ended.append(heapq.heappop(due)[1])
-        if ended:
-            t = time.perf_counter()
-            counts["finished"] += finish(ended, 0)
-            calls["finish"] += 1
-            spent["finish_s"] += time.perf_counter() - t
-        unfinished = left | set(stopping) | {pk for _, pk in due}
+            pk = heapq.heappop(due)[1]
+            if pk in runs:
+                talk.add(end(pk, 0, unwanted=False))
+        talk.update(retry)  # what a failed heartbeat did not get across goes again
+        t = time.perf_counter()
+        for node_id in sorted(talk):
+            heartbeat(node_id)
+        spent["heartbeat_s"] += time.perf_counter() - t
+        unfinished = set(runs) | {pk for told in exits.values() for pk in told}
+        unfinished |= {pk for pk, state, *_ in rows if state == AttemptState.ADMITTED}
         if unfinished:
             floor = min(unfinished) - 1
         elif rows:
@@ -377,9 +381,7 @@ def role_agent(args) -> None:
         # An agent learns of new work at its next heartbeat or watch wake-up; 50 ms keeps the
         # stand-ins' polling from costing more CPU than the work it finds.
         time.sleep(POLL_S if not due else min(POLL_S, max(0.0, due[0][0] - time.time())))
-    print(
-        json.dumps({**{k: round(v, 2) for k, v in spent.items()}, **calls, **counts, **_own_cpu()})
-    )
+    print(json.dumps({**{k: round(v, 2) for k, v in spent.items()}, **counts, **_own_cpu()}))
 
 
 # --- the orchestrator ---------------------------------------------------------------------------
@@ -395,8 +397,6 @@ def _child(role: str, args, env: dict, extra: list[str]) -> subprocess.Popen:
         str(args.scale),
         "--t0",
         str(args.t0),
-        "--agents",
-        args.agents,
         *(["--profile-dir", args.profile_dir] if args.profile_dir else []),
         *extra,
     ]
@@ -674,10 +674,11 @@ def print_figures(f: dict, scale: float) -> None:
         )
     for i, r in enumerate(f["agents"]):
         print(
-            f"  agent stand-in {i}:      {r['poll_s'] + r['start_s'] + r['finish_s']:8.1f}  "
-            f"(poll {r['poll_s']}, mark running {r['start_s']} in {r['start']} calls, "
-            f"finish {r['finish_s']} in {r['finish']} calls; {r['finished']} ended, "
-            f"{r['stopped']} stopped, {r['busy']} reports found rows busy, {r['deadlocks']} batches hit a deadlock; CPU {r['cpu_s']} s + database {r['db_cpu_s']} s)"
+            f"  agent stand-in {i}:      {r['poll_s'] + r['heartbeat_s']:8.1f}  "
+            f"(poll {r['poll_s']}, {r['heartbeats']} heartbeats {r['heartbeat_s']}; "
+            f"{r['started']} started, {r['finished']} ended, {r['stopped']} stopped, "
+            f"{r['deadlocks']} heartbeats lost a deadlock; CPU {r['cpu_s']} s + database "
+            f"{r['db_cpu_s']} s)"
         )
     print(json.dumps({"scale": scale, **f}))
 
@@ -696,13 +697,6 @@ def main() -> None:
         default=4,
         help="submitter processes; each submit waits for its own durable commit, so several "
         "overlap those waits as independent tenants do",
-    )
-    parser.add_argument(
-        "--agents",
-        choices=("batch", "per-attempt"),
-        default="batch",
-        help="how the agent stand-ins report: one batch action call per pass (as a heartbeat "
-        "does), or the single actions once per attempt",
     )
     parser.add_argument(
         "--profile-dir",

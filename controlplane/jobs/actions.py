@@ -7,15 +7,12 @@ there first), writes a JobEvent, and asks for a scheduling cycle once the transa
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Count, F, OuterRef, Subquery, Sum, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
 from controlplane import wakeups
@@ -31,7 +28,7 @@ from controlplane.jobs.models import (
     JobState,
     SubmitKey,
 )
-from controlplane.jobs.transitions import is_allowed
+from controlplane.jobs.transitions import fields_on_entering, is_allowed
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +72,12 @@ def transition(
     if not is_allowed(from_state, to_state, late_report=late_report):
         raise IllegalTransition(job, from_state, to_state)
     now = timezone.now()
-    updates = {"state": to_state, "state_reason": reason, **fields}
-    if to_state != JobState.PENDING:
-        updates.update(
-            pending_reason_code="", pending_reason="", queue_position=None, estimated_start_at=None
-        )
-    if to_state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
-        updates.setdefault("finished_at", now)
+    updates = {
+        "state": to_state,
+        "state_reason": reason,
+        **fields_on_entering(to_state, now),
+        **fields,
+    }
     with transaction.atomic():
         changed = Job.objects.filter(pk=job.pk, state=from_state).update(**updates)
         if changed == 0:
@@ -366,12 +362,7 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
             "to_state": JobState.ADMITTED,
         },
     )
-    cleared = {
-        "pending_reason_code": "",
-        "pending_reason": "",
-        "queue_position": None,
-        "estimated_start_at": None,
-    }
+    cleared = fields_on_entering(JobState.ADMITTED, now)
     # Each job's state_reason is the message of the event just written for it: one statement
     # for the whole batch, where a CASE over thousands of rows costs seconds to build.
     own_reason = Subquery(
@@ -716,354 +707,3 @@ def record_late_exit(
         record_event(job, "late_report", story, data={"attempt": locked.pk, "exit_code": exit_code})
     request_cycle("late_report")
     return True
-
-
-# --- batch twins of the agent's actions ---------------------------------------------------------
-#
-# One heartbeat reports many attempts. Marking them one by one costs a transaction (and its
-# commit) and ~8 statements each; these take a node's (or a shard's) reports in one transaction
-# and a fixed handful of statements, writing exactly what the single actions write under the
-# same guards. Rows are locked first (attempts, then their jobs, in id order, as the single
-# actions lock them), so every decision is taken on the rows as they are, not as the caller
-# last read them; the conditional UPDATEs stay, and a row count that disagrees raises
-# ConcurrentUpdate, which rolls the whole batch back.
-
-
-@dataclass(frozen=True, slots=True)
-class StartReport:
-    """An agent says an attempt's container runs (mark_attempts_running)."""
-
-    attempt_id: int
-    started_at: datetime | None = None
-    energy_start_j: dict | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ExitReport:
-    """An agent says an attempt's container is gone; the fields are finish_attempt's arguments."""
-
-    attempt_id: int
-    exit_code: int | None
-    finished_at: datetime | None = None
-    energy_j: float | None = None
-    energy_estimated: bool = False
-    lost: bool = False
-    message: str = ""
-
-
-def _update_each(
-    model,
-    fields: Sequence[str],
-    rows: Sequence[tuple],
-    *,
-    only_if: dict[str, object] | None = None,
-    keep_set: Iterable[str] = (),
-) -> int:
-    """One conditional UPDATE giving each row its own values; returns the rows changed.
-
-    Each row is (pk, *values in the order of fields). A field with the same value in every row
-    is set plainly, one with several values through a CASE on the id. only_if maps a field to
-    the value it must still have (a tuple: one of those values): the conditional part of the
-    UPDATE. A field in keep_set keeps a value it already has.
-
-    One statement, not one per row: the node-generation triggers fire once per statement and
-    lock the nodes they bump in node order, which a statement per row would undo (two writers
-    could then take the same nodes in opposite orders, and deadlock).
-    """
-    if not rows:
-        return 0
-    keep_set = set(keep_set)
-    updates = {}
-    for i, name in enumerate(fields, start=1):
-        field = model._meta.get_field(name)
-        values = {row[0]: row[i] for row in rows}
-        distinct = {_hashable(v) for v in values.values()}
-        if len(distinct) == 1:
-            value = Value(next(iter(values.values())), output_field=field)
-        else:
-            value = Case(
-                *[When(pk=pk, then=Value(v, output_field=field)) for pk, v in values.items()],
-                output_field=field,
-            )
-        updates[name] = Coalesce(F(name), value, output_field=field) if name in keep_set else value
-    guard = {
-        f"{name}__in" if isinstance(wanted, tuple) else name: wanted
-        for name, wanted in (only_if or {}).items()
-    }
-    return model.objects.filter(pk__in=[row[0] for row in rows], **guard).update(**updates)
-
-
-def _hashable(value):
-    return (
-        json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict | list) else value
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Move:
-    """One job's transition inside a batch action (see _transition_many)."""
-
-    job_id: int
-    from_state: str
-    to_state: str
-    reason: str
-    kind: str
-    data: dict
-    fields: tuple[tuple[str, object], ...] = ()
-    keep_set: tuple[str, ...] = ()
-
-
-def _transition_many(moves: Sequence[_Move], now) -> None:
-    """transition() for jobs the caller holds locked: the same updates and events, batched.
-
-    Moves that write the same columns share one statement, the conditional UPDATE that
-    transition() runs; all the events go in one INSERT. A row count short of the moves means a
-    writer got past the lock: ConcurrentUpdate, and the caller's transaction rolls back.
-    """
-    groups: dict[tuple, list[tuple]] = {}
-    for move in moves:
-        if not is_allowed(move.from_state, move.to_state):
-            raise IllegalTransition(Job(pk=move.job_id), move.from_state, move.to_state)
-        updates = {"state": move.to_state, "state_reason": move.reason, **dict(move.fields)}
-        if move.to_state != JobState.PENDING:
-            updates.update(
-                pending_reason_code="",
-                pending_reason="",
-                queue_position=None,
-                estimated_start_at=None,
-            )
-        if move.to_state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
-            updates.setdefault("finished_at", now)
-        key = (move.from_state, tuple(updates), move.keep_set)
-        groups.setdefault(key, []).append((move.job_id, *updates.values()))
-    for (from_state, names, keep_set), rows in groups.items():
-        changed = _update_each(Job, names, rows, only_if={"state": from_state}, keep_set=keep_set)
-        if changed != len(rows):
-            raise ConcurrentUpdate(
-                f"{len(rows) - changed} of {len(rows)} jobs are no longer {from_state}"
-            )
-    JobEvent.objects.bulk_create(
-        [
-            JobEvent(
-                job_id=move.job_id,
-                at=now,
-                kind=move.kind,
-                from_state=move.from_state,
-                to_state=move.to_state,
-                message=move.reason,
-                data=move.data,
-            )
-            for move in moves
-        ]
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a batch action did: the attempts it moved on, and those it could not look at."""
-
-    done: list[int]
-    # Rows (the attempt's or its job's) another transaction held locked: skipped rather than
-    # waited for, so a batch never waits on a cycle or a cancel that may wait on it in turn
-    # (a deadlock). Their reports are to be sent again, as an agent's next heartbeat does.
-    busy: list[int]
-
-
-def _lock_reported(wanted: dict, states: Sequence[str]) -> tuple[dict, dict[int, str], list[int]]:
-    """Lock the reported attempts still in states, and their jobs, skipping held rows.
-
-    Returns the attempts whose rows (and jobs' rows) are now ours, their jobs' states, and the
-    attempt ids that were skipped because someone else held a row.
-    """
-    attempts = {
-        a.pk: a
-        for a in JobAttempt.objects.select_for_update(of=("self",), no_key=True, skip_locked=True)
-        .select_related("node")
-        .filter(pk__in=wanted, state__in=states)
-        .order_by("pk")
-    }
-    busy = []
-    if len(attempts) < len(wanted):
-        busy = list(
-            JobAttempt.objects.filter(
-                pk__in=[pk for pk in wanted if pk not in attempts], state__in=states
-            ).values_list("pk", flat=True)
-        )
-    job_states = dict(
-        Job.objects.select_for_update(no_key=True, skip_locked=True)
-        .filter(pk__in={a.job_id for a in attempts.values()})
-        .order_by("pk")
-        .values_list("pk", "state")
-    )
-    for pk in [pk for pk, a in attempts.items() if a.job_id not in job_states]:
-        busy.append(pk)
-        del attempts[pk]
-    return attempts, job_states, sorted(busy)
-
-
-@transaction.atomic
-def mark_attempts_running(reports: Sequence[StartReport]) -> Outcome:
-    """mark_attempt_running for many attempts at once.
-
-    An attempt no longer ADMITTED is left alone (as the single action leaves it); a job still
-    ADMITTED goes RUNNING with its "running" event, keeping the start of an earlier attempt.
-    """
-    wanted = {}
-    for report in reports:
-        wanted.setdefault(report.attempt_id, report)
-    attempts, job_states, busy = _lock_reported(wanted, (AttemptState.ADMITTED,))
-    if not attempts:
-        return Outcome([], busy)
-    now = timezone.now()
-    started = {pk: wanted[pk].started_at or now for pk in attempts}
-    changed = _update_each(
-        JobAttempt,
-        ("state", "started_at", "energy_start_j"),
-        [
-            (pk, AttemptState.RUNNING, started[pk], wanted[pk].energy_start_j or {})
-            for pk in attempts
-        ],
-        only_if={"state": AttemptState.ADMITTED},
-    )
-    if changed != len(attempts):
-        raise ConcurrentUpdate(f"{len(attempts) - changed} attempts are no longer ADMITTED")
-    moves, seen = [], set()
-    for pk, attempt in attempts.items():
-        if job_states[attempt.job_id] != JobState.ADMITTED or attempt.job_id in seen:
-            continue
-        seen.add(attempt.job_id)
-        moves.append(
-            _Move(
-                attempt.job_id,
-                JobState.ADMITTED,
-                JobState.RUNNING,
-                reason=f"Running on {attempt.node.name}",
-                kind="running",
-                data={"attempt": pk},
-                fields=(("started_at", started[pk]),),
-                keep_set=("started_at",),
-            )
-        )
-    _transition_many(moves, now)
-    return Outcome(list(attempts), busy)
-
-
-@transaction.atomic
-def finish_attempts(reports: Sequence[ExitReport]) -> Outcome:
-    """finish_attempt for many attempts at once.
-
-    The common report (a container that exited by itself while its job RUNS) is booked for
-    the whole batch in a few statements. Every other one (lost, stopped on purpose, never
-    started, a job in another state) goes through finish_attempt itself, on the row as
-    locked here, inside its own savepoint: one the state machine refuses is logged and left
-    for the next report, without taking the rest of the batch down with it.
-    """
-    wanted = {}
-    for report in reports:
-        wanted.setdefault(report.attempt_id, report)
-    attempts, job_states, busy = _lock_reported(wanted, ACTIVE_ATTEMPT_STATES)
-    if not attempts:
-        return Outcome([], busy)
-    now = timezone.now()
-    quick, one_by_one = [], []
-    for pk, attempt in attempts.items():
-        r = wanted[pk]
-        ordinary = not r.lost and r.exit_code is not None and attempt.stop_requested_at is None
-        if ordinary and job_states[attempt.job_id] == JobState.RUNNING:
-            quick.append(attempt)
-        else:
-            one_by_one.append(attempt)
-    done = _finish_ordinary(quick, wanted, now) if quick else []
-    for attempt in one_by_one:
-        r = wanted[attempt.pk]
-        try:
-            finished = finish_attempt(
-                attempt,
-                exit_code=r.exit_code,
-                finished_at=r.finished_at or now,
-                energy_j=r.energy_j,
-                energy_estimated=r.energy_estimated,
-                lost=r.lost,
-                reported=True,
-                message=r.message,
-            )
-        except (IllegalTransition, ConcurrentUpdate) as exc:
-            log.info("report on attempt %s not applied: %s", attempt.pk, exc)
-            continue
-        if finished:
-            done.append(attempt.pk)
-    return Outcome(done, busy)
-
-
-def _finish_ordinary(attempts: list[JobAttempt], reports: dict, now) -> list[int]:
-    ids = [a.pk for a in attempts]
-    gpus = {
-        pk: (n, max_power_w or 0.0)
-        for pk, n, max_power_w in Allocation.objects.filter(attempt_id__in=ids)
-        .values("attempt_id")
-        .annotate(n=Count("id"), max_power_w=Sum("gpu__power_max_w"))
-        .values_list("attempt_id", "n", "max_power_w")
-    }
-    rows, moves = [], []
-    for attempt in attempts:
-        r = reports[attempt.pk]
-        finished_at = r.finished_at or now
-        begun = attempt.started_at or attempt.created_at
-        seconds = max(0.0, (finished_at - begun).total_seconds())
-        count, max_power_w = gpus.get(attempt.pk, (0, 0.0))
-        energy_j, estimated = bounded_energy(
-            attempt.pk,
-            r.energy_j if r.energy_j is not None else attempt.energy_j,
-            r.energy_estimated,
-            max_power_w,
-            seconds,
-        )
-        rows.append(
-            (
-                attempt.pk,
-                AttemptState.SUCCEEDED if r.exit_code == 0 else AttemptState.FAILED,
-                finished_at,
-                r.exit_code,
-                now,
-                seconds * count,
-                energy_j,
-                estimated,
-            )
-        )
-        ok = r.exit_code == 0
-        moves.append(
-            _Move(
-                attempt.job_id,
-                JobState.RUNNING,
-                JobState.SUCCEEDED if ok else JobState.FAILED,
-                reason=f"Exited with code {r.exit_code}",
-                kind="succeeded" if ok else "failed",
-                data={},
-                fields=(("exit_code", r.exit_code),),
-            )
-        )
-    changed = _update_each(
-        JobAttempt,
-        (
-            "state",
-            "finished_at",
-            "exit_code",
-            "exit_reported_at",
-            "gpu_seconds",
-            "energy_j",
-            "energy_estimated",
-        ),
-        rows,
-        only_if={"state": ACTIVE_ATTEMPT_STATES},
-    )
-    if changed != len(rows):
-        raise ConcurrentUpdate(f"{len(rows) - changed} attempts are no longer active")
-    Allocation.objects.filter(attempt_id__in=ids, active=True).update(
-        active=False,
-        released_at=Subquery(
-            JobAttempt.objects.filter(pk=OuterRef("attempt_id")).values("finished_at")[:1]
-        ),
-    )
-    _transition_many(moves, now)
-    request_cycle("job_end")
-    return ids

@@ -28,3 +28,29 @@ def is_allowed(from_state: str, to_state: str, *, late_report: bool = False) -> 
     if to_state in ALLOWED_TRANSITIONS.get(from_state, frozenset()):
         return True
     return late_report and to_state in LATE_REPORT_TRANSITIONS.get(from_state, frozenset())
+
+
+# What a job shows only while it waits: its reason, its place in the queue, its estimated start.
+# Leaving PENDING clears them, whatever the move (an admission, a cancel, a late report), so a
+# job that runs or ended never shows a stale wait.
+PENDING_ONLY_FIELDS: dict[str, object] = {
+    "pending_reason_code": "",
+    "pending_reason": "",
+    "queue_position": None,
+    "estimated_start_at": None,
+}
+FINAL_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+
+
+def fields_on_entering(to_state: str, now) -> dict[str, object]:
+    """The columns a move into to_state writes besides the state itself.
+
+    A move out of PENDING clears what a job shows only while waiting; a move into a final state
+    stamps finished_at (a caller that knows a truer end passes its own, which wins).
+    """
+    fields: dict[str, object] = {}
+    if to_state != S.PENDING:
+        fields.update(PENDING_ONLY_FIELDS)
+    if to_state in FINAL_STATES:
+        fields["finished_at"] = now
+    return fields
