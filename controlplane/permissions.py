@@ -282,9 +282,13 @@ class ScopedCreateMixin:
 class ScopedDestroyMixin(mixins.DestroyModelMixin):
     """DELETE of an object others still depend on is a 409 that says which, not a 500."""
 
+    def delete_instance(self, instance) -> None:
+        """The write itself: viewsets whose app has a delete action call it here."""
+        instance.delete()
+
     def perform_destroy(self, instance):
         try:
-            instance.delete()
+            self.delete_instance(instance)
         except ProtectedError as exc:
             kinds = sorted({str(type(o)._meta.verbose_name_plural) for o in exc.protected_objects})
             raise Conflict(

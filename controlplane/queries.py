@@ -23,6 +23,7 @@ from controlplane.accounting.budgets import (
     period_bounds,
     usage_by_tenant,
 )
+from controlplane.audit.models import AuditEvent
 from controlplane.cluster.models import GPU, GpuTelemetry, Node, Pool
 from controlplane.cluster.telemetry import bucket_start
 from controlplane.jobs.models import (
@@ -42,7 +43,7 @@ from controlplane.permissions import (
     tenant_roles,
 )
 from controlplane.scheduling.models import SchedulingCycle
-from controlplane.tenancy.models import Quota, Role, Tenant, TenantEvent
+from controlplane.tenancy.models import Quota, Role, Tenant
 
 ANY_GPU_TYPE_LABEL = "any type"
 
@@ -312,7 +313,8 @@ class TimelineItem:
 
 
 def recent_tenant_events(tenant: Tenant, limit: int = 15) -> list[TimelineItem]:
-    """Job transitions and tenant-wide facts (budget warnings), newest first."""
+    """Job transitions and the tenant's audit trail (members, quotas, budget warnings), newest
+    first: this tenant's rows only."""
     job_events = (
         JobEvent.objects.filter(job__tenant=tenant)
         .select_related("job")
@@ -325,8 +327,8 @@ def recent_tenant_events(tenant: Tenant, limit: int = 15) -> list[TimelineItem]:
         for e in job_events
     ]
     items += [
-        TimelineItem(at=e.at, message=e.message, kind=e.kind)
-        for e in TenantEvent.objects.filter(tenant=tenant).order_by("-at", "-id")[:limit]
+        TimelineItem(at=e.at, message=e.message, kind=e.action)
+        for e in AuditEvent.objects.filter(tenant=tenant).order_by("-at", "-id")[:limit]
     ]
     items.sort(key=lambda i: i.at, reverse=True)
     return items[:limit]

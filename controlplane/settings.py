@@ -111,6 +111,7 @@ INSTALLED_APPS = [
     "csp",
     "django_htmx",
     "axes",
+    "controlplane.audit",
     "controlplane.tenancy",
     "controlplane.cluster",
     "controlplane.jobs",

@@ -3,8 +3,10 @@
 - The job form parses its text inputs into the JSON types the API takes and then calls
   `controlplane.jobs.validation.validate_submission`, so both refuse the same input with the same
   words.
-- The admin forms (`SerializerForm`) hand the posted data to the REST API's serializer for the same
-  object and show its errors at the fields they name: one copy of "limit >= guaranteed".
+- The admin forms (`ActionForm`) read their inputs into typed values, check them with the rules
+  the REST API's serializers call (`controlplane.tenancy.rules`, `controlplane.cluster.rules`),
+  show a refusal at the field it names, and save through the app's actions: one copy of
+  "limit >= guaranteed", and every change audited.
 """
 
 from __future__ import annotations
@@ -13,21 +15,28 @@ import json
 import shlex
 
 from django import forms
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404, QueryDict
+from django.http import Http404
 
-from controlplane.cluster.api.serializers import PoolSerializer
+from controlplane.cluster import actions as cluster_actions
+from controlplane.cluster import rules as cluster_rules
 from controlplane.jobs import validation
 from controlplane.jobs.models import JobState, PriorityClass
 from controlplane.queries import DEFAULT_JOB_SORT, JOB_SORTS, JobFilter, known_gpu_types
-from controlplane.tenancy.api.serializers import (
-    ApiTokenSerializer,
-    BudgetSerializer,
-    MembershipSerializer,
-    QuotaSerializer,
-    TenantSerializer,
+from controlplane.tenancy import actions as tenancy_actions
+from controlplane.tenancy import rules as tenancy_rules
+from controlplane.tenancy.models import (
+    Budget,
+    BudgetAction,
+    BudgetKind,
+    BudgetPeriod,
+    Quota,
+    Role,
+    Tenant,
+    TokenRequestRefused,
+    token_grant,
 )
-from controlplane.tenancy.models import BudgetAction, BudgetKind, BudgetPeriod, Role
 from controlplane.validators import problems_in_query_dict, refuse_unstorable_text
 
 # --- the job list's filters --------------------------------------------------------------------
@@ -257,166 +266,249 @@ def parse_number(text: str):
         return text
 
 
-# --- admin forms backed by the API's serializers ----------------------------------------------
+# --- admin forms that save through actions ------------------------------------------------------
+
+# The REST API's words for input it cannot read, so a form and the API say the same.
+NOT_A_NUMBER = {"invalid": "A valid number is required."}
+NOT_AN_INTEGER = {"invalid": "A valid integer is required."}
 
 
-class SerializerForm(forms.Form):
-    """Renders like a Django form; validates and saves with the REST API's serializer.
+def number_field(**kwargs) -> forms.FloatField:
+    kwargs.setdefault("widget", NUMBER(attrs={"step": "any", "min": 0}))
+    return forms.FloatField(error_messages=NOT_A_NUMBER, **kwargs)
 
-    Django's per-field cleaning is skipped on purpose: a second set of messages for the same
-    input is what this class exists to avoid. The posted QueryDict is given to DRF as is, so an
-    empty number means "none" and an unticked box means false, as for an HTML form post to the API.
+
+def integer_field(**kwargs) -> forms.IntegerField:
+    kwargs.setdefault("widget", NUMBER(attrs={"min": 0, "step": 1}))
+    return forms.IntegerField(error_messages=NOT_AN_INTEGER, **kwargs)
+
+
+def choice_field(name: str, choices, **kwargs) -> forms.ChoiceField:
+    words = f'"%(value)s" is not a {name}; use one of {", ".join(choices.values)}.'
+    return forms.ChoiceField(
+        choices=choices.choices, error_messages={"invalid_choice": words}, **kwargs
+    )
+
+
+class ActionForm(forms.Form):
+    """A form for one object: typed fields, the shared rule in `check`, the action in `write`.
+
+    `fixed_after_create` fields show but cannot change once the object exists, as in the API.
+    Subclasses set `model` so a field's initial value is the model's default (which lives there
+    only).
     """
 
-    serializer_class: type
+    model: type | None = None
+    fixed_after_create: tuple[str, ...] = ()
 
-    def __init__(self, data=None, *, instance=None, context=None, extra=None, **kwargs):
+    def __init__(self, data=None, *, instance=None, actor=None, tenant=None, **kwargs):
         self.instance = instance
-        self.context = context or {}
-        self.extra = extra or {}
+        self.actor = actor
+        self.tenant = tenant
         initial = kwargs.pop("initial", {}) or {}
         if instance is not None:
             initial = {n: getattr(instance, n, None) for n in self.base_fields} | initial
         super().__init__(data, initial=initial, **kwargs)
-        self.serializer = None
+        for name, field in self.fields.items():
+            if instance is None and self.model is not None and name not in self.initial:
+                default = tenancy_rules.default(self.model, name)
+                if default is not None and default != "":
+                    field.initial = default
         if instance is not None:
-            for name in getattr(self.serializer_class.Meta, "fixed_after_create", ()):
+            for name in self.fixed_after_create:
                 if name in self.fields:
                     self.fields[name].disabled = True
                     self.fields[name].help_text = "Fixed once created."
+        self.saved = None
+
+    def values(self) -> dict:
+        """The typed values this form sets (fixed fields left out once the object exists)."""
+        return {
+            name: self.cleaned_data[name]
+            for name, field in self.fields.items()
+            if not field.disabled and name in self.cleaned_data
+        }
 
     def _clean_fields(self):
-        for name, bf in self._bound_items():
-            self.cleaned_data[name] = bf.data
+        # Text the database cannot hold never reaches a field's look-up (a username) or a rule.
+        unstorable = problems_in_query_dict(self.data)
+        if not unstorable:
+            return super()._clean_fields()
+        by_key = {self.add_prefix(name): name for name in self.fields}
+        for key, messages in unstorable.items():
+            self.add_error(by_key.get(key), messages)
 
     def clean(self):
-        # The serializer looks up related objects (a username, a slug) before its fields refuse
-        # text the database cannot hold: refuse that here first.
-        unstorable = problems_in_query_dict(self.data)
-        for name, messages in unstorable.items():
-            self.add_error(name if name in self.fields else None, messages)
-        if unstorable:
+        if self.errors:
             return self.cleaned_data
-        data = QueryDict(mutable=True)
-        for name, field in self.fields.items():
-            key = self.add_prefix(name)
-            if not field.disabled and key in self.data:
-                data.setlist(name, self.data.getlist(key))
-        for key, value in self.extra.items():
-            data[key] = value
-        self.serializer = self.serializer_class(self.instance, data=data, context=self.context)
-        if not self.serializer.is_valid():
-            for name, messages in self.serializer.errors.items():
+        try:
+            self.check(self.values())
+        except ValidationError as exc:
+            for name, messages in exc.message_dict.items():
                 target = name if name in self.fields and not self.fields[name].disabled else None
-                self.add_error(target, [str(m) for m in messages])
+                self.add_error(target, messages)
         return self.cleaned_data
 
-    def save(self, **kwargs):
-        return self.serializer.save(**kwargs)
+    def check(self, values: dict) -> None:
+        """The shared rule; raises ValidationError naming the fields at fault."""
+
+    def write(self, values: dict):
+        raise NotImplementedError
+
+    def save(self):
+        self.saved = self.write(self.values())
+        return self.saved
 
 
-class TenantForm(SerializerForm):
-    serializer_class = TenantSerializer
-    slug = forms.CharField(help_text="Short name used in URLs and the API, e.g. vision.")
-    name = forms.CharField()
-    weight = forms.CharField(
-        initial="1.0",
-        widget=NUMBER(attrs={"step": "any", "min": 0}),
-        help_text="Fair-share weight: 2 gets twice the borrowed capacity of 1.",
+class TenantForm(ActionForm):
+    model = Tenant
+    slug = forms.SlugField(
+        max_length=63, help_text="Short name used in URLs and the API, e.g. vision."
     )
-    active = forms.BooleanField(
-        required=False, initial=True, help_text="An inactive tenant takes no new jobs."
-    )
+    name = forms.CharField(max_length=200)
+    weight = number_field(help_text="Fair-share weight: 2 gets twice the borrowed capacity of 1.")
+    active = forms.BooleanField(required=False, help_text="An inactive tenant takes no new jobs.")
+
+    def check(self, values):
+        tenancy_rules.check_tenant(values, self.instance)
+
+    def write(self, values):
+        if self.instance is None:
+            return tenancy_actions.create_tenant(actor=self.actor, **values)
+        return tenancy_actions.update_tenant(self.instance, actor=self.actor, **values)
 
 
-class QuotaForm(SerializerForm):
-    serializer_class = QuotaSerializer
+class QuotaForm(ActionForm):
+    model = Quota
+    fixed_after_create = ("gpu_type",)
     gpu_type = forms.CharField(
         label="GPU type",
         required=False,
+        max_length=64,
         help_text="A GPU model (e.g. H100-SXM-80GB), or empty for a cap over all types.",
     )
-    guaranteed_gpus = forms.CharField(
-        label="Guaranteed GPUs",
-        initial="0",
-        widget=NUMBER(attrs={"min": 0, "step": 1}),
-        help_text="Never preempted while the tenant stays within it.",
+    guaranteed_gpus = integer_field(
+        label="Guaranteed GPUs", help_text="Never preempted while the tenant stays within it."
     )
-    limit_gpus = forms.CharField(
-        label="Limit (GPUs)",
-        initial="0",
-        widget=NUMBER(attrs={"min": 0, "step": 1}),
-        help_text="How far it may borrow idle GPUs; at least the guarantee.",
+    limit_gpus = integer_field(
+        label="Limit (GPUs)", help_text="How far it may borrow idle GPUs; at least the guarantee."
     )
-    max_running_jobs = forms.CharField(
-        label="Max running jobs",
-        required=False,
-        widget=NUMBER(attrs={"min": 0, "step": 1}),
-        help_text="Empty: no cap.",
+    max_running_jobs = integer_field(
+        label="Max running jobs", required=False, help_text="Empty: no cap."
     )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        types = known_gpu_types()
         self.fields["gpu_type"].widget.attrs["list"] = "gpu-types"
-        self.gpu_type_options = types
+        self.gpu_type_options = known_gpu_types()
+
+    def check(self, values):
+        tenancy_rules.check_quota(self.tenant, values, self.instance)
+
+    def write(self, values):
+        if self.instance is None:
+            return tenancy_actions.create_quota(self.tenant, actor=self.actor, **values)
+        return tenancy_actions.update_quota(self.instance, actor=self.actor, **values)
 
 
-class BudgetForm(SerializerForm):
-    serializer_class = BudgetSerializer
-    kind = forms.CharField(widget=forms.Select(choices=BudgetKind.choices))
-    period = forms.CharField(
-        widget=forms.Select(choices=BudgetPeriod.choices), initial=BudgetPeriod.MONTH
+class BudgetForm(ActionForm):
+    model = Budget
+    fixed_after_create = ("kind",)
+    kind = choice_field("kind", BudgetKind)
+    period = choice_field("period", BudgetPeriod, initial=BudgetPeriod.MONTH)
+    amount = number_field(help_text="kWh or GPU-hours per period, by kind.")
+    action = choice_field(
+        "action", BudgetAction, help_text="What the scheduler does once it is spent."
     )
-    amount = forms.CharField(
-        widget=NUMBER(attrs={"step": "any", "min": 0}),
-        help_text="kWh or GPU-hours per period, by kind.",
-    )
-    action = forms.CharField(
-        widget=forms.Select(choices=BudgetAction.choices),
-        initial=BudgetAction.THROTTLE,
-        help_text="What the scheduler does once it is spent.",
-    )
-    warn_at_fraction = forms.CharField(
+    warn_at_fraction = number_field(
         label="Warn at (fraction)",
-        initial="0.8",
         widget=NUMBER(attrs={"step": "0.05", "min": 0, "max": 1}),
         help_text="0.8 warns at 80 % used.",
     )
 
+    def check(self, values):
+        tenancy_rules.check_budget(self.tenant, values, self.instance)
 
-class MembershipForm(SerializerForm):
-    serializer_class = MembershipSerializer
-    user = forms.CharField(label="Username", widget=forms.TextInput(attrs={"autocomplete": "off"}))
-    role = forms.CharField(widget=forms.Select(choices=Role.choices), initial=Role.MEMBER)
+    def write(self, values):
+        if self.instance is None:
+            return tenancy_actions.create_budget(self.tenant, actor=self.actor, **values)
+        return tenancy_actions.update_budget(self.instance, actor=self.actor, **values)
+
+
+class MembershipForm(ActionForm):
+    """A cluster admin's direct add (tenant admins invite instead), or a member's new role."""
+
+    fixed_after_create = ("user",)
+    user = forms.CharField(
+        label="Username", max_length=150, widget=forms.TextInput(attrs={"autocomplete": "off"})
+    )
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
 
     def __init__(self, *args, instance=None, **kwargs):
         super().__init__(*args, instance=instance, **kwargs)
         if instance is not None:
             self.initial["user"] = instance.user.username
 
+    def clean_user(self):
+        username = self.cleaned_data["user"]
+        user = get_user_model().objects.filter(is_active=True, username=username).first()
+        if user is None:
+            # The API's words for an unknown username.
+            raise ValidationError(f"Object with username={username} does not exist.")
+        return user
 
-class ApiTokenForm(SerializerForm):
-    serializer_class = ApiTokenSerializer
-    name = forms.CharField(help_text="What it is for, e.g. laptop or CI.")
-    expires_at = forms.CharField(
+    def check(self, values):
+        if self.instance is None:
+            tenancy_rules.check_new_membership(self.tenant, values["user"])
+
+    def write(self, values):
+        if self.instance is None:
+            return tenancy_actions.add_member(
+                self.tenant, values["user"], values["role"], actor=self.actor
+            )
+        return tenancy_actions.change_membership_role(
+            self.instance, values["role"], actor=self.actor
+        )
+
+
+class ApiTokenForm(ActionForm):
+    """A token for the signed-in person (a session: no parent token limits it)."""
+
+    name = forms.CharField(max_length=100, help_text="What it is for, e.g. laptop or CI.")
+    expires_at = forms.DateTimeField(
         label="Expires at (UTC, optional)",
         required=False,
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
         help_text="Empty: the longest allowed (API_TOKEN_MAX_LIFETIME_DAYS). Revoke it when done.",
     )
 
+    def check(self, values):
+        try:
+            token_grant(expires_at=values.get("expires_at"))
+        except TokenRequestRefused as exc:
+            raise ValidationError(exc.errors) from None
 
-class PoolForm(SerializerForm):
-    serializer_class = PoolSerializer
-    power_budget_w = forms.CharField(
+    def write(self, values):
+        token, raw = tenancy_actions.issue_token(
+            self.actor, values["name"], expires_at=values.get("expires_at")
+        )
+        token.raw_token = raw
+        return token
+
+
+class PoolForm(ActionForm):
+    """A pool's power budget (its name is its agents' join target: not changed here)."""
+
+    power_budget_w = number_field(
         label="Power budget (W)",
         required=False,
-        widget=NUMBER(attrs={"step": "any", "min": 0}),
         help_text="Most watts the pool's GPUs may draw together. Empty: no budget.",
     )
 
-    def clean(self):
-        # A pool's name is its agents' join target; this form changes only the budget.
-        self.extra.setdefault("name", self.instance.name)
-        return super().clean()
+    def check(self, values):
+        cluster_rules.check_pool(values, self.instance)
+
+    def write(self, values):
+        return cluster_actions.set_pool_power_budget(
+            self.instance, values["power_budget_w"], actor=self.actor
+        )

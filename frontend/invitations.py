@@ -13,20 +13,32 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.permissions import visible_tenants
-from controlplane.tenancy import actions
-from controlplane.tenancy.api.serializers import InvitationSerializer
+from controlplane.tenancy import actions, rules
 from controlplane.tenancy.models import Invitation, Role
-from frontend.forms import SerializerForm
+from frontend.forms import ActionForm
+from frontend.pages import page
 
 
-class InvitationForm(SerializerForm):
-    serializer_class = InvitationSerializer
+class InvitationForm(ActionForm):
     invitee = forms.CharField(
         label="Username or e-mail address",
+        max_length=254,
         widget=forms.TextInput(attrs={"autocomplete": "off"}),
         help_text="They see the invitation when they sign in, and accept or decline it.",
     )
-    role = forms.CharField(widget=forms.Select(choices=Role.choices), initial=Role.MEMBER)
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+    def clean_invitee(self):
+        invitee = self.cleaned_data["invitee"].strip()
+        if problem := rules.invitee_problem(invitee):
+            raise forms.ValidationError(problem)
+        return invitee
+
+    def check(self, values):
+        rules.check_new_invitation(self.tenant, values["invitee"])
+
+    def write(self, values):
+        return actions.invite(self.tenant, values["invitee"], values["role"], actor=self.actor)
 
 
 def sent_by_tenant(tenant):
@@ -39,12 +51,6 @@ def sent_by_tenant(tenant):
     )
 
 
-def _page(request, template, context, **kwargs):
-    from frontend.views import page  # the shared page frame; imported late (views imports us)
-
-    return page(request, template, context, **kwargs)
-
-
 @login_required
 def my_invitations(request):
     invitations = (
@@ -53,7 +59,7 @@ def my_invitations(request):
         .select_related("tenant", "invited_by")
         .order_by("-created_at")
     )
-    return _page(
+    return page(
         request,
         "frontend/invitations.html",
         {"invitations": invitations, "now": timezone.now()},

@@ -1,5 +1,5 @@
 """Views of the web UI: short functions that check who may look, read through controlplane.queries,
-and write only through jobs.actions or the API's serializers (see forms.py).
+and write only through the apps' actions (directly, or through the forms in forms.py).
 
 Permission rules are the API's (controlplane.permissions): another tenant's objects are 404,
 a role too low is 403, cluster-admin pages refuse everyone else with 403, and anonymous visitors
@@ -25,9 +25,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane import queries
-from controlplane.cluster.api.node_state import set_node_state
-from controlplane.cluster.api.serializers import NODE_ACTION_STATES
+from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
+from controlplane.cluster.rules import NODE_ACTION_STATES
 from controlplane.jobs import actions, validation
 from controlplane.jobs.logs import read_log, read_log_bytes
 from controlplane.jobs.models import ACTIVE_JOB_STATES, Job, JobState
@@ -46,40 +46,10 @@ from frontend.forms import (
     TenantForm,
 )
 from frontend.invitations import InvitationForm, sent_by_tenant
+from frontend.pages import page, staff_required
 
 JOBS_PER_PAGE = 25
-LIVE_POLL_S = 3
 LOG_TAIL_LINES = 200
-
-
-def staff_required(view):
-    """Cluster-admin pages: anonymous visitors sign in first; everyone else gets 403."""
-
-    @functools.wraps(view)
-    @login_required
-    def wrapped(request, *args, **kwargs):
-        if not is_cluster_admin(request.user):
-            raise PermissionDenied("This page is for cluster admins.")
-        return view(request, *args, **kwargs)
-
-    return wrapped
-
-
-def page(request, template: str, context: dict | None = None, *, nav: str = "", status=200):
-    """Render a full page with what the navigation needs."""
-    user = request.user
-    roles = tenant_roles(user)
-    context = {
-        "nav": nav,
-        "nav_tenants": Tenant.objects.filter(pk__in=roles).order_by("slug"),
-        "is_cluster_admin": is_cluster_admin(user),
-        "poll_s": LIVE_POLL_S,
-        **(context or {}),
-    }
-    return render(request, template, context, status=status)
-
-
-# --- home and dashboard -----------------------------------------------------------------------
 
 
 @login_required
@@ -477,13 +447,13 @@ def tokens(request):
     created = None
     raw = None
     if request.method == "POST":
-        form = ApiTokenForm(request.POST, context={"request": request})
+        form = ApiTokenForm(request.POST, actor=request.user)
         if form.is_valid():
             created = form.save()
             raw = created.raw_token
-            form = ApiTokenForm(context={"request": request})
+            form = ApiTokenForm(actor=request.user)
     else:
-        form = ApiTokenForm(context={"request": request})
+        form = ApiTokenForm(actor=request.user)
     response = page(
         request,
         "frontend/tokens.html",
@@ -509,7 +479,7 @@ def token_revoke(request, pk: int):
     token = get_object_or_404(ApiToken, pk=pk, user=request.user)
     if token.revoked_at is None:
         # With every token minted from it (tenancy.actions.revoke_token).
-        tenancy_actions.revoke_token(token)
+        tenancy_actions.revoke_token(token, actor=request.user)
         messages.success(
             request, f"Token {token.name} ({token.prefix}…) revoked; it no longer works."
         )
@@ -597,7 +567,7 @@ def node_action(request, name: str, verb: str):
     if verb not in NODE_ACTION_STATES:
         raise Http404
     state = NODE_ACTION_STATES[verb]
-    if set_node_state(node, state, actor=request.user):
+    if cluster_actions.set_node_state(node, state, actor=request.user):
         messages.success(request, f"Node {node.name} is {NODE_ACTION_WORDS[state]}.")
     else:
         messages.info(request, f"Node {node.name} was {node.get_state_display().lower()} already.")
@@ -626,13 +596,9 @@ def manage_tenants(request):
     return page(request, "frontend/manage/tenants.html", {"rows": rows}, nav="tenants")
 
 
-def _serializer_context(request) -> dict:
-    return {"request": request}
-
-
 @staff_required
 def tenant_create(request):
-    form = TenantForm(request.POST or None, context=_serializer_context(request))
+    form = TenantForm(request.POST or None, actor=request.user)
     if request.method == "POST" and form.is_valid():
         tenant = form.save()
         messages.success(request, f"Tenant {tenant.slug} created. Give it a quota next.")
@@ -649,7 +615,7 @@ def tenant_create(request):
 @staff_required
 def tenant_edit(request, slug: str):
     tenant = get_object_or_404(Tenant, slug=slug)
-    form = TenantForm(request.POST or None, instance=tenant, context=_serializer_context(request))
+    form = TenantForm(request.POST or None, instance=tenant, actor=request.user)
     if request.method == "POST" and form.is_valid():
         tenant = form.save()
         messages.success(request, f"Tenant {tenant.slug} saved.")
@@ -673,12 +639,7 @@ def tenant_edit(request, slug: str):
 
 
 def _object_form(request, form_class, *, instance, tenant, title, noun):
-    form = form_class(
-        request.POST or None,
-        instance=instance,
-        context=_serializer_context(request),
-        extra={"tenant": tenant.slug},
-    )
+    form = form_class(request.POST or None, instance=instance, actor=request.user, tenant=tenant)
     if request.method == "POST" and form.is_valid():
         form.save()
         messages.success(request, f"{noun} of {tenant.slug} saved.")
@@ -742,10 +703,11 @@ def budget_edit(request, pk: int):
     )
 
 
-def _confirm_delete(request, obj, *, what: str, back: str, done: str):
+def _confirm_delete(request, delete, *, what: str, back: str, done: str):
+    """`delete`: the action that deletes the object, given who asks."""
     if request.method == "POST":
         try:
-            obj.delete()
+            delete(actor=request.user)
         except ProtectedError:
             messages.error(request, f"{what} is still in use; it was not deleted.")
             return redirect(back)
@@ -764,7 +726,8 @@ def quota_delete(request, pk: int):
     quota = get_object_or_404(Quota.objects.select_related("tenant"), pk=pk)
     back = reverse("manage-tenant", args=[quota.tenant.slug])
     what = f"The {quota.gpu_type or 'any-type'} quota of {quota.tenant.slug}"
-    return _confirm_delete(request, quota, what=what, back=back, done=back)
+    delete = functools.partial(tenancy_actions.delete_quota, quota)
+    return _confirm_delete(request, delete, what=what, back=back, done=back)
 
 
 @staff_required
@@ -772,7 +735,8 @@ def budget_delete(request, pk: int):
     budget = get_object_or_404(Budget.objects.select_related("tenant"), pk=pk)
     back = reverse("manage-tenant", args=[budget.tenant.slug])
     what = f"The {budget.get_kind_display()} budget of {budget.tenant.slug}"
-    return _confirm_delete(request, budget, what=what, back=back, done=back)
+    delete = functools.partial(tenancy_actions.delete_budget, budget)
+    return _confirm_delete(request, delete, what=what, back=back, done=back)
 
 
 def _members_tenant(request, slug: str) -> Tenant:
@@ -788,7 +752,7 @@ def tenant_members(request, slug: str):
     # Cluster admins add people directly; tenant admins invite them (tenancy.actions.add_member).
     direct = is_cluster_admin(request.user)
     form = (MembershipForm if direct else InvitationForm)(
-        request.POST or None, context=_serializer_context(request), extra={"tenant": tenant.slug}
+        request.POST or None, actor=request.user, tenant=tenant
     )
     if request.method == "POST" and form.is_valid():
         made = form.save()
@@ -836,18 +800,12 @@ def membership_change(request, pk: int):
             tenancy_actions.remove_membership(membership, actor=request.user)
             messages.success(request, f"{membership.user.username} removed from {tenant.slug}.")
             return redirect(back)
-        form = MembershipForm(
-            request.POST,
-            instance=membership,
-            context=_serializer_context(request),
-            extra={"tenant": tenant.slug},
-        )
+        form = MembershipForm(request.POST, instance=membership, actor=request.user, tenant=tenant)
         if not form.is_valid():
             for error in form.errors.values():
                 messages.error(request, " ".join(error))
             return redirect(back)
-        role = form.serializer.validated_data.get("role", membership.role)
-        m = tenancy_actions.change_membership_role(membership, role, actor=request.user)
+        m = form.save()
     except tenancy_actions.LastTenantAdmin as exc:
         messages.error(request, str(exc))
         return redirect(back)
@@ -866,12 +824,7 @@ def manage_pools(request):
     edit = None
     if request.method == "POST":
         pool = get_object_or_404(Pool, pk=_whole_number(request.POST.get("pool")))
-        edit = PoolForm(
-            request.POST,
-            instance=pool,
-            context=_serializer_context(request),
-            prefix=f"pool{pool.pk}",
-        )
+        edit = PoolForm(request.POST, instance=pool, actor=request.user, prefix=f"pool{pool.pk}")
         if edit.is_valid():
             edit.save()
             messages.success(request, f"Power budget of pool {pool.name} saved.")
@@ -881,9 +834,7 @@ def manage_pools(request):
         if edit is not None and edit.instance.pk == pool.pk:
             form = edit
         else:
-            form = PoolForm(
-                instance=pool, context=_serializer_context(request), prefix=f"pool{pool.pk}"
-            )
+            form = PoolForm(instance=pool, actor=request.user, prefix=f"pool{pool.pk}")
         rows.append((pool, draw.get(pool.pk), form))
     return page(
         request,

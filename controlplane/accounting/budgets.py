@@ -13,7 +13,9 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from controlplane.jobs.models import JobAttempt
-from controlplane.tenancy.models import Budget, BudgetKind, TenantEvent
+from controlplane.audit import trail
+from controlplane.audit.models import AuditEvent
+from controlplane.tenancy.models import Budget, BudgetKind
 
 J_PER_KWH = 3.6e6
 
@@ -117,8 +119,8 @@ def budget_states(now: dt.datetime | None = None, period: str | None = None) -> 
     """Every budget (of one period, if given) with its use this period, in a query per distinct
     period (at most three)."""
     now = now or timezone.now()
-    budgets = Budget.objects.all()
-    budgets = list(budgets if period is None else budgets.filter(period=period))
+    selected = Budget.objects.all()
+    budgets = list(selected if period is None else selected.filter(period=period))
     usage_cache: dict[str, dict[int, Usage]] = {}
     states = []
     for budget in budgets:
@@ -171,31 +173,34 @@ def scheduler_view(states: list[BudgetState], now: dt.datetime) -> dict[int, Ten
 
 
 def record_budget_warnings(states: list[BudgetState]) -> int:
-    """Write one TenantEvent per budget and period when use crosses the warning threshold or runs out."""
+    """Write one audit row per budget and period when use crosses the warning threshold or runs out."""
     written = 0
     for s in states:
         for kind, crossed in (
-            ("budget_exhausted", s.exhausted),
-            ("budget_warning", s.fraction_used >= s.warn_at_fraction),
+            ("budget.exhausted", s.exhausted),
+            ("budget.warning", s.fraction_used >= s.warn_at_fraction),
         ):
             if not crossed:
                 continue
             key = {"budget": s.budget_id, "period_start": s.period_start.isoformat()}
-            seen = TenantEvent.objects.filter(
+            seen = AuditEvent.objects.filter(
                 tenant_id=s.tenant_id,
-                kind=kind,
-                data__budget=s.budget_id,
-                data__period_start=key["period_start"],
+                action=kind,
+                after__budget=s.budget_id,
+                after__period_start=key["period_start"],
             )
             if seen.exists():
                 continue
             unit = "kWh" if s.kind == BudgetKind.ENERGY_KWH else "GPU-hours"
-            verb = "is spent" if kind == "budget_exhausted" else f"is {s.fraction_used:.0%} used"
-            TenantEvent.objects.create(
-                tenant_id=s.tenant_id,
-                kind=kind,
+            verb = "is spent" if kind == "budget.exhausted" else f"is {s.fraction_used:.0%} used"
+            trail.record(
+                kind,
+                actor_label="budget check",
+                tenant=s.tenant_id,
+                object_type="budget",
+                object_id=s.budget_id,
                 message=f"The {s.period}ly {unit} budget ({s.amount:g} {unit}) {verb}; action: {s.action}.",
-                data={**key, "used": s.used, "amount": s.amount},
+                after={**key, "used": s.used, "amount": s.amount},
             )
             written += 1
             break  # exhausted implies the warning; say the stronger one only

@@ -2,11 +2,12 @@
 deregister), GPUs, join tokens, whose secret is shown once when one is added, and the GPU claims
 registrations were refused for."""
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from controlplane.cluster import gpu_claims
-from controlplane.cluster.api.node_state import set_node_state
+from controlplane.cluster import actions, gpu_claims, rules
 from controlplane.cluster.models import (
     GPU,
     GpuClaimConflict,
@@ -19,10 +20,47 @@ from controlplane.cluster.models import (
 from controlplane.tenancy.models import hash_token, new_raw_token
 
 
+class PoolAdminForm(forms.ModelForm):
+    class Meta:
+        model = Pool
+        fields = ["name", "power_budget_w"]
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            rules.check_pool(
+                {k: cleaned[k] for k in ("power_budget_w",) if k in cleaned},
+                self.instance if self.instance.pk else None,
+            )
+        except ValidationError as exc:
+            for field, messages_ in exc.message_dict.items():
+                self.add_error(field, messages_)
+        return cleaned
+
+
 @admin.register(Pool)
 class PoolAdmin(admin.ModelAdmin):
+    form = PoolAdminForm
     list_display = ["name", "power_budget_w"]
     search_fields = ["name"]
+
+    # Through the actions the API uses: audited, and the scheduler hears of a budget at once.
+
+    def save_model(self, request, obj, form, change):
+        values = {name: form.cleaned_data[name] for name in form.changed_data}
+        if not change:
+            created = actions.create_pool(actor=request.user, **form.cleaned_data)
+            obj.pk = created.pk
+            return
+        stored = Pool.objects.get(pk=obj.pk)
+        actions.update_pool(stored, actor=request.user, **values)
+
+    def delete_model(self, request, obj):
+        actions.delete_pool(obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for pool in queryset:
+            actions.delete_pool(pool, actor=request.user)
 
 
 class GpuInline(admin.TabularInline):
@@ -38,7 +76,7 @@ class GpuInline(admin.TabularInline):
 
 def _state_action(state: str, description: str):
     def act(modeladmin, request, queryset):
-        changed = sum(set_node_state(node, state, actor=request.user) for node in queryset)
+        changed = sum(actions.set_node_state(node, state, actor=request.user) for node in queryset)
         modeladmin.message_user(request, f"{changed} node(s) now {state}.", messages.SUCCESS)
 
     act.__name__ = f"set_{state}"
@@ -50,7 +88,7 @@ def deregister_nodes(modeladmin, request, queryset):
     done = 0
     for node in queryset:
         try:
-            gpu_claims.deregister_node(node, actor=request.user)
+            actions.deregister_node(node, actor=request.user)
             done += 1
         except gpu_claims.NodeBusy as exc:
             modeladmin.message_user(request, str(exc), messages.ERROR)

@@ -34,18 +34,17 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from agents import limits
+from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster import gpu_claims, lease
 from controlplane.cluster import heartbeat as hb_logic
 from controlplane.cluster.agent_auth import (
     AgentAuthError,
     authenticate_node,
     bearer_token,
-    consume_join_token,
     node_token_digest,
-    rotate_node_token,
 )
 from controlplane.cluster.heartbeat import AttemptReport, ConditionReport, Heartbeat
-from controlplane.cluster.models import GPU, NODE_NAME_RE, JoinToken, Node
+from controlplane.cluster.models import NODE_NAME_RE, Node
 from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs.models import JobAttempt, LogChunk
 from controlplane.validators import text_problem as unstorable_text
@@ -54,10 +53,6 @@ log = logging.getLogger(__name__)
 
 WATCH_MAX_TIMEOUT_S = 30.0
 LOG_CHUNK_MAX_BYTES = 1024 * 1024
-# Indexes real GPUs never have: where a GPU that left the node is kept, and where one that
-# changes index waits during a registration.
-RETIRED_INDEX = 1000
-PARKED_INDEX = 1_000_000
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -590,7 +585,8 @@ def agent_view(*, node_auth: bool = True) -> Callable:
 
 @agent_view(node_auth=False)
 def register(request: HttpRequest) -> JsonResponse:
-    """Join with a join token: create or update the node and its GPUs, issue a node token."""
+    """Join with a join token: create or update the node and its GPUs, issue a node token
+    (controlplane.cluster.actions.register_node)."""
     raw = bearer_token(request)
     data = parse_registration(parse_json(request))
     uuids = [g["uuid"] for g in data["gpus"]]
@@ -598,14 +594,10 @@ def register(request: HttpRequest) -> JsonResponse:
         # Spent only for a well-formed request: a typo in the body must not burn a one-use
         # token. Anything refused after the use was counted rolls the count back with the rest.
         try:
-            with transaction.atomic():
-                join = consume_join_token(raw)
-                try:
-                    node, token = _register_node(join, data)
-                except gpu_claims.GpuClaimRefused as exc:
-                    exc.join_token = join
-                    raise
+            node, token = cluster_actions.register_node(raw, data)
             break
+        except cluster_actions.RegistrationRefused as exc:
+            raise Refused(409 if exc.conflict else 403, exc.message) from None
         except gpu_claims.GpuClaimRefused as refused:
             return _claim_refused(refused, data["name"])
         except IntegrityError as exc:
@@ -639,91 +631,6 @@ def _claim_refused(refused: gpu_claims.GpuClaimRefused, claimant: str) -> JsonRe
     (which was rolled back whole: no node, no GPU moved, no use of the join token spent)."""
     gpu_claims.record_refusal(refused, claimant)
     return JsonResponse(refused.answer(), status=409)
-
-
-def _register_node(join: JoinToken, data: dict) -> tuple[Node, str]:
-    """Create the node, or update it when the join token was issued for its name.
-
-    A join token that names no node makes new nodes only: registering an existing name would
-    hand its holder that node's identity (a fresh node token, the node's work to come, the
-    right to report its attempts' exits). Nor does it take GPUs another node holds: a listed
-    GPU joins this node only when its node is gone for good (controlplane.cluster.gpu_claims).
-    """
-    name = data["name"]
-    if join.node_name and join.node_name != name:
-        # 403, not 409: the name may well be free; this credential is simply not for it.
-        raise Refused(
-            403, f"This join token was issued for node {join.node_name!r} only, not {name!r}."
-        )
-    now = timezone.now()
-    own_id = Node.objects.filter(name=name).values_list("pk", flat=True).first()
-    if own_id is not None and not join.node_name:
-        raise _name_taken(name)
-    # Before this node's own row: holders, then their GPUs, then this node (see lock_claims).
-    moving_in = gpu_claims.lock_claims(own_id, [g["uuid"] for g in data["gpus"]], now)
-    fields = {
-        "pool": join.pool,
-        "cpus": data["cpus"],
-        "memory_mib": data["memory_mib"],
-        "labels": data["labels"],
-        "agent_version": data["agent_version"],
-        "runtime": data["runtime"],
-        "heartbeat_interval_s": settings.AGENT_HEARTBEAT_INTERVAL_S,
-        "last_heartbeat_at": now,
-        "ready": True,
-        "deregistered_at": None,
-    }
-    if join.node_name:
-        node, _ = Node.objects.select_for_update().update_or_create(name=name, defaults=fields)
-    else:
-        try:
-            # Create, not get-or-create: a name taken between the look-up and the insert
-            # (another registration racing this one) is refused by the unique constraint.
-            with transaction.atomic():
-                node = Node.objects.create(name=name, **fields)
-        except IntegrityError:
-            raise _name_taken(name) from None
-    reported = {g["uuid"]: g for g in data["gpus"]}
-    existing = {g.uuid: g for g in GPU.objects.select_for_update().filter(node=node)}
-    # A GPU that left this node (pulled, swapped, dead) is kept for its history but marked
-    # unhealthy, and moved off the index a replacement may now have.
-    taken = {g["index"] for g in data["gpus"]}
-    for uuid, gpu in existing.items():
-        if uuid not in reported:
-            updates = {"healthy": False}
-            if gpu.index in taken:
-                updates["index"] = _spare_index(node)
-            GPU.objects.filter(pk=gpu.pk).update(**updates)
-    # Park the GPUs that change index out of the way first, so a reordering (two GPUs swapping
-    # indexes) never collides with the one-index-per-node constraint half way through.
-    moving = [u for u, g in existing.items() if u in reported and g.index != reported[u]["index"]]
-    if moving:
-        GPU.objects.filter(node=node, uuid__in=moving).update(index=F("index") + PARKED_INDEX)
-    for g in data["gpus"]:
-        inventory = {k: g[k] for k in g if k != "uuid"}
-        gpu = existing.get(g["uuid"]) or moving_in.get(g["uuid"])
-        if gpu is None:
-            # Create, not update-or-create: a row of this UUID made since lock_claims looked
-            # (another registration) is refused by the unique constraint, never taken over.
-            GPU.objects.create(uuid=g["uuid"], **inventory, node=node, healthy=True)
-        else:
-            # Its own, or one whose node is gone for good (locked): it keeps its history.
-            GPU.objects.filter(pk=gpu.pk).update(**inventory, node=node, healthy=True)
-    gpu_claims.note_claimed(node, list(reported), now)
-    return node, rotate_node_token(node)
-
-
-def _name_taken(name: str) -> Refused:
-    return Refused(
-        409,
-        f"A node named {name!r} is already registered. To join it again (its agent lost its "
-        "node token), use a join token issued for this node name (node_name).",
-    )
-
-
-def _spare_index(node: Node) -> int:
-    top = GPU.objects.filter(node=node).order_by("-index").values_list("index", flat=True).first()
-    return max(RETIRED_INDEX, (top or 0) + 1)
 
 
 @agent_view(node_auth=False)

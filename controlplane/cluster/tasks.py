@@ -8,7 +8,8 @@ node's agent has stopped them itself (docs/agent-protocol.md, "Leases").
 
 Two sweeps may overlap (two workers, a slow one): every write is conditional, so each node is
 declared down once and each attempt lost once, and a heartbeat that arrives during a sweep wins
-over it.
+over it. This module judges and schedules; the writes are controlplane.cluster.actions'
+(mark_node_not_ready, lose_node_attempts), which audit them and ask for a cycle.
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ import datetime as dt
 import logging
 
 from celery import shared_task
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.cluster import lease, telemetry
+from controlplane.cluster import actions, lease, telemetry
 from controlplane.cluster.models import Node
-from controlplane.jobs import actions
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
 
 log = logging.getLogger(__name__)
@@ -56,17 +55,8 @@ def mark_silent_nodes_not_ready(now: dt.datetime, hearing: lease.Hearing) -> lis
             lease.not_ready_after(node)
         ):
             continue
-        # Conditional on the heartbeat time we judged: a heartbeat that landed since wins.
-        changed = Node.objects.filter(
-            pk=node.pk, ready=True, last_heartbeat_at=node.last_heartbeat_at
-        ).update(ready=False)
-        if changed:
+        if actions.mark_node_not_ready(node, silent_since=lease.silent_since(node, hearing.since)):
             marked.append(node.name)
-            log.warning(
-                "node %s silent since %s: not ready, gets no new work",
-                node.name,
-                lease.silent_since(node, hearing.since).isoformat(),
-            )
     return marked
 
 
@@ -90,54 +80,7 @@ def declare_attempts_lost(now: dt.datetime, hearing: lease.Hearing) -> list[int]
             lease.lost_after()
         ):
             continue
-        lost.extend(_lose_node_attempts(node, now, renewed.get(node.pk)))
-    return lost
-
-
-def _lose_node_attempts(
-    node: Node, now: dt.datetime, renewed: dt.datetime | None = None
-) -> list[int]:
-    heard = node.last_heartbeat_at or node.created_at
-    if renewed is not None and renewed > heard:
-        heard = renewed
-    # By the end of its lease the node's agent had stopped them (or the node is gone): book
-    # them to then, not to whenever this sweep got round to it. A late report corrects both.
-    ended_at = min(now, heard + dt.timedelta(seconds=lease.lease_s()))
-    message = (
-        f"Node {node.name} stopped answering: its lease ran out "
-        f"{lease.lease_s():.0f} s after it was last heard, at {heard:%H:%M:%S} UTC"
-    )
-    with transaction.atomic():
-        # Hold the node row while its attempts are declared lost: a heartbeat arriving now
-        # waits, then finds them gone from its answer; or it got here first, and the node is
-        # no longer the silent one we judged, so nothing is lost. skip_locked: another sweep
-        # holding the row is doing this very work.
-        still_silent = (
-            Node.objects.select_for_update(skip_locked=True)
-            .filter(pk=node.pk, ready=False, last_heartbeat_at=node.last_heartbeat_at)
-            .exists()
-        )
-        if not still_silent:
-            return []
-        on_node = Q(node_id=node.pk) | Q(
-            pk__in=Allocation.objects.filter(active=True, gpu__node_id=node.pk).values("attempt_id")
-        )
-        attempts = list(
-            JobAttempt.objects.filter(on_node, state__in=ACTIVE_ATTEMPT_STATES).select_related(
-                "node", "job"
-            )
-        )
-        lost = []
-        for attempt in attempts:
-            try:
-                if actions.finish_attempt(
-                    attempt, exit_code=None, finished_at=ended_at, lost=True, message=message
-                ):
-                    lost.append(attempt.pk)
-            except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
-                log.info("attempt %s not declared lost: %s", attempt.pk, exc)
-    if lost:
-        log.warning("node %s lost: attempts %s declared lost", node.name, lost)
+        lost.extend(actions.lose_node_attempts(node, now, renewed.get(node.pk)))
     return lost
 
 

@@ -1,9 +1,10 @@
-"""Changes to who belongs to a tenant, and as what, and to people's API tokens: the REST API, the
-web UI and the Django admin all call these.
+"""Every write to tenancy: tenants, their quotas and budgets, who belongs to them and as what,
+invitations, and people's API tokens. The REST API, the web UI and the Django admin all call these.
 
-Each action is atomic and keeps the rules a person relies on in one place, so the API (which
-answers a refusal with 4xx) and the web UI (which shows it as a message) can never disagree.
-Membership changes leave a TenantEvent, the tenant's audit trail.
+Each action is atomic, checks its rule (`controlplane.tenancy.rules`, which the serializers and
+forms call too, so a refusal reads the same everywhere), leaves one row in the audit trail
+(`controlplane.audit`), and, when the scheduler's input changed (a tenant's weight or whether it
+is active, a quota, a budget), asks for a scheduling cycle once the change has committed.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane import wakeups
+from controlplane.audit import trail
 from controlplane.permissions import is_cluster_admin, require_role
+from controlplane.tenancy import rules
 from controlplane.tenancy.models import (
     ApiToken,
+    Budget,
     Invitation,
     Membership,
+    Quota,
     Role,
     Tenant,
-    TenantEvent,
     TokenRequestRefused,
     invitation_ttl,
 )
@@ -54,13 +59,22 @@ DIRECT_ADD_REFUSED = (
 )
 
 
-def _audit(tenant_id: int, kind: str, message: str, actor, **data) -> None:
-    TenantEvent.objects.create(
-        tenant_id=tenant_id,
-        kind=kind,
+def _audit(tenant_id: int, action: str, message: str, actor, *, obj=None, **data) -> None:
+    """A membership or invitation change: what the tenant's "Recent events" show."""
+    trail.record(
+        action,
+        actor=actor,
+        tenant=tenant_id,
+        obj=obj,
+        object_type=action.split(".")[0],
+        object_repr=data.get("user") or data.get("invitee") or "",
+        after=data,
         message=message,
-        data={"actor": getattr(actor, "username", None), **data},
     )
+
+
+def _cycle_on_commit(reason: str) -> None:
+    transaction.on_commit(lambda: wakeups.request_cycle(reason))
 
 
 def _refuse_leaving_no_admin(membership: Membership, actor) -> None:
@@ -95,9 +109,10 @@ def add_member(tenant: Tenant, user, role: str, *, actor) -> Membership:
     membership = Membership.objects.create(tenant=tenant, user=user, role=role)
     _audit(
         tenant.pk,
-        "member_added",
+        "membership.create",
         f"{actor.username} added {user.username} as {Role(role).label.lower()}.",
         actor,
+        obj=membership,
         user=user.username,
         role=role,
     )
@@ -115,10 +130,11 @@ def change_membership_role(membership: Membership, role: str, *, actor) -> Membe
     if before != role:
         _audit(
             membership.tenant_id,
-            "member_role_changed",
+            "membership.update",
             f"{actor.username} made {membership.user.username} "
             f"{Role(role).label.lower()} (was {Role(before).label.lower()}).",
             actor,
+            obj=membership,
             user=membership.user.username,
             role=role,
             was=before,
@@ -130,10 +146,17 @@ def change_membership_role(membership: Membership, role: str, *, actor) -> Membe
 def remove_membership(membership: Membership, *, actor) -> None:
     """Take a person out of a tenant, or raise LastTenantAdmin if they are its last tenant admin."""
     _refuse_leaving_no_admin(membership, actor)
-    tenant_id, username = membership.tenant_id, membership.user.username
+    tenant_id, username, pk = membership.tenant_id, membership.user.username, membership.pk
+    role = membership.role
     membership.delete()
     _audit(
-        tenant_id, "member_removed", f"{actor.username} removed {username}.", actor, user=username
+        tenant_id,
+        "membership.delete",
+        f"{actor.username} removed {username}.",
+        actor,
+        user=username,
+        was=role,
+        membership=pk,
     )
 
 
@@ -159,10 +182,10 @@ def invite(tenant: Tenant, invitee: str, role: str, *, actor) -> Invitation:
     )
     _audit(
         tenant.pk,
-        "invitation_sent",
+        "invitation.create",
         f"{actor.username} invited {invitee} as {Role(role).label.lower()}.",
         actor,
-        invitation=invitation.pk,
+        obj=invitation,
         invitee=invitee,
         role=role,
     )
@@ -202,12 +225,12 @@ def accept_invitation(invitation: Invitation, *, user) -> Membership:
     inviter = invitation.invited_by.username if invitation.invited_by else "someone"
     _audit(
         tenant.pk,
-        "member_added",
+        "invitation.accept",
         f"{user.username} joined as {Role(invitation.role).label.lower()} (invited by {inviter}).",
         user,
+        obj=invitation,
         user=user.username,
         role=invitation.role,
-        invitation=invitation.pk,
     )
     return membership
 
@@ -221,7 +244,6 @@ def withdraw_invitation(invitation: Invitation, *, actor) -> Invitation:
     invitation = _lock_open(invitation)
     invitation.revoked_at = timezone.now()
     invitation.save(update_fields=["revoked_at"])
-    verb = "declined" if declining else "withdrew"
     who = actor.username
     message = (
         f"{who} declined the invitation."
@@ -230,10 +252,10 @@ def withdraw_invitation(invitation: Invitation, *, actor) -> Invitation:
     )
     _audit(
         invitation.tenant_id,
-        f"invitation_{verb}",
+        "invitation.decline" if declining else "invitation.withdraw",
         message,
         actor,
-        invitation=invitation.pk,
+        obj=invitation,
         invitee=invitation.invitee,
     )
     return invitation
@@ -260,6 +282,18 @@ def issue_token(
                 {"non_field_errors": ["The token you are using was revoked or expired."]}
             )
     token, raw = ApiToken.issue(user, name, expires_at, scopes=scopes, parent=parent)
+    trail.record(
+        "api_token.create",
+        actor=user,
+        obj=token,
+        after={
+            "name": name,
+            "scopes": token.scopes,
+            "expires_at": token.expires_at,
+            "minted_with": parent.prefix if parent else None,
+        },
+        message=f"{user.username} issued API token {token.prefix}.",
+    )
     log.info(
         "API token %s issued to %s (scopes %s, expires %s, minted with %s)",
         token.prefix,
@@ -272,7 +306,7 @@ def issue_token(
 
 
 @transaction.atomic
-def revoke_token(token: ApiToken) -> int:
+def revoke_token(token: ApiToken, *, actor=None) -> int:
     """Revoke a token and every token minted from it, transitively; return how many stopped working.
 
     Level by level, each level's rows updated before its children are read: a child being minted
@@ -295,4 +329,210 @@ def revoke_token(token: ApiToken) -> int:
         ]
     if revoked:
         log.info("Revoked %d API token(s): %s and those minted from it", revoked, token.prefix)
+        trail.record(
+            "api_token.revoke",
+            actor=actor if actor is not None else token.user,
+            obj=token,
+            before={"revoked_at": None},
+            after={"revoked_at": now, "revoked": revoked},
+            message=f"API token {token.prefix} revoked, with {revoked - 1} minted from it.",
+        )
     return revoked
+
+
+# --- tenants, quotas, budgets -------------------------------------------------------------------
+#
+# Cluster admins' writes (the viewsets and pages that call these require it). `values` are the
+# fields being set, typed already; the rules check them against what is stored.
+
+TENANT_FIELDS = ("slug", "name", "weight", "active")
+QUOTA_FIELDS = ("gpu_type", "guaranteed_gpus", "limit_gpus", "max_running_jobs")
+BUDGET_FIELDS = ("kind", "period", "amount", "action", "warn_at_fraction")
+# What the scheduler reads of a tenant: other changes (its display name) need no cycle.
+TENANT_SCHEDULING_FIELDS = ("weight", "active")
+
+
+def _save_changes(obj, fields, values: dict) -> tuple[dict, dict]:
+    """Set `values` on `obj`, save the fields that changed; (before, after) of those."""
+    before = trail.snapshot(obj, fields)
+    for name, value in values.items():
+        if name not in fields:
+            raise TypeError(f"{type(obj).__name__} has no settable field {name!r}")
+        setattr(obj, name, value)
+    before, after = trail.changes(before, trail.snapshot(obj, fields))
+    if after:
+        obj.save(update_fields=list(after))
+    return before, after
+
+
+@transaction.atomic
+def create_tenant(*, actor, **values) -> Tenant:
+    rules.check_tenant(values)
+    tenant = Tenant.objects.create(**values)
+    trail.record(
+        "tenant.create",
+        actor=actor,
+        tenant=tenant,
+        obj=tenant,
+        after=trail.snapshot(tenant, TENANT_FIELDS),
+        message=f"Tenant {tenant.slug} created.",
+    )
+    _cycle_on_commit("tenant_created")
+    return tenant
+
+
+@transaction.atomic
+def update_tenant(tenant: Tenant, *, actor, **values) -> Tenant:
+    rules.check_tenant(values, tenant)
+    before, after = _save_changes(tenant, TENANT_FIELDS, values)
+    if after:
+        trail.record(
+            "tenant.update",
+            actor=actor,
+            tenant=tenant,
+            obj=tenant,
+            before=before,
+            after=after,
+            message=f"Tenant {tenant.slug} changed: {', '.join(after)}.",
+        )
+        if any(name in after for name in TENANT_SCHEDULING_FIELDS):
+            _cycle_on_commit("tenant_changed")
+    return tenant
+
+
+@transaction.atomic
+def delete_tenant(tenant: Tenant, *, actor) -> None:
+    """Raises ProtectedError while jobs still name it (nothing is written then)."""
+    before = trail.snapshot(tenant, TENANT_FIELDS)
+    pk, slug = tenant.pk, tenant.slug
+    tenant.delete()
+    # The trail keeps the row (its tenant becomes null): tenant admins of it are gone too.
+    trail.record(
+        "tenant.delete",
+        actor=actor,
+        object_type="tenant",
+        object_id=pk,
+        object_repr=slug,
+        before=before,
+        message=f"Tenant {slug} deleted.",
+    )
+    _cycle_on_commit("tenant_deleted")
+
+
+def _quota_repr(quota: Quota) -> str:
+    return f"{quota.tenant.slug}: {quota.gpu_type or 'any type'}"
+
+
+@transaction.atomic
+def create_quota(tenant: Tenant, *, actor, **values) -> Quota:
+    rules.check_quota(tenant, values)
+    quota = Quota.objects.create(tenant=tenant, **values)
+    trail.record(
+        "quota.create",
+        actor=actor,
+        tenant=tenant,
+        obj=quota,
+        object_repr=_quota_repr(quota),
+        after=trail.snapshot(quota, QUOTA_FIELDS),
+        message=f"Quota for {quota.gpu_type or 'any type'} added.",
+    )
+    _cycle_on_commit("quota_changed")
+    return quota
+
+
+@transaction.atomic
+def update_quota(quota: Quota, *, actor, **values) -> Quota:
+    """The tenant and the GPU type are fixed once made (a quota is moved by recreating it)."""
+    rules.check_quota(quota.tenant, values, quota)
+    before, after = _save_changes(quota, QUOTA_FIELDS[1:], values)
+    if after:
+        trail.record(
+            "quota.update",
+            actor=actor,
+            tenant=quota.tenant_id,
+            obj=quota,
+            object_repr=_quota_repr(quota),
+            before=before,
+            after=after,
+            message=f"Quota for {quota.gpu_type or 'any type'} changed.",
+        )
+        _cycle_on_commit("quota_changed")
+    return quota
+
+
+@transaction.atomic
+def delete_quota(quota: Quota, *, actor) -> None:
+    before = trail.snapshot(quota, QUOTA_FIELDS)
+    pk, tenant_id, shown = quota.pk, quota.tenant_id, _quota_repr(quota)
+    quota.delete()
+    trail.record(
+        "quota.delete",
+        actor=actor,
+        tenant=tenant_id,
+        object_type="quota",
+        object_id=pk,
+        object_repr=shown,
+        before=before,
+        message=f"Quota for {before['gpu_type'] or 'any type'} deleted.",
+    )
+    _cycle_on_commit("quota_changed")
+
+
+def _budget_repr(budget: Budget) -> str:
+    return f"{budget.tenant.slug}: {budget.kind}"
+
+
+@transaction.atomic
+def create_budget(tenant: Tenant, *, actor, **values) -> Budget:
+    rules.check_budget(tenant, values)
+    budget = Budget.objects.create(tenant=tenant, **values)
+    trail.record(
+        "budget.create",
+        actor=actor,
+        tenant=tenant,
+        obj=budget,
+        object_repr=_budget_repr(budget),
+        after=trail.snapshot(budget, BUDGET_FIELDS),
+        message=f"{budget.get_kind_display()} budget added.",
+    )
+    _cycle_on_commit("budget_changed")
+    return budget
+
+
+@transaction.atomic
+def update_budget(budget: Budget, *, actor, **values) -> Budget:
+    """The tenant and the kind are fixed once made."""
+    rules.check_budget(budget.tenant, values, budget)
+    before, after = _save_changes(budget, BUDGET_FIELDS[1:], values)
+    if after:
+        trail.record(
+            "budget.update",
+            actor=actor,
+            tenant=budget.tenant_id,
+            obj=budget,
+            object_repr=_budget_repr(budget),
+            before=before,
+            after=after,
+            message=f"{budget.get_kind_display()} budget changed.",
+        )
+        _cycle_on_commit("budget_changed")
+    return budget
+
+
+@transaction.atomic
+def delete_budget(budget: Budget, *, actor) -> None:
+    before = trail.snapshot(budget, BUDGET_FIELDS)
+    pk, tenant_id, shown = budget.pk, budget.tenant_id, _budget_repr(budget)
+    label = budget.get_kind_display()
+    budget.delete()
+    trail.record(
+        "budget.delete",
+        actor=actor,
+        tenant=tenant_id,
+        object_type="budget",
+        object_id=pk,
+        object_repr=shown,
+        before=before,
+        message=f"{label} budget deleted.",
+    )
+    _cycle_on_commit("budget_changed")

@@ -1,8 +1,14 @@
-"""Django admin for ops: tenants with their members, quotas and budgets; people's API tokens."""
+"""Django admin for ops: tenants with their members, quotas and budgets; people's API tokens.
 
+Every save and delete goes through controlplane.tenancy.actions, as the API's do: the rules are
+checked (a refusal shows at its field), the change is audited, and the scheduler hears of it.
+"""
+
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 
-from controlplane.tenancy import actions
+from controlplane.tenancy import actions, rules
 from controlplane.tenancy.models import (
     ApiToken,
     Budget,
@@ -10,7 +16,6 @@ from controlplane.tenancy.models import (
     Membership,
     Quota,
     Tenant,
-    TenantEvent,
 )
 
 
@@ -20,14 +25,89 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
+def _show_refusal(form, check) -> None:
+    """Run a rule and show what it refuses at the fields it names."""
+    try:
+        check()
+    except ValidationError as exc:
+        for field, problems in exc.message_dict.items():
+            form.add_error(field if field in form.fields else None, problems)
+
+
+def _set_values(form, fields) -> dict:
+    """What a form sets, as the actions take it: for a new object all its fields, else the changed."""
+    names = fields if form.instance.pk is None else [f for f in form.changed_data if f in fields]
+    return {name: form.cleaned_data[name] for name in names if name in form.cleaned_data}
+
+
+class TenantAdminForm(forms.ModelForm):
+    def clean(self):
+        cleaned = super().clean()
+        instance = self.instance if self.instance.pk else None
+        _show_refusal(
+            self, lambda: rules.check_tenant(_set_values(self, actions.TENANT_FIELDS), instance)
+        )
+        return cleaned
+
+
+class QuotaAdminForm(forms.ModelForm):
+    def clean(self):
+        cleaned = super().clean()
+        tenant = cleaned.get("tenant") or getattr(self.instance, "tenant", None)
+        if tenant is not None and tenant.pk is not None:
+            instance = self.instance if self.instance.pk else None
+            values = _set_values(
+                self, actions.QUOTA_FIELDS if instance is None else actions.QUOTA_FIELDS[1:]
+            )
+            _show_refusal(self, lambda: rules.check_quota(tenant, values, instance))
+        return cleaned
+
+
+class BudgetAdminForm(forms.ModelForm):
+    def clean(self):
+        cleaned = super().clean()
+        tenant = cleaned.get("tenant") or getattr(self.instance, "tenant", None)
+        if tenant is not None and tenant.pk is not None:
+            instance = self.instance if self.instance.pk else None
+            values = _set_values(
+                self, actions.BUDGET_FIELDS if instance is None else actions.BUDGET_FIELDS[1:]
+            )
+            _show_refusal(self, lambda: rules.check_budget(tenant, values, instance))
+        return cleaned
+
+
 class QuotaInline(admin.TabularInline):
     model = Quota
+    form = QuotaAdminForm
     extra = 0
 
 
 class BudgetInline(admin.TabularInline):
     model = Budget
+    form = BudgetAdminForm
     extra = 0
+
+
+def save_quota(request, form, quota: Quota) -> None:
+    if quota.pk is None:
+        values = _set_values(form, actions.QUOTA_FIELDS)
+        quota.pk = actions.create_quota(quota.tenant, actor=request.user, **values).pk
+    else:
+        stored = Quota.objects.select_related("tenant").get(pk=quota.pk)
+        actions.update_quota(
+            stored, actor=request.user, **_set_values(form, actions.QUOTA_FIELDS[1:])
+        )
+
+
+def save_budget(request, form, budget: Budget) -> None:
+    if budget.pk is None:
+        values = _set_values(form, actions.BUDGET_FIELDS)
+        budget.pk = actions.create_budget(budget.tenant, actor=request.user, **values).pk
+    else:
+        stored = Budget.objects.select_related("tenant").get(pk=budget.pk)
+        actions.update_budget(
+            stored, actor=request.user, **_set_values(form, actions.BUDGET_FIELDS[1:])
+        )
 
 
 def save_membership(request, membership: Membership) -> None:
@@ -51,19 +131,47 @@ def save_membership(request, membership: Membership) -> None:
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
+    form = TenantAdminForm
     list_display = ["slug", "name", "weight", "active", "created_at"]
     list_filter = ["active"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline, QuotaInline, BudgetInline]
 
+    def save_model(self, request, obj, form, change):
+        if not change:
+            values = _set_values(form, actions.TENANT_FIELDS)
+            created = actions.create_tenant(actor=request.user, **values)
+            obj.pk, obj.created_at = created.pk, created.created_at
+            return
+        stored = Tenant.objects.get(pk=obj.pk)
+        actions.update_tenant(
+            stored, actor=request.user, **_set_values(form, actions.TENANT_FIELDS)
+        )
+
+    def delete_model(self, request, obj):
+        actions.delete_tenant(obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for tenant in queryset:
+            actions.delete_tenant(tenant, actor=request.user)
+
     def save_formset(self, request, form, formset, change):
-        if formset.model is not Membership:
-            return super().save_formset(request, form, formset, change)
-        memberships = formset.save(commit=False)
+        saved = formset.save(commit=False)
+        if formset.model is Membership:
+            for gone in formset.deleted_objects:
+                actions.remove_membership(gone, actor=request.user)
+            for membership in saved:
+                save_membership(request, membership)
+            return
+        delete, save = {
+            Quota: (actions.delete_quota, save_quota),
+            Budget: (actions.delete_budget, save_budget),
+        }[formset.model]
         for gone in formset.deleted_objects:
-            actions.remove_membership(gone, actor=request.user)
-        for membership in memberships:
-            save_membership(request, membership)
+            delete(gone, actor=request.user)
+        forms_by_obj = {id(f.instance): f for f in formset.forms}
+        for obj in saved:
+            save(request, forms_by_obj[id(obj)], obj)
 
 
 @admin.register(Membership)
@@ -87,16 +195,45 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
+    form = QuotaAdminForm
     list_display = ["tenant", "gpu_type", "guaranteed_gpus", "limit_gpus", "max_running_jobs"]
     list_filter = ["tenant", "gpu_type"]
     list_select_related = ["tenant"]
 
+    def get_readonly_fields(self, request, obj=None):
+        # Fixed once made, as in the API: a quota moves by being recreated.
+        return ["tenant", "gpu_type"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        save_quota(request, form, obj)
+
+    def delete_model(self, request, obj):
+        actions.delete_quota(obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for quota in queryset.select_related("tenant"):
+            actions.delete_quota(quota, actor=request.user)
+
 
 @admin.register(Budget)
 class BudgetAdmin(admin.ModelAdmin):
+    form = BudgetAdminForm
     list_display = ["tenant", "kind", "period", "amount", "action", "warn_at_fraction"]
     list_filter = ["kind", "period", "action"]
     list_select_related = ["tenant"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant", "kind"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        save_budget(request, form, obj)
+
+    def delete_model(self, request, obj):
+        actions.delete_budget(obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for budget in queryset.select_related("tenant"):
+            actions.delete_budget(budget, actor=request.user)
 
 
 @admin.register(ApiToken)
@@ -139,7 +276,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected tokens and those minted from them")
     def revoke(self, request, queryset):
-        revoked = sum(actions.revoke_token(token) for token in queryset)
+        revoked = sum(actions.revoke_token(token, actor=request.user) for token in queryset)
         self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
 
 
@@ -152,19 +289,6 @@ class InvitationAdmin(admin.ModelAdmin):
     list_filter = ["role", "tenant"]
     search_fields = ["invitee", "tenant__slug", "invited_by__username"]
     list_select_related = ["tenant", "invited_by"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
-@admin.register(TenantEvent)
-class TenantEventAdmin(admin.ModelAdmin):
-    list_display = ["at", "tenant", "kind", "message"]
-    list_filter = ["kind", "tenant"]
-    list_select_related = ["tenant"]
 
     def has_add_permission(self, request):
         return False

@@ -378,16 +378,3 @@ class Invitation(models.Model):
         if self.invitee == user.username:
             return True
         return bool(user.email) and self.invitee.lower() == user.email.lower()
-
-
-class TenantEvent(models.Model):
-    """Facts about a tenant as a whole, such as a budget warning."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField(default=timezone.now)
-    kind = models.CharField(max_length=32)
-    message = models.TextField()
-    data = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["-at", "-id"]

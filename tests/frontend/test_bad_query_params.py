@@ -170,6 +170,6 @@ def test_the_forms_refuse_unstorable_text_even_without_the_page_boundary(alice, 
     )
     assert not job.is_valid()
     assert "tenant" in job.errors
-    member = MembershipForm({"user": "bob\ud800", "role": "member"}, extra={"tenant": "vision"})
+    member = MembershipForm({"user": "bob\ud800", "role": "member"}, tenant=vision)
     assert not member.is_valid()
     assert "user" in member.errors

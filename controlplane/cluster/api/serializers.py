@@ -1,7 +1,6 @@
 """Pools, nodes and GPUs as members see them (a summary: which jobs hold a GPU is not shown),
 and join tokens for cluster admins."""
 
-import math
 from collections import Counter
 from datetime import timedelta
 
@@ -10,6 +9,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.cluster import actions, rules
 from controlplane.cluster.models import (
     GPU,
     NODE_NAME_RE,
@@ -17,14 +17,11 @@ from controlplane.cluster.models import (
     GpuClaimResolution,
     JoinToken,
     Node,
-    NodeState,
     Pool,
 )
 from controlplane.permissions import is_cluster_admin
 from controlplane.tenancy.models import hash_token, new_raw_token
 
-# A budget above this is a typo (a large datacenter hall draws tens of megawatts).
-MAX_POOL_POWER_BUDGET_W = 1e8
 MAX_JOIN_TOKEN_LIFETIME = timedelta(days=30)
 DEFAULT_JOIN_TOKEN_LIFETIME = timedelta(days=1)
 MAX_JOIN_TOKEN_USES = 10_000
@@ -53,15 +50,17 @@ class PoolSerializer(serializers.ModelSerializer):
         }
 
     def validate_power_budget_w(self, value):
-        if value is None:
-            return value
-        if not math.isfinite(value) or value <= 0:
-            raise serializers.ValidationError("Must be more than 0 W, or null for no budget.")
-        if value > MAX_POOL_POWER_BUDGET_W:
-            raise serializers.ValidationError(
-                f"{value:g} W is beyond any facility (at most {MAX_POOL_POWER_BUDGET_W:g} W)."
-            )
+        if problem := rules.power_budget_problem(value):
+            raise serializers.ValidationError(problem)
         return value
+
+    # Writes go through the actions (audited, and the scheduler hears of a new budget at once).
+
+    def create(self, validated_data):
+        return actions.create_pool(actor=self.context["request"].user, **validated_data)
+
+    def update(self, instance, validated_data):
+        return actions.update_pool(instance, actor=self.context["request"].user, **validated_data)
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -264,13 +263,6 @@ class JoinTokenCreatedSerializer(JoinTokenSerializer):
     @extend_schema_field(OpenApiTypes.STR)
     def get_token(self, obj) -> str:
         return obj.raw_token
-
-
-NODE_ACTION_STATES = {
-    "cordon": NodeState.CORDONED,
-    "drain": NodeState.DRAINING,
-    "uncordon": NodeState.READY,
-}
 
 
 class GpuClaimConflictSerializer(serializers.ModelSerializer):

@@ -9,10 +9,8 @@ from rest_framework import mixins
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from controlplane.cluster import gpu_claims
-from controlplane.cluster.api.node_state import set_node_state
+from controlplane.cluster import actions, gpu_claims
 from controlplane.cluster.api.serializers import (
-    NODE_ACTION_STATES,
     GpuClaimConflictSerializer,
     GpuClaimResolveSerializer,
     GpuSerializer,
@@ -28,6 +26,7 @@ from controlplane.cluster.filtersets import (
     PoolFilterSet,
 )
 from controlplane.cluster.models import GPU, GpuClaimConflict, JoinToken, Node, Pool
+from controlplane.cluster.rules import NODE_ACTION_STATES
 from controlplane.filters import FilterSet
 from controlplane.jobs.models import Allocation
 from controlplane.permissions import (
@@ -70,6 +69,9 @@ class PoolViewSet(
     read_need = Need(SIGNED_IN)
     write_need = Need(STAFF)
 
+    def delete_instance(self, instance):
+        actions.delete_pool(instance, actor=self.request.user)
+
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
     """GPU hosts. Everyone reads a summary; cluster admins cordon, drain and uncordon.
@@ -91,7 +93,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
 
     def _set_state(self, request, action_name: str):
         node = self.get_object()
-        set_node_state(node, NODE_ACTION_STATES[action_name], actor=request.user)
+        actions.set_node_state(node, NODE_ACTION_STATES[action_name], actor=request.user)
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
 
     @extend_schema(request=None, responses={200: NodeSerializer})
@@ -124,7 +126,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSe
         undoes this."""
         node = self.get_object()
         try:
-            gpu_claims.deregister_node(node, actor=request.user)
+            actions.deregister_node(node, actor=request.user)
         except gpu_claims.NodeBusy as exc:
             raise Conflict(str(exc)) from None
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)

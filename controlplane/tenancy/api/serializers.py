@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 from django.contrib.auth import get_user_model
@@ -14,9 +13,8 @@ from rest_framework import serializers
 
 from controlplane.accounting.budgets import period_bounds, usage_by_tenant
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
-from controlplane.tenancy import actions
+from controlplane.tenancy import actions, rules
 from controlplane.tenancy.models import (
-    INVITEE_RE,
     ApiToken,
     Budget,
     BudgetAction,
@@ -33,10 +31,7 @@ from controlplane.tenancy.models import (
     token_grant,
 )
 
-MAX_TENANT_WEIGHT = 1000.0
-MAX_QUOTA_GPUS = 100_000
-# Larger than any cluster spends in a month (100 GWh, 100 million GPU-hours): a typo, not a plan.
-MAX_BUDGET_AMOUNT = {BudgetKind.ENERGY_KWH: 1e8, BudgetKind.GPU_HOURS: 1e8}
+MAX_QUOTA_GPUS = rules.MAX_QUOTA_GPUS
 
 
 class TenantSlugField(serializers.SlugRelatedField):
@@ -74,11 +69,17 @@ class TenantSerializer(serializers.ModelSerializer):
         return getattr(obj, "my_role", None)
 
     def validate_weight(self, value: float) -> float:
-        if not (math.isfinite(value) and 0 < value <= MAX_TENANT_WEIGHT):
-            raise serializers.ValidationError(
-                f"Must be more than 0 and at most {MAX_TENANT_WEIGHT:g}."
-            )
+        if problem := rules.weight_problem(value):
+            raise serializers.ValidationError(problem)
         return value
+
+    # Writes go through the actions: audited, and the scheduler hears of a weight at once.
+
+    def create(self, validated_data):
+        return actions.create_tenant(actor=self.context["request"].user, **validated_data)
+
+    def update(self, instance, validated_data):
+        return actions.update_tenant(instance, actor=self.context["request"].user, **validated_data)
 
 
 class MembershipSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
@@ -97,11 +98,7 @@ class MembershipSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
 
     def validate(self, attrs):
         if self.instance is None:
-            tenant, user = attrs["tenant"], attrs["user"]
-            if Membership.objects.filter(tenant=tenant, user=user).exists():
-                raise serializers.ValidationError(
-                    {"user": [f"{user.username} is already a member of {tenant.slug}."]}
-                )
+            rules.check_new_membership(attrs["tenant"], attrs["user"])
         return attrs
 
     def create(self, validated_data):
@@ -201,32 +198,18 @@ class QuotaSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
         return cached[obj.pk]
 
     def validate(self, attrs):
-        def current(name):
-            if name in attrs:
-                return attrs[name]
-            return getattr(self.instance, name) if self.instance is not None else 0
-
-        if current("limit_gpus") < current("guaranteed_gpus"):
-            raise serializers.ValidationError(
-                {
-                    "limit_gpus": [
-                        f"Must be at least guaranteed_gpus ({current('guaranteed_gpus')}): "
-                        "a tenant may borrow beyond its guarantee, never less."
-                    ]
-                }
-            )
-        if self.instance is None:
-            tenant, gpu_type = attrs["tenant"], attrs.get("gpu_type", "")
-            if Quota.objects.filter(tenant=tenant, gpu_type=gpu_type).exists():
-                raise serializers.ValidationError(
-                    {
-                        "gpu_type": [
-                            f"{tenant.slug} already has a quota for "
-                            f"{gpu_type or 'any type'}; change that one."
-                        ]
-                    }
-                )
+        values = {k: v for k, v in attrs.items() if k != "tenant"}
+        tenant = attrs["tenant"] if self.instance is None else self.instance.tenant
+        rules.check_quota(tenant, values, self.instance)
         return attrs
+
+    def create(self, validated_data):
+        values = dict(validated_data)
+        tenant = values.pop("tenant")
+        return actions.create_quota(tenant, actor=self.context["request"].user, **values)
+
+    def update(self, instance, validated_data):
+        return actions.update_quota(instance, actor=self.context["request"].user, **validated_data)
 
 
 class BudgetUsageSerializer(serializers.Serializer):
@@ -309,35 +292,28 @@ class BudgetSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
         return cached[obj.pk]
 
     def validate_amount(self, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise serializers.ValidationError("Must be a number more than 0.")
+        if problem := rules.amount_problem(value):
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_warn_at_fraction(self, value: float) -> float:
-        if not (math.isfinite(value) and 0 < value <= 1):
-            raise serializers.ValidationError("Must be more than 0 and at most 1 (e.g. 0.8).")
+        if problem := rules.warn_at_fraction_problem(value):
+            raise serializers.ValidationError(problem)
         return value
 
     def validate(self, attrs):
-        kind = attrs.get("kind") or self.instance.kind
-        amount = attrs.get("amount", self.instance.amount if self.instance else None)
-        limit = MAX_BUDGET_AMOUNT[BudgetKind(kind)]
-        if amount is not None and amount > limit:
-            unit = "kWh" if kind == BudgetKind.ENERGY_KWH else "GPU-hours"
-            raise serializers.ValidationError(
-                {
-                    "amount": [
-                        f"{amount:g} {unit} per period is beyond any cluster (at most {limit:g})."
-                    ]
-                }
-            )
-        if self.instance is None:
-            tenant = attrs["tenant"]
-            if Budget.objects.filter(tenant=tenant, kind=kind).exists():
-                raise serializers.ValidationError(
-                    {"kind": [f"{tenant.slug} already has a {kind} budget; change that one."]}
-                )
+        values = {k: v for k, v in attrs.items() if k != "tenant"}
+        tenant = attrs["tenant"] if self.instance is None else self.instance.tenant
+        rules.check_budget(tenant, values, self.instance)
         return attrs
+
+    def create(self, validated_data):
+        values = dict(validated_data)
+        tenant = values.pop("tenant")
+        return actions.create_budget(tenant, actor=self.context["request"].user, **values)
+
+    def update(self, instance, validated_data):
+        return actions.update_budget(instance, actor=self.context["request"].user, **validated_data)
 
 
 def _token_of(request) -> ApiToken | None:
@@ -483,18 +459,12 @@ class InvitationSerializer(serializers.ModelSerializer):
 
     def validate_invitee(self, value: str) -> str:
         value = value.strip()
-        if not INVITEE_RE.match(value):
-            raise serializers.ValidationError(
-                "A username or an e-mail address: letters, digits and @ . + - _ only."
-            )
+        if problem := rules.invitee_problem(value):
+            raise serializers.ValidationError(problem)
         return value
 
     def validate(self, attrs):
-        tenant, invitee = attrs["tenant"], attrs["invitee"]
-        if Invitation.objects.open().filter(tenant=tenant, invitee=invitee).exists():
-            raise serializers.ValidationError(
-                {"invitee": [f"{tenant.slug} already has an open invitation for {invitee}."]}
-            )
+        rules.check_new_invitation(attrs["tenant"], attrs["invitee"])
         return attrs
 
     def create(self, validated_data):

@@ -75,6 +75,9 @@ class TenantViewSet(
         # A tenant is not inside a tenant: only cluster admins reach here (see write_need).
         return None
 
+    def delete_instance(self, instance):
+        actions.delete_tenant(instance, actor=self.request.user)
+
 
 class MembershipViewSet(
     ScopedCreateMixin,
@@ -135,6 +138,9 @@ class QuotaViewSet(
     read_need = Need(Role.VIEWER)
     write_need = Need(STAFF)
 
+    def delete_instance(self, instance):
+        actions.delete_quota(instance, actor=self.request.user)
+
 
 class BudgetViewSet(
     ScopedCreateMixin,
@@ -153,6 +159,9 @@ class BudgetViewSet(
     scope = TenantScope("tenant")
     read_need = Need(Role.VIEWER)
     write_need = Need(STAFF)
+
+    def delete_instance(self, instance):
+        actions.delete_budget(instance, actor=self.request.user)
 
 
 @extend_schema_view(
@@ -208,7 +217,7 @@ class ApiTokenViewSet(
 
     def perform_destroy(self, instance):
         self._require_tokens_scope(instance)
-        actions.revoke_token(instance)
+        actions.revoke_token(instance, actor=self.request.user)
 
 
 class InvitationScope(TenantScope):

@@ -12,7 +12,8 @@ from controlplane.accounting.budgets import (
     scheduler_view,
 )
 from controlplane.jobs import actions
-from controlplane.tenancy.models import Budget, TenantEvent
+from controlplane.audit.models import AuditEvent
+from controlplane.tenancy.models import Budget
 
 pytestmark = pytest.mark.django_db
 
@@ -132,8 +133,8 @@ def test_a_budget_warning_is_written_once_per_period(make_job, make_node, vision
     )
     assert record_budget_warnings(budget_states()) == 1
     assert record_budget_warnings(budget_states()) == 0
-    event = TenantEvent.objects.get(tenant=vision)
-    assert event.kind == "budget_warning" and "90%" in event.message
+    event = AuditEvent.objects.get(tenant=vision)
+    assert event.action == "budget.warning" and "90%" in event.message
 
 
 def test_usage_csv_lists_only_the_tenants_a_member_belongs_to(

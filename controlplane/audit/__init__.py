@@ -1,0 +1,1 @@
+"""The audit trail (controlplane.audit.models.AuditEvent) and `record`, which actions call."""

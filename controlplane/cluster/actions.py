@@ -1,0 +1,396 @@
+"""Every write to the cluster's configuration and liveness: a node registering, an admin's wish
+for a node (cordon / drain / uncordon / deregister), the liveness sweep's verdicts, and pools
+with their power budgets. The REST API, the web UI, the Django admin, the agent API and the
+liveness task call these; none of them writes these rows itself.
+
+Each action is atomic, checks its rule (`controlplane.cluster.rules`, which the serializers and
+forms call too), leaves one row in the audit trail (`controlplane.audit`) and, since every one of
+these changes what the scheduler may place where, asks for a scheduling cycle once it has
+committed. Telemetry and heartbeats (`heartbeat.py`, `telemetry.py`) are not configuration and
+write on their own fast paths.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from controlplane import wakeups
+from controlplane.audit import trail
+from controlplane.cluster import gpu_claims, lease, rules
+from controlplane.cluster.agent_auth import consume_join_token, rotate_node_token
+from controlplane.cluster.models import GPU, Node, Pool
+from controlplane.jobs import actions as job_actions
+from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
+
+log = logging.getLogger(__name__)
+
+# Indexes real GPUs never have: where a GPU that left the node is kept, and where one that
+# changes index waits during a registration.
+RETIRED_INDEX = 1000
+PARKED_INDEX = 1_000_000
+
+# Who the system's own writes are by, in the audit trail.
+LIVENESS_SWEEP = "liveness sweep"
+
+NODE_INVENTORY_FIELDS = ("pool", "cpus", "memory_mib", "labels", "agent_version", "runtime")
+
+
+def _cycle_on_commit(reason: str) -> None:
+    transaction.on_commit(lambda: wakeups.request_cycle(reason))
+
+
+# --- registration -------------------------------------------------------------------------------
+
+
+class RegistrationRefused(Exception):
+    """The join token may not register this node. `conflict` is False when the credential is
+    simply not for this name (the agent API answers 403), True when the name is taken (409)."""
+
+    def __init__(self, message: str, *, conflict: bool):
+        self.message = message
+        self.conflict = conflict
+        super().__init__(message)
+
+
+def _name_taken(name: str) -> RegistrationRefused:
+    return RegistrationRefused(
+        f"A node named {name!r} is already registered. To join it again (its agent lost its "
+        "node token), use a join token issued for this node name (node_name).",
+        conflict=True,
+    )
+
+
+def _spare_index(node: Node) -> int:
+    top = GPU.objects.filter(node=node).order_by("-index").values_list("index", flat=True).first()
+    return max(RETIRED_INDEX, (top or 0) + 1)
+
+
+def _inventory(node: Node | None, gpu_uuids: list[str]) -> dict | None:
+    if node is None:
+        return None
+    return {**trail.snapshot(node, NODE_INVENTORY_FIELDS), "gpus": sorted(gpu_uuids)}
+
+
+@transaction.atomic
+def register_node(raw_join_token: str | None, data: dict) -> tuple[Node, str]:
+    """Spend a use of the join token, create the node or update it when the token was issued for
+    its name, lay out its GPUs as reported, and issue a node token; (node, raw node token).
+
+    A join token that names no node makes new nodes only: registering an existing name would
+    hand its holder that node's identity (a fresh node token, the node's work to come, the
+    right to report its attempts' exits). Nor does it take GPUs another node holds: a listed
+    GPU joins this node only when its node is gone for good (controlplane.cluster.gpu_claims,
+    whose GpuClaimRefused carries the join token so the refusal can be recorded once this
+    transaction has rolled back). Raises AgentAuthError for a join token that does not work.
+    """
+    join = consume_join_token(raw_join_token)
+    try:
+        return _register(join, data, timezone.now())
+    except gpu_claims.GpuClaimRefused as exc:
+        exc.join_token = join
+        raise
+
+
+def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
+    name = data["name"]
+    if join.node_name and join.node_name != name:
+        # The name may well be free; this credential is simply not for it.
+        raise RegistrationRefused(
+            f"This join token was issued for node {join.node_name!r} only, not {name!r}.",
+            conflict=False,
+        )
+    own = Node.objects.filter(name=name).first()
+    if own is not None and not join.node_name:
+        raise _name_taken(name)
+    before = (
+        _inventory(own, list(GPU.objects.filter(node=own).values_list("uuid", flat=True)))
+        if own is not None
+        else None
+    )
+    # Before this node's own row: holders, then their GPUs, then this node (see lock_claims).
+    moving_in = gpu_claims.lock_claims(
+        own.pk if own else None, [g["uuid"] for g in data["gpus"]], now
+    )
+    fields = {
+        "pool": join.pool,
+        "cpus": data["cpus"],
+        "memory_mib": data["memory_mib"],
+        "labels": data["labels"],
+        "agent_version": data["agent_version"],
+        "runtime": data["runtime"],
+        "heartbeat_interval_s": settings.AGENT_HEARTBEAT_INTERVAL_S,
+        "last_heartbeat_at": now,
+        "ready": True,
+        "deregistered_at": None,
+    }
+    if join.node_name:
+        node, _ = Node.objects.select_for_update().update_or_create(name=name, defaults=fields)
+    else:
+        try:
+            # Create, not get-or-create: a name taken between the look-up and the insert
+            # (another registration racing this one) is refused by the unique constraint.
+            with transaction.atomic():
+                node = Node.objects.create(name=name, **fields)
+        except IntegrityError:
+            raise _name_taken(name) from None
+    reported = {g["uuid"]: g for g in data["gpus"]}
+    existing = {g.uuid: g for g in GPU.objects.select_for_update().filter(node=node)}
+    # A GPU that left this node (pulled, swapped, dead) is kept for its history but marked
+    # unhealthy, and moved off the index a replacement may now have.
+    taken = {g["index"] for g in data["gpus"]}
+    for uuid, gpu in existing.items():
+        if uuid not in reported:
+            updates = {"healthy": False}
+            if gpu.index in taken:
+                updates["index"] = _spare_index(node)
+            GPU.objects.filter(pk=gpu.pk).update(**updates)
+    # Park the GPUs that change index out of the way first, so a reordering (two GPUs swapping
+    # indexes) never collides with the one-index-per-node constraint half way through.
+    moving = [u for u, g in existing.items() if u in reported and g.index != reported[u]["index"]]
+    if moving:
+        GPU.objects.filter(node=node, uuid__in=moving).update(index=F("index") + PARKED_INDEX)
+    for g in data["gpus"]:
+        inventory = {k: g[k] for k in g if k != "uuid"}
+        gpu = existing.get(g["uuid"]) or moving_in.get(g["uuid"])
+        if gpu is None:
+            # Create, not update-or-create: a row of this UUID made since lock_claims looked
+            # (another registration) is refused by the unique constraint, never taken over.
+            GPU.objects.create(uuid=g["uuid"], **inventory, node=node, healthy=True)
+        else:
+            # Its own, or one whose node is gone for good (locked): it keeps its history.
+            GPU.objects.filter(pk=gpu.pk).update(**inventory, node=node, healthy=True)
+    gpu_claims.note_claimed(node, list(reported), now)
+    token = rotate_node_token(node)
+    trail.record(
+        "node.register",
+        actor_label=f"join token {join.prefix}",
+        obj=node,
+        before=before,
+        after=_inventory(node, list(reported)),
+        message=f"Node {node.name} {'re-joined' if own else 'registered'} with "
+        f"{len(reported)} GPUs in pool {join.pool.name}.",
+    )
+    _cycle_on_commit("node_registered")
+    return node, token
+
+
+# --- an admin's wish for a node -----------------------------------------------------------------
+
+
+@transaction.atomic
+def set_node_state(node: Node, state: str, *, actor=None) -> bool:
+    """Set the admin state (ready / cordoned / draining); True when it changed.
+
+    The scheduler reads Node.state at its next cycle, asked for on commit: a cordoned node gets
+    no new work, a draining one also has its borrowed work preempted. Liveness (Node.ready) is
+    the agent's, never set here.
+    """
+    rules.check_node_state(state)
+    was = Node.objects.select_for_update().filter(pk=node.pk).values_list("state", flat=True).get()
+    node.state = state
+    if was == state:
+        return False
+    Node.objects.filter(pk=node.pk).update(state=state)
+    who = trail.actor_label_of(actor)
+    log.info("node %s is now %s (by %s)", node.name, state, who)
+    trail.record(
+        "node.set_state",
+        actor=actor,
+        obj=node,
+        before={"state": was},
+        after={"state": state},
+        message=f"Node {node.name} {was} -> {state}.",
+    )
+    _cycle_on_commit(f"node_{state}")
+    return True
+
+
+@transaction.atomic
+def deregister_node(node: Node, *, actor=None) -> Node:
+    """The node is gone for good (controlplane.cluster.gpu_claims.deregister_node says what that
+    means); raises gpu_claims.NodeBusy while any attempt is active there."""
+    was = node.deregistered_at
+    node = gpu_claims.deregister_node(node, actor=actor)
+    if was is None and node.deregistered_at is not None:
+        trail.record(
+            "node.deregister",
+            actor=actor,
+            obj=node,
+            before={"deregistered_at": None},
+            after={"deregistered_at": node.deregistered_at},
+            message=f"Node {node.name} deregistered: its GPUs may join another node.",
+        )
+        _cycle_on_commit("node_deregistered")
+    return node
+
+
+# --- liveness: the sweep's verdicts -------------------------------------------------------------
+
+
+@transaction.atomic
+def mark_node_not_ready(node: Node, *, silent_since: dt.datetime) -> bool:
+    """A ready node that fell silent gets no new work; True when this call marked it.
+
+    Conditional on the heartbeat time the sweep judged: a heartbeat that landed since wins.
+    """
+    changed = Node.objects.filter(
+        pk=node.pk, ready=True, last_heartbeat_at=node.last_heartbeat_at
+    ).update(ready=False)
+    if not changed:
+        return False
+    log.warning(
+        "node %s silent since %s: not ready, gets no new work",
+        node.name,
+        silent_since.isoformat(),
+    )
+    trail.record(
+        "node.not_ready",
+        actor_label=LIVENESS_SWEEP,
+        obj=node,
+        before={"ready": True},
+        after={"ready": False},
+        message=f"Node {node.name} silent since {silent_since:%H:%M:%S} UTC: gets no new work.",
+    )
+    _cycle_on_commit("node_not_ready")
+    return True
+
+
+def lose_node_attempts(
+    node: Node, now: dt.datetime, renewed: dt.datetime | None = None
+) -> list[int]:
+    """Declare lost the active attempts of a node whose lease ran out; their ids.
+
+    Each attempt's exit goes through jobs.actions.finish_attempt (which requeues or fails its
+    job, and asks for a cycle). Nothing happens if the node was heard from since it was judged.
+    """
+    heard = node.last_heartbeat_at or node.created_at
+    if renewed is not None and renewed > heard:
+        heard = renewed
+    # By the end of its lease the node's agent had stopped them (or the node is gone): book
+    # them to then, not to whenever this sweep got round to it. A late report corrects both.
+    ended_at = min(now, heard + dt.timedelta(seconds=lease.lease_s()))
+    message = (
+        f"Node {node.name} stopped answering: its lease ran out "
+        f"{lease.lease_s():.0f} s after it was last heard, at {heard:%H:%M:%S} UTC"
+    )
+    with transaction.atomic():
+        # Hold the node row while its attempts are declared lost: a heartbeat arriving now
+        # waits, then finds them gone from its answer; or it got here first, and the node is
+        # no longer the silent one we judged, so nothing is lost. skip_locked: another sweep
+        # holding the row is doing this very work.
+        still_silent = (
+            Node.objects.select_for_update(skip_locked=True)
+            .filter(pk=node.pk, ready=False, last_heartbeat_at=node.last_heartbeat_at)
+            .exists()
+        )
+        if not still_silent:
+            return []
+        on_node = Q(node_id=node.pk) | Q(
+            pk__in=Allocation.objects.filter(active=True, gpu__node_id=node.pk).values("attempt_id")
+        )
+        attempts = list(
+            JobAttempt.objects.filter(on_node, state__in=ACTIVE_ATTEMPT_STATES).select_related(
+                "node", "job"
+            )
+        )
+        lost = []
+        for attempt in attempts:
+            try:
+                if job_actions.finish_attempt(
+                    attempt, exit_code=None, finished_at=ended_at, lost=True, message=message
+                ):
+                    lost.append(attempt.pk)
+            except (job_actions.IllegalTransition, job_actions.ConcurrentUpdate) as exc:
+                log.info("attempt %s not declared lost: %s", attempt.pk, exc)
+        if lost:
+            trail.record(
+                "node.attempts_lost",
+                actor_label=LIVENESS_SWEEP,
+                obj=node,
+                after={"attempts": lost, "ended_at": ended_at},
+                message=f"{message}: attempts {', '.join(map(str, lost))} declared lost.",
+            )
+            _cycle_on_commit("node_lost")
+    if lost:
+        log.warning("node %s lost: attempts %s declared lost", node.name, lost)
+    return lost
+
+
+# --- pools ---------------------------------------------------------------------------------------
+
+POOL_FIELDS = ("name", "power_budget_w")
+
+
+@transaction.atomic
+def create_pool(*, actor, name: str, power_budget_w: float | None = None) -> Pool:
+    values = {"name": name, "power_budget_w": power_budget_w}
+    rules.check_pool(values)
+    pool = Pool.objects.create(**values)
+    trail.record(
+        "pool.create",
+        actor=actor,
+        obj=pool,
+        after=trail.snapshot(pool, POOL_FIELDS),
+        message=f"Pool {pool.name} created.",
+    )
+    _cycle_on_commit("pool_created")
+    return pool
+
+
+@transaction.atomic
+def update_pool(pool: Pool, *, actor, **values) -> Pool:
+    """Rename a pool or set its power budget (None: no budget)."""
+    rules.check_pool(values, pool)
+    before = trail.snapshot(pool, POOL_FIELDS)
+    for name, value in values.items():
+        if name not in POOL_FIELDS:
+            raise TypeError(f"Pool has no settable field {name!r}")
+        setattr(pool, name, value)
+    before, after = trail.changes(before, trail.snapshot(pool, POOL_FIELDS))
+    if not after:
+        return pool
+    pool.save(update_fields=list(after))
+    if list(after) == ["power_budget_w"]:
+        action = "pool.set_power_budget"
+        message = (
+            f"Power budget of pool {pool.name}: {_watts(before['power_budget_w'])} -> "
+            f"{_watts(after['power_budget_w'])}."
+        )
+    else:
+        action, message = "pool.update", f"Pool {pool.name} changed: {', '.join(after)}."
+    trail.record(action, actor=actor, obj=pool, before=before, after=after, message=message)
+    if "power_budget_w" in after:
+        _cycle_on_commit("pool_power_budget")
+    return pool
+
+
+def set_pool_power_budget(pool: Pool, power_budget_w: float | None, *, actor) -> Pool:
+    return update_pool(pool, actor=actor, power_budget_w=power_budget_w)
+
+
+def _watts(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} W"
+
+
+@transaction.atomic
+def delete_pool(pool: Pool, *, actor) -> None:
+    """Raises ProtectedError while nodes are in it (nothing is written then)."""
+    before = trail.snapshot(pool, POOL_FIELDS)
+    pk, name = pool.pk, pool.name
+    pool.delete()
+    trail.record(
+        "pool.delete",
+        actor=actor,
+        object_type="pool",
+        object_id=pk,
+        object_repr=name,
+        before=before,
+        message=f"Pool {name} deleted.",
+    )
+    _cycle_on_commit("pool_deleted")
