@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
-import django_filters
+import django_filters.rest_framework
 from django import forms
 from rest_framework import exceptions
 from rest_framework import filters as drf_filters

@@ -259,12 +259,12 @@ def tenant_gpu_usage(tenant: Tenant) -> list[GpuTypeUsage]:
         if row["attempt__borrowed"]:
             borrowed[row["gpu__model"]] += row["n"]
     pending: dict[str, int] = defaultdict(int)
-    for row in (
+    for queued in (
         Job.objects.filter(tenant=tenant, state=JobState.PENDING)
         .values("gpu_type")
         .annotate(n=Sum("gpus"))
     ):
-        pending[row["gpu_type"]] += row["n"] or 0
+        pending[queued["gpu_type"]] += queued["n"] or 0
 
     rows = []
     seen = set()
@@ -461,11 +461,11 @@ class GpuRow:
 
 def nodes_with_gpus(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, list[GpuRow]]]:
     """Nodes, each with its GPUs and the job that holds each GPU now, in three queries."""
-    nodes = list((nodes if nodes is not None else Node.objects.all()).select_related("pool"))
-    gpus = GPU.objects.filter(node__in=nodes).order_by("node__name", "index")
+    listed = list((nodes if nodes is not None else Node.objects.all()).select_related("pool"))
+    gpus = GPU.objects.filter(node__in=listed).order_by("node__name", "index")
     held = {
         a.gpu_id: a.attempt
-        for a in Allocation.objects.filter(active=True, gpu__node__in=nodes).select_related(
+        for a in Allocation.objects.filter(active=True, gpu__node__in=listed).select_related(
             "attempt__job__tenant"
         )
     }
@@ -473,7 +473,7 @@ def nodes_with_gpus(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, lis
     for g in gpus:
         attempt = held.get(g.pk)
         by_node[g.node_id].append(GpuRow(g, attempt.job if attempt else None, attempt))
-    return [(n, by_node[n.pk]) for n in nodes]
+    return [(n, by_node[n.pk]) for n in listed]
 
 
 def node_active_attempts(node: Node) -> QuerySet[JobAttempt]:

@@ -81,7 +81,7 @@ def _time_ticks(t0: float, t1: float, count: int = 5) -> list[float]:
         if span / step <= count:
             break
     first = math.ceil(t0 / step) * step
-    ticks = []
+    ticks: list[float] = []
     t = first
     while t <= t1:
         ticks.append(t)

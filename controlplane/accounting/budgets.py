@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from controlplane.jobs.models import JobAttempt
 from controlplane.audit import trail
 from controlplane.audit.models import AuditEvent
+from controlplane.jobs.models import JobAttempt
 from controlplane.tenancy.models import Budget, BudgetKind
 
 J_PER_KWH = 3.6e6

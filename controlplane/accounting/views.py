@@ -63,10 +63,10 @@ CSV_FIELDS = list(UsageRow().fields)
 
 
 def usage_rows(user, period: str, at: dt.date | None, tenant_slug: str | None) -> list[dict]:
-    tenants = visible_tenants(user)
+    visible = visible_tenants(user)
     if tenant_slug:
-        tenants = tenants.filter(slug=tenant_slug)
-    tenants = list(tenants)
+        visible = visible.filter(slug=tenant_slug)
+    tenants = list(visible)
     when = moment(at)
     start, end = period_bounds(period, when)
     usage = usage_by_tenant(start, end, tenant_ids=[t.pk for t in tenants])

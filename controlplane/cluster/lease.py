@@ -105,6 +105,7 @@ def note_hearing(now: dt.datetime) -> Hearing:
         if clock.last_sweep_at is None or now > clock.last_sweep_at:
             clock.last_sweep_at = now
         clock.save()
+        assert clock.hearing_since is not None, "a first sweep is a reason to set it"
         return Hearing(since=clock.hearing_since, deaf_reason=reason)
 
 
@@ -146,6 +147,7 @@ def degraded_renewals(node_ids: Iterable[int] | None) -> dict[int, dt.datetime]:
         return {}
     from controlplane.redis_client import get_redis
 
+    pairs: list[tuple[bytes | str, bytes | str | None]]
     try:
         if node_ids is None:
             raw = get_redis().hgetall(DEGRADED_RENEWALS_KEY)
@@ -197,8 +199,12 @@ def remember_checked_token(digest: str, node_id: int, name: str, interval_s: flo
     with _trusted_lock:
         previous = _trusted.get(digest)
         _trusted[digest] = entry
-    shared = previous is not None and now - previous.checked_at_monotonic < TOKEN_SHARE_EVERY_S
-    if settings.REDIS_URL and not (shared and previous.node_id == node_id):
+    shared_lately = (
+        previous is not None
+        and now - previous.checked_at_monotonic < TOKEN_SHARE_EVERY_S
+        and previous.node_id == node_id
+    )
+    if settings.REDIS_URL and not shared_lately:
         _share(digest, entry)
 
 

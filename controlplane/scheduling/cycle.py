@@ -78,7 +78,7 @@ def run_scheduling_cycle(
     core_ms = {f"plan.{name}": s * 1000.0 for name, s in plan.step_seconds.items()}
     # The slowest named step, looking inside the plan when the core reports its own steps.
     candidates = {k: v for k, v in step_ms.items() if not (k == "plan" and core_ms)} | core_ms
-    slowest = max(candidates, key=candidates.get)
+    slowest = max(candidates, key=candidates.__getitem__)
     step_ms |= core_ms
     duration_ms = (t4 - began) * 1000.0
     cycle = SchedulingCycle.objects.create(

@@ -7,6 +7,7 @@ liveness sweep that beat runs in production, so a stopped agent's node goes down
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -79,7 +80,7 @@ class SchedulingLoop:
                 # Cleared before the cycle: a request that arrives during it gets another one.
                 self._wakeup.clear()
             trigger = "request" if requested else "tick"
-            self._step(lambda trigger=trigger: run_scheduling_cycle(trigger=trigger))
+            self._step(functools.partial(run_scheduling_cycle, trigger=trigger))
             self.cycles += 1
             if time.monotonic() >= next_sweep:
                 if self._sweep is not None:

@@ -75,7 +75,8 @@ class WindowCounter:
 
     def limit(self) -> tuple[int, int] | None:
         rate = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
-        return parse_rate(rate) if rate else None
+        # "N/period" strings (DRF's stubs type the rates as numbers, which DRF never takes).
+        return parse_rate(str(rate)) if rate else None
 
     def _key(self, ident: str, period_s: int, now: float) -> str:
         return f"throttle:{self.scope}:{ident}:{int(now // period_s)}"
