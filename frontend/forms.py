@@ -98,7 +98,10 @@ class JobSubmitForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
     )
     gpus = forms.CharField(
-        label="GPUs", initial="1", widget=NUMBER(attrs={"min": 0, "step": 1}), required=False
+        label="GPUs",
+        initial=validation.DEFAULTS["gpus"],
+        widget=NUMBER(attrs={"min": 0, "step": 1}),
+        required=False,
     )
     gpu_type = forms.CharField(
         label="GPU type",
@@ -107,32 +110,35 @@ class JobSubmitForm(forms.Form):
         help_text="Any type: the first that fits.",
     )
     cpus = forms.CharField(
-        label="CPUs", initial="1", widget=NUMBER(attrs={"min": 0, "step": "any"}), required=False
+        label="CPUs",
+        initial=validation.DEFAULTS["cpus"],
+        widget=NUMBER(attrs={"min": 0, "step": "any"}),
+        required=False,
     )
     memory_mib = forms.CharField(
         label="Memory (MiB)",
-        initial="4096",
+        initial=validation.DEFAULTS["memory_mib"],
         widget=NUMBER(attrs={"min": 1, "step": 1}),
         required=False,
     )
     priority = forms.CharField(
-        initial=PriorityClass.NORMAL,
+        initial=validation.DEFAULTS["priority"],
         widget=forms.Select(choices=PriorityClass.choices),
         required=False,
     )
     preemptible = forms.BooleanField(
         required=False,
-        initial=True,
+        initial=validation.DEFAULTS["preemptible"],
         help_text="May run on borrowed GPUs beyond the guarantee, and be preempted there.",
     )
     restartable = forms.BooleanField(
         required=False,
-        initial=True,
+        initial=validation.DEFAULTS["restartable"],
         help_text="Checkpoints: may be requeued after preemption or a lost node.",
     )
     max_runtime_s = forms.CharField(
         label="Max runtime (s)",
-        initial="86400",
+        initial=validation.DEFAULTS["max_runtime_s"],
         widget=NUMBER(attrs={"min": 1, "step": 1}),
         required=False,
         help_text="Stopped after this long. 86400 s = 1 day.",
@@ -191,7 +197,7 @@ class JobSubmitForm(forms.Form):
             body[name] = parse_number(text(name))
         body["cpus"] = parse_number(text("cpus"))
         body["gpu_type"] = text("gpu_type")
-        body["priority"] = text("priority") or PriorityClass.NORMAL.value
+        body["priority"] = text("priority") or validation.DEFAULTS["priority"]
         for name in ("preemptible", "restartable"):
             if self.is_bound:
                 body[name] = self.fields[name].widget.value_from_datadict(raw, self.files, name)

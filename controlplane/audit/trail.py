@@ -78,3 +78,8 @@ def changes(before: dict, after: dict) -> tuple[dict, dict]:
     """Only the fields that differ, from both sides."""
     keys = [k for k in after if before.get(k) != after.get(k)]
     return {k: before.get(k) for k in keys}, {k: after[k] for k in keys}
+
+
+def describe(before: dict, after: dict) -> str:
+    """ "limit_gpus 16 → 12, weight 1.0 → 2.0": what a message says changed."""
+    return ", ".join(f"{k} {before.get(k)} → {after[k]}" for k in after)

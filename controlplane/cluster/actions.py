@@ -205,7 +205,7 @@ def set_node_state(node: Node, state: str, *, actor=None) -> bool:
         obj=node,
         before={"state": was},
         after={"state": state},
-        message=f"Node {node.name} {was} -> {state}.",
+        message=f"Node {node.name} {was} → {state}.",
     )
     _cycle_on_commit(f"node_{state}")
     return True
@@ -359,11 +359,12 @@ def update_pool(pool: Pool, *, actor, **values) -> Pool:
     if list(after) == ["power_budget_w"]:
         action = "pool.set_power_budget"
         message = (
-            f"Power budget of pool {pool.name}: {_watts(before['power_budget_w'])} -> "
+            f"Power budget of pool {pool.name}: {_watts(before['power_budget_w'])} → "
             f"{_watts(after['power_budget_w'])}."
         )
     else:
-        action, message = "pool.update", f"Pool {pool.name} changed: {', '.join(after)}."
+        action = "pool.update"
+        message = f"Pool {pool.name} changed: {trail.describe(before, after)}."
     trail.record(action, actor=actor, obj=pool, before=before, after=after, message=message)
     if "power_budget_w" in after:
         _cycle_on_commit("pool_power_budget")

@@ -393,7 +393,7 @@ def update_tenant(tenant: Tenant, *, actor, **values) -> Tenant:
             obj=tenant,
             before=before,
             after=after,
-            message=f"Tenant {tenant.slug} changed: {', '.join(after)}.",
+            message=f"Tenant {tenant.slug} changed: {trail.describe(before, after)}.",
         )
         if any(name in after for name in TENANT_SCHEDULING_FIELDS):
             _cycle_on_commit("tenant_changed")
@@ -454,7 +454,8 @@ def update_quota(quota: Quota, *, actor, **values) -> Quota:
             object_repr=_quota_repr(quota),
             before=before,
             after=after,
-            message=f"Quota for {quota.gpu_type or 'any type'} changed.",
+            message=f"Quota for {quota.gpu_type or 'any type'} changed: "
+            f"{trail.describe(before, after)}.",
         )
         _cycle_on_commit("quota_changed")
     return quota
@@ -513,7 +514,7 @@ def update_budget(budget: Budget, *, actor, **values) -> Budget:
             object_repr=_budget_repr(budget),
             before=before,
             after=after,
-            message=f"{budget.get_kind_display()} budget changed.",
+            message=f"{budget.get_kind_display()} budget changed: {trail.describe(before, after)}.",
         )
         _cycle_on_commit("budget_changed")
     return budget

@@ -121,8 +121,8 @@ class JobDetailSerializer(JobSerializer):
 
 
 class JobSubmitSerializer(serializers.Serializer):
-    """The fields of a submit. They describe the schema; the checking is jobs.validation's, the
-    same the web form runs, so no rule differs between the two."""
+    """The fields of a submit. They describe the schema; the checking and the defaults are
+    jobs.validation's (DEFAULTS), the same the web form runs, so no rule differs between the two."""
 
     tenant = serializers.CharField(
         required=False, help_text="Tenant slug; a member of exactly one tenant may leave it out"
@@ -138,21 +138,27 @@ class JobSubmitSerializer(serializers.Serializer):
     env = serializers.DictField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False
     )
-    gpus = serializers.IntegerField(min_value=0, default=1)
+    gpus = serializers.IntegerField(min_value=0, default=validation.DEFAULTS["gpus"])
     gpu_type = serializers.CharField(
         required=False, allow_blank=True, help_text="A GPU model; empty for any type"
     )
-    cpus = serializers.FloatField(min_value=0, default=1.0)
-    memory_mib = serializers.IntegerField(min_value=1, default=4096)
-    priority = serializers.ChoiceField(choices=PriorityClass.choices, default=PriorityClass.NORMAL)
+    cpus = serializers.FloatField(min_value=0, default=validation.DEFAULTS["cpus"])
+    memory_mib = serializers.IntegerField(min_value=1, default=validation.DEFAULTS["memory_mib"])
+    priority = serializers.ChoiceField(
+        choices=PriorityClass.choices, default=validation.DEFAULTS["priority"]
+    )
     preemptible = serializers.BooleanField(
-        default=True, help_text="May be preempted when it runs on borrowed GPUs"
+        default=validation.DEFAULTS["preemptible"],
+        help_text="May be preempted when it runs on borrowed GPUs",
     )
     restartable = serializers.BooleanField(
-        default=True, help_text="Checkpoints: may be requeued after a preemption or a lost node"
+        default=validation.DEFAULTS["restartable"],
+        help_text="Checkpoints: may be requeued after a preemption or a lost node",
     )
     max_runtime_s = serializers.IntegerField(
-        min_value=1, max_value=validation.MAX_RUNTIME_S, default=86400
+        min_value=1,
+        max_value=validation.MAX_RUNTIME_S,
+        default=validation.DEFAULTS["max_runtime_s"],
     )
     estimated_duration_s = serializers.IntegerField(
         min_value=1, max_value=validation.MAX_RUNTIME_S, required=False, allow_null=True
