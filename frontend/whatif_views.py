@@ -22,7 +22,7 @@ from controlplane.scheduling.models import WhatIfRun, WhatIfState
 from controlplane.scheduling.whatif.params import WhatIfError, WhatIfParams, build_params
 from controlplane.scheduling.whatif.report import Report, report_of
 from controlplane.scheduling.whatif_tasks import launch_whatif
-from frontend.views import page, staff_required
+from frontend.pages import page, staff_required
 from scheduler.simulator.policies import PRESETS
 
 POLL_S = 2
