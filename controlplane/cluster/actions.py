@@ -23,8 +23,19 @@ from django.utils import timezone
 from controlplane import wakeups
 from controlplane.audit import trail
 from controlplane.cluster import gpu_claims, lease, rules
-from controlplane.cluster.agent_auth import consume_join_token, rotate_node_token
-from controlplane.cluster.models import GPU, Node, Pool
+from controlplane.cluster.agent_auth import (
+    consume_join_token,
+    issue_join_token,
+    rotate_node_token,
+)
+from controlplane.cluster.models import (
+    GPU,
+    GpuClaimConflict,
+    GpuClaimResolution,
+    JoinToken,
+    Node,
+    Pool,
+)
 from controlplane.jobs import actions as job_actions
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
 
@@ -146,7 +157,7 @@ def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
     taken = {g["index"] for g in data["gpus"]}
     for uuid, gpu in existing.items():
         if uuid not in reported:
-            updates = {"healthy": False}
+            updates: dict[str, bool | int] = {"healthy": False}
             if gpu.index in taken:
                 updates["index"] = _spare_index(node)
             GPU.objects.filter(pk=gpu.pk).update(**updates)
@@ -157,14 +168,14 @@ def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
         GPU.objects.filter(node=node, uuid__in=moving).update(index=F("index") + PARKED_INDEX)
     for g in data["gpus"]:
         inventory = {k: g[k] for k in g if k != "uuid"}
-        gpu = existing.get(g["uuid"]) or moving_in.get(g["uuid"])
-        if gpu is None:
+        known = existing.get(g["uuid"]) or moving_in.get(g["uuid"])
+        if known is None:
             # Create, not update-or-create: a row of this UUID made since lock_claims looked
             # (another registration) is refused by the unique constraint, never taken over.
             GPU.objects.create(uuid=g["uuid"], **inventory, node=node, healthy=True)
         else:
             # Its own, or one whose node is gone for good (locked): it keeps its history.
-            GPU.objects.filter(pk=gpu.pk).update(**inventory, node=node, healthy=True)
+            GPU.objects.filter(pk=known.pk).update(**inventory, node=node, healthy=True)
     gpu_claims.note_claimed(node, list(reported), now)
     token = rotate_node_token(node)
     trail.record(
@@ -178,6 +189,58 @@ def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
     )
     _cycle_on_commit("node_registered")
     return node, token
+
+
+# --- join tokens -------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def create_join_token(
+    pool: Pool,
+    *,
+    actor,
+    expires_at: dt.datetime | None = None,
+    max_uses: int = 1,
+    node_name: str = "",
+) -> tuple[JoinToken, str]:
+    """A token nodes join `pool` with (a day by default); (token, raw secret shown once)."""
+    now = timezone.now()
+    expires_at = expires_at or now + rules.DEFAULT_JOIN_TOKEN_LIFETIME
+    token, raw = issue_join_token(
+        pool, expires_at=expires_at, max_uses=max_uses, created_by=actor, node_name=node_name
+    )
+    trail.record(
+        "join_token.create",
+        actor=actor,
+        obj=token,
+        object_repr=token.prefix,
+        after={
+            "pool": pool.name,
+            "expires_at": expires_at,
+            "max_uses": max_uses,
+            "node_name": node_name,
+        },
+        message=f"Join token {token.prefix} for pool {pool.name} issued.",
+    )
+    return token, raw
+
+
+@transaction.atomic
+def revoke_join_token(token: JoinToken, *, actor) -> bool:
+    """No node can register with it any more; True when this call revoked it."""
+    now = timezone.now()
+    if not JoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now):
+        return False
+    trail.record(
+        "join_token.revoke",
+        actor=actor,
+        obj=token,
+        object_repr=token.prefix,
+        before={"revoked_at": None},
+        after={"revoked_at": now},
+        message=f"Join token {token.prefix} revoked.",
+    )
+    return True
 
 
 # --- an admin's wish for a node -----------------------------------------------------------------
@@ -228,6 +291,28 @@ def deregister_node(node: Node, *, actor=None) -> Node:
         )
         _cycle_on_commit("node_deregistered")
     return node
+
+
+@transaction.atomic
+def resolve_gpu_claim(conflict: GpuClaimConflict, resolution: str, *, actor=None):
+    """Close a refused registration's GPU claim (gpu_claims.resolve_conflict says how); raises
+    gpu_claims.NodeBusy while the holder to deregister still runs work."""
+    was_open = conflict.resolved_at is None
+    conflict = gpu_claims.resolve_conflict(conflict, resolution, actor=actor)
+    if was_open and conflict.resolved_at is not None:
+        trail.record(
+            "gpu_claim.resolve",
+            actor=actor,
+            obj=conflict,
+            object_repr=f"{conflict.gpu_uuid} claimed by {conflict.claimant}",
+            before={"resolution": ""},
+            after={"resolution": conflict.resolution, "holder": conflict.holder_name},
+            message=f"GPU {conflict.gpu_uuid} claim by {conflict.claimant} resolved: "
+            f"{conflict.resolution}.",
+        )
+        if conflict.resolution == GpuClaimResolution.HOLDER_DEREGISTERED:
+            _cycle_on_commit("node_deregistered")
+    return conflict
 
 
 # --- liveness: the sweep's verdicts -------------------------------------------------------------

@@ -17,7 +17,6 @@ from controlplane.cluster.models import (
     NodeState,
     Pool,
 )
-from controlplane.tenancy.models import hash_token, new_raw_token
 
 
 class PoolAdminForm(forms.ModelForm):
@@ -154,8 +153,27 @@ class GpuAdmin(admin.ModelAdmin):
         return False
 
 
+class JoinTokenAdminForm(forms.ModelForm):
+    class Meta:
+        model = JoinToken
+        fields = ["pool", "expires_at", "max_uses"]
+
+    def clean_expires_at(self):
+        value = self.cleaned_data["expires_at"]
+        if problem := rules.join_token_expiry_problem(value, timezone.now()):
+            raise ValidationError(problem)
+        return value
+
+    def clean_max_uses(self):
+        value = self.cleaned_data["max_uses"]
+        if not 1 <= value <= rules.MAX_JOIN_TOKEN_USES:
+            raise ValidationError(f"From 1 to {rules.MAX_JOIN_TOKEN_USES}.")
+        return value
+
+
 @admin.register(JoinToken)
 class JoinTokenAdmin(admin.ModelAdmin):
+    form = JoinTokenAdminForm
     list_display = [
         "prefix",
         "pool",
@@ -181,24 +199,33 @@ class JoinTokenAdmin(admin.ModelAdmin):
     readonly_fields = ["prefix", "uses", "created_by", "created_at", "revoked_at"]
     actions = ["revoke"]
 
+    def get_readonly_fields(self, request, obj=None):
+        # Issued once, then only revoked (as in the API): a longer life or more uses would be a
+        # new credential under an old name.
+        if obj is not None:
+            return [*self.fields]
+        return self.readonly_fields
+
     def save_model(self, request, obj, form, change):
-        if not change:
-            raw = new_raw_token("gcpj")
-            obj.token_hash = hash_token(raw)
-            obj.prefix = raw[:12]
-            obj.created_by = request.user
-            super().save_model(request, obj, form, change)
-            self.message_user(
-                request,
-                f"Join token (shown this once, only its hash is kept): {raw}",
-                messages.WARNING,
-            )
+        if change:
             return
-        super().save_model(request, obj, form, change)
+        token, raw = actions.create_join_token(
+            obj.pool, actor=request.user, expires_at=obj.expires_at, max_uses=obj.max_uses
+        )
+        obj.pk = token.pk
+        self.message_user(
+            request,
+            f"Join token (shown this once, only its hash is kept): {raw}",
+            messages.WARNING,
+        )
+
+    def has_delete_permission(self, request, obj=None):
+        # Revoked, never deleted (as in the API): the row tells which nodes joined with it.
+        return False
 
     @admin.action(description="Revoke the selected join tokens")
     def revoke(self, request, queryset):
-        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        revoked = sum(actions.revoke_join_token(t, actor=request.user) for t in queryset)
         self.message_user(request, f"Revoked {revoked} join token(s).", messages.SUCCESS)
 
 
@@ -207,7 +234,7 @@ def _resolve_action(resolution: str, description: str):
         done = 0
         for conflict in queryset.filter(resolved_at__isnull=True):
             try:
-                gpu_claims.resolve_conflict(conflict, resolution, actor=request.user)
+                actions.resolve_gpu_claim(conflict, resolution, actor=request.user)
                 done += 1
             except gpu_claims.NodeBusy as exc:
                 modeladmin.message_user(request, str(exc), messages.ERROR)

@@ -7,14 +7,19 @@ Errors are Django's ValidationError with a dict of field name -> messages (as in
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 from django.core.exceptions import ValidationError
 
-from controlplane.cluster.models import NodeState, Pool
+from controlplane.cluster.models import NODE_NAME_RE, NodeState, Pool
 
 # A budget above this is a typo (a large datacenter hall draws tens of megawatts).
 MAX_POOL_POWER_BUDGET_W = 1e8
+
+MAX_JOIN_TOKEN_LIFETIME = dt.timedelta(days=30)
+DEFAULT_JOIN_TOKEN_LIFETIME = dt.timedelta(days=1)
+MAX_JOIN_TOKEN_USES = 10_000
 
 # The verbs an admin applies to a node (API actions, page buttons, admin actions) and the admin
 # state each sets.
@@ -55,3 +60,17 @@ def check_node_state(state: str) -> None:
         raise ValidationError(
             {"state": [f"{state!r} is not one of {', '.join(NodeState.values)}."]}
         )
+
+
+def join_token_node_name_problem(value: str) -> str | None:
+    if value and not NODE_NAME_RE.match(value):
+        return "Letters, digits, '.', '_' and '-' only, not at either end."
+    return None
+
+
+def join_token_expiry_problem(value: dt.datetime, now: dt.datetime) -> str | None:
+    if value <= now:
+        return "Must be in the future."
+    if value > now + MAX_JOIN_TOKEN_LIFETIME:
+        return "At most 30 days ahead: join tokens are short-lived."
+    return None

@@ -299,7 +299,7 @@ def issue_token(
         token.prefix,
         user.username,
         ",".join(token.scopes),
-        token.expires_at.isoformat(),
+        token.effective_expires_at.isoformat(),
         parent.prefix if parent else "a session",
     )
     return token, raw

@@ -2,7 +2,6 @@
 and join tokens for cluster admins."""
 
 from collections import Counter
-from datetime import timedelta
 
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -12,7 +11,6 @@ from rest_framework import serializers
 from controlplane.cluster import actions, rules
 from controlplane.cluster.models import (
     GPU,
-    NODE_NAME_RE,
     GpuClaimConflict,
     GpuClaimResolution,
     JoinToken,
@@ -20,11 +18,6 @@ from controlplane.cluster.models import (
     Pool,
 )
 from controlplane.permissions import is_cluster_admin
-from controlplane.tenancy.models import hash_token, new_raw_token
-
-MAX_JOIN_TOKEN_LIFETIME = timedelta(days=30)
-DEFAULT_JOIN_TOKEN_LIFETIME = timedelta(days=1)
-MAX_JOIN_TOKEN_USES = 10_000
 
 
 class PoolSerializer(serializers.ModelSerializer):
@@ -212,7 +205,7 @@ class JoinTokenSerializer(serializers.ModelSerializer):
         extra_kwargs = {
             "max_uses": {
                 "min_value": 1,
-                "max_value": MAX_JOIN_TOKEN_USES,
+                "max_value": rules.MAX_JOIN_TOKEN_USES,
                 "help_text": "How many nodes may register with it",
             },
             "node_name": {
@@ -222,31 +215,19 @@ class JoinTokenSerializer(serializers.ModelSerializer):
         }
 
     def validate_node_name(self, value):
-        if value and not NODE_NAME_RE.match(value):
-            raise serializers.ValidationError(
-                "Letters, digits, '.', '_' and '-' only, not at either end."
-            )
+        if problem := rules.join_token_node_name_problem(value):
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_expires_at(self, value):
-        now = timezone.now()
-        if value <= now:
-            raise serializers.ValidationError("Must be in the future.")
-        if value > now + MAX_JOIN_TOKEN_LIFETIME:
-            raise serializers.ValidationError("At most 30 days ahead: join tokens are short-lived.")
+        if problem := rules.join_token_expiry_problem(value, timezone.now()):
+            raise serializers.ValidationError(problem)
         return value
 
     def create(self, validated_data):
-        raw = new_raw_token("gcpj")
-        token = JoinToken.objects.create(
-            token_hash=hash_token(raw),
-            prefix=raw[:12],
-            created_by=self.context["request"].user,
-            expires_at=validated_data.get("expires_at")
-            or timezone.now() + DEFAULT_JOIN_TOKEN_LIFETIME,
-            pool=validated_data["pool"],
-            max_uses=validated_data.get("max_uses", 1),
-            node_name=validated_data.get("node_name", ""),
+        values = dict(validated_data)
+        token, raw = actions.create_join_token(
+            values.pop("pool"), actor=self.context["request"].user, **values
         )
         token.raw_token = raw
         return token

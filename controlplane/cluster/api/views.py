@@ -3,7 +3,6 @@ tokens, and the GPU claims registrations were refused for."""
 
 import django_filters
 from django.db.models import Count, Exists, F, OuterRef, Prefetch, Sum
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins
 from rest_framework.decorators import action
@@ -174,10 +173,8 @@ class JoinTokenViewSet(
     def created_representation(self, serializer, instance):
         return JoinTokenCreatedSerializer(instance, context=self.get_serializer_context()).data
 
-    def perform_destroy(self, instance):
-        JoinToken.objects.filter(pk=instance.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
+    def delete_instance(self, instance):
+        actions.revoke_join_token(instance, actor=self.request.user)
 
 
 class GpuClaimConflictFilterSet(FilterSet):
@@ -226,7 +223,7 @@ class GpuClaimConflictViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, 
         body = GpuClaimResolveSerializer(data=request_body(request))
         body.is_valid(raise_exception=True)
         try:
-            conflict = gpu_claims.resolve_conflict(
+            conflict = actions.resolve_gpu_claim(
                 conflict, body.validated_data["resolution"], actor=request.user
             )
         except gpu_claims.NodeBusy as exc:

@@ -11,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from controlplane.audit.models import AuditEvent
 from controlplane.cluster import lease
 from controlplane.cluster.models import GPU, GpuClaimConflict, JoinToken, Node
 from controlplane.jobs.models import AttemptState, JobAttempt, JobState
@@ -244,6 +245,8 @@ def test_an_admin_resolves_a_conflict_by_deregistering_the_holder_once_its_work_
     assert resolved.status_code == 200, resolved.content
     assert resolved.json()["resolution"] == "holder_deregistered"
     assert resolved.json()["resolved_by"] == cluster_admin.username
+    [audited] = AuditEvent.objects.filter(action="gpu_claim.resolve")
+    assert (audited.actor, audited.after["resolution"]) == (cluster_admin, "holder_deregistered")
 
     again = agent.post("register", claiming("node-02", ["GPU-node-01-0"], new=1), agent.join_token)
     assert again.status_code == 201, again.content

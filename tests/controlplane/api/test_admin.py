@@ -12,7 +12,7 @@ from controlplane.cluster.models import JoinToken, NodeState
 from controlplane.jobs.models import JobEvent, JobState
 from controlplane.tenancy.models import hash_token
 
-OUR_APPS = ("tenancy", "jobs", "cluster")
+OUR_APPS = ("tenancy", "jobs", "cluster", "audit")
 OUR_MODELS = [m for m in admin.site._registry if m._meta.app_label in OUR_APPS]
 
 

@@ -308,3 +308,20 @@ def test_a_tenant_admin_sees_their_own_tenants_trail_only(
     # The Django admin, where the whole trail is, is for cluster admins only.
     admin_page = client.get(reverse("admin:audit_auditevent_changelist"))
     assert admin_page.status_code == 302 and "/login/" in admin_page["Location"]
+
+
+def test_join_tokens_issued_and_revoked_are_audited_without_their_secret(
+    api, pool, cluster_admin
+):
+    made = api.post("/api/v1/join-tokens/", {"pool": "default", "max_uses": 3}, format="json")
+    assert made.status_code == 201, made.content
+    secret = made.json()["token"]
+    created = only_row(action="join_token.create")
+    assert (created.actor, created.after["max_uses"], created.after["pool"]) == (
+        cluster_admin,
+        3,
+        "default",
+    )
+    assert secret not in str(created.after) and secret not in created.message
+    assert api.delete(f"/api/v1/join-tokens/{made.json()['id']}/").status_code == 204
+    assert only_row(action="join_token.revoke").before == {"revoked_at": None}
