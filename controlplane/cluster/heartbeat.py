@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from controlplane import bulk
 from controlplane.cluster import lease, telemetry
 from controlplane.cluster.agent_auth import node_by_token_hash
 from controlplane.cluster.desired_state import (
@@ -227,7 +228,7 @@ def _prepared_fetch(name: str, build, params):
     sql = _sql.get(name)
     if sql is None:
         sql = _sql[name] = build()
-    with telemetry.server_cursor() as cursor:
+    with bulk.server_cursor() as cursor:
         cursor.execute(sql, params, prepare=True)
         return cursor.fetchone()
 
@@ -337,13 +338,13 @@ def _reported_energy(
 
 
 def _energy_row(r, w: Work, samples: dict[str, GpuSample]) -> tuple:
-    """(energy so far, estimated?, the attempt's GPUs' counters as JSON) for the batch."""
+    """(energy so far, estimated?, the attempt's GPUs' counters by UUID) for the batch."""
     counters = {
         u: samples[u].energy_j
         for u in w.gpu_uuids
         if u in samples and samples[u].energy_j is not None
     }
-    return (r.energy_j, r.energy_estimated, json.dumps(counters))
+    return (r.energy_j, r.energy_estimated, counters)
 
 
 def answer_heartbeat(read: NodeRead, hb: Heartbeat, *, now: dt.datetime | None = None) -> bytes:

@@ -17,18 +17,17 @@ older than TELEMETRY_RETENTION_S are deleted by the liveness sweep.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime as dt
-import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection
 
+from controlplane import bulk
 from controlplane.cluster.models import GPU, GpuTelemetry
 
 log = logging.getLogger(__name__)
@@ -55,6 +54,7 @@ LATEST_FIELDS = (
 )
 # Written apart from the numbers: a JSON list of names and an integer count.
 HEALTH_FIELDS = ("throttle_reasons", "ecc_errors")
+_NUMBERS = tuple(f for f in LATEST_FIELDS if f not in (*HEALTH_FIELDS, "healthy", "telemetry_at"))
 # History fields averaged over the bucket; power_cap_w keeps the latest value instead, since a
 # cap is a setting, and its mean over a change would be a cap nobody ever set.
 MEAN_FIELDS = ("utilization_pct", "memory_used_mib", "power_draw_w", "temperature_c")
@@ -82,71 +82,6 @@ def bucket_start(at: dt.datetime, bucket_s: float = TELEMETRY_BUCKET_S) -> dt.da
     return dt.datetime.fromtimestamp(ts - ts % bucket_s, tz=dt.UTC)
 
 
-def rows_cte(name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple]) -> tuple:
-    """A CTE `name(columns)` holding `rows`, for the one-statement writes below: (sql, params).
-
-    PostgreSQL gets one array parameter per column, unnested: the statement text stays the
-    same whatever the number of rows, so it is prepared once (batch_cursor) instead of parsed
-    anew with hundreds of placeholders. The parameters need batch_cursor's server binding. SQLite (the embedded mode) gets a VALUES list; an empty
-    one is not SQL, so a row of NULLs, which matches nothing, stands in for it.
-    """
-    names = ", ".join(c for c, _ in columns)
-    if connection.vendor == "postgresql":
-        # Binary (%b): psycopg packs a list of numbers several times faster than it quotes one
-        # as text. A binary array holds one element type, so numbers are made floats first.
-        arrays = ", ".join(f"%b::{sql_type}[]" for _, sql_type in columns)
-        params = []
-        for i, (_, sql_type) in enumerate(columns):
-            column = [row[i] for row in rows]
-            if sql_type == "double precision":
-                column = [None if v is None else float(v) for v in column]
-            params.append(column)
-        return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))", params
-    values = list(rows) or [(None,) * len(columns)]
-    placeholders = "(" + ", ".join(["%s"] * len(columns)) + ")"
-    params = [p for row in values for p in row]
-    return f"{name}({names}) AS (VALUES {', '.join([placeholders] * len(values))})", params
-
-
-def batch_cursor():
-    """A cursor for the batch statements below.
-
-    On PostgreSQL, psycopg's own server-binding cursor: Django's cursors bind on the client
-    side, which quotes every element of the column arrays in Python, the largest cost of a
-    batch; bound on the server, the arrays travel as they are and the statement, whose text
-    does not depend on the number of rows, is prepared once per connection.
-    """
-    if connection.vendor != "postgresql":
-        return connection.cursor()
-    return server_cursor()
-
-
-@contextlib.contextmanager
-def server_cursor():
-    """A psycopg cursor binding parameters on the server, on this thread's Django connection.
-
-    Its statements run with prepare=True are prepared once per connection. Django leaves
-    psycopg's preparing off (prepare_threshold None, for poolers that cannot follow prepared
-    statements); it is turned on here for such statements alone (Django's own cursors bind on
-    the client and never prepare), unless DB_PREPARED_STATEMENTS is False.
-    """
-    import psycopg
-
-    connection.ensure_connection()
-    raw = connection.connection
-    if raw.prepare_threshold is None and getattr(settings, "DB_PREPARED_STATEMENTS", True):
-        # Only statements executed with prepare=True: never reached by counting.
-        raw.prepare_threshold = 1 << 30
-    # Errors as Django's (IntegrityError, OperationalError...), and a broken connection marked
-    # as such, so that Django closes it instead of handing it to the next request.
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        yield cursor
-
-
-def prepare() -> dict:
-    return {"prepare": True} if connection.vendor == "postgresql" else {}
-
-
 def write_latest(
     readings: dict[int, tuple[dt.datetime, dict[str, GpuSample]]],
 ) -> list[tuple[int, int, str]]:
@@ -154,6 +89,11 @@ def write_latest(
 
     `readings` maps a node id to the time of its heartbeat and its samples by GPU UUID. A GPU
     its node no longer lists is unhealthy with no readings (and keeps its last reading time).
+
+    Raw over controlplane.bulk's rows rather than its update_rows: the rows are keyed by (node,
+    UUID), as the agent knows its GPUs, and the GPUs of these nodes that no row names must be
+    written too (unhealthy); one statement does both, where an id look-up first would cost a
+    round trip per batch.
     """
     if not readings:
         return []
@@ -162,85 +102,47 @@ def write_latest(
         (
             node_id,
             s.uuid,
-            connection.ops.adapt_datetimefield_value(at),
+            at,
             s.healthy,
-            s.power_cap_w,
-            s.utilization_pct,
-            s.memory_used_mib,
-            s.power_draw_w,
-            s.energy_j,
-            s.temperature_c,
-            s.sm_clock_mhz,
-            None if s.throttle_reasons is None else json.dumps(list(s.throttle_reasons)),
+            *(getattr(s, f) for f in _NUMBERS),
+            None if s.throttle_reasons is None else list(s.throttle_reasons),
             s.ecc_errors,
         )
         for node_id, (at, samples) in readings.items()
         for s in samples.values()
     ]
-    numbers = [f for f in LATEST_FIELDS if f not in HEALTH_FIELDS + ("healthy", "telemetry_at")]
-    json_type = "jsonb" if connection.vendor == "postgresql" else "text"
-    readings_cte, params = rows_cte(
+    gpu = GPU._meta.get_field
+    readings_source, params = bulk.rows_from(
         "v",
         [
-            ("node", "bigint"),
-            ("u", "text"),
-            ("at", "timestamptz"),
-            ("healthy", "boolean"),
-            *((f, "double precision") for f in numbers),
-            ("throttle_reasons", json_type),
-            ("ecc_errors", "bigint"),
+            ("node", gpu("node")),
+            ("u", gpu("uuid")),
+            ("at", gpu("telemetry_at")),
+            ("healthy", gpu("healthy")),
+            *((f, gpu(f)) for f in _NUMBERS),
+            ("throttle_reasons", gpu("throttle_reasons")),
+            ("ecc_errors", gpu("ecc_errors")),
         ],
         rows,
     )
-    nodes_cte, node_params = rows_cte("n", [("id", "bigint")], [(n,) for n in readings])
+    nodes_source, node_params = bulk.rows_from("n", [("id", gpu("node"))], [(n,) for n in readings])
     assignments = ", ".join(
         [
-            "healthy = CASE WHEN x.u IS NULL THEN FALSE ELSE CAST(x.healthy AS BOOLEAN) END",
-            *(f"{f} = CAST(x.{f} AS DOUBLE PRECISION)" for f in numbers),
-            f"throttle_reasons = CAST(x.throttle_reasons AS {json_type.upper()})",
-            "ecc_errors = CAST(x.ecc_errors AS BIGINT)",
+            "healthy = CASE WHEN x.u IS NULL THEN FALSE ELSE x.healthy END",
+            *(f"{f} = x.{f}" for f in (*_NUMBERS, *HEALTH_FIELDS)),
             f"telemetry_at = CASE WHEN x.u IS NULL THEN {table}.telemetry_at ELSE x.at END",
         ]
     )
     sql = (
-        f"WITH {readings_cte}, {nodes_cte} UPDATE {table} SET {assignments} "
-        f"FROM (SELECT g.id AS gid, v.* FROM {table} g JOIN n ON n.id = g.node_id "
-        f"LEFT JOIN v ON v.node = g.node_id AND v.u = g.uuid) x "
+        f"UPDATE {table} SET {assignments} "
+        f"FROM (SELECT g.id AS gid, v.* FROM {table} g JOIN {nodes_source} ON n.id = g.node_id "
+        f"LEFT JOIN {readings_source} ON v.node = g.node_id AND v.u = g.uuid) x "
         f"WHERE {table}.id = x.gid "
         f"RETURNING {table}.id, {table}.node_id, {table}.uuid"
     )
-    with batch_cursor() as cursor:
-        cursor.execute(sql, params + node_params, **prepare())
+    with bulk.cursor() as cursor:
+        bulk.execute(cursor, sql, node_params + params)
         return list(cursor.fetchall())
-
-
-def update_rows(
-    model,
-    columns: Sequence[tuple[str, str]],
-    rows: Sequence[tuple],
-    *,
-    where: str = "",
-    where_params: Sequence = (),
-) -> int:
-    """UPDATE many rows, each to its own values, in one statement: `rows` are (pk, *values).
-
-    Django's bulk_update builds a CASE per field and row, which costs more Python time than the
-    rest of a heartbeat together; a list of rows joined on the key is cheap for both sides.
-    `columns` are (name, SQL type); the CASTs type them where the driver cannot (SQLite).
-    """
-    if not rows:
-        return 0
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    pk = qn(model._meta.pk.column)
-    cte, params = rows_cte("v", [("k", "bigint"), *columns], rows)
-    assignments = ", ".join(f"{qn(name)} = CAST(v.{name} AS {cast})" for name, cast in columns)
-    sql = f"WITH {cte} UPDATE {table} SET {assignments} FROM v WHERE {table}.{pk} = v.k" + (
-        f" AND {where}" if where else ""
-    )
-    with batch_cursor() as cursor:
-        cursor.execute(sql, params + list(where_params), **prepare())
-        return cursor.rowcount
 
 
 def record_history(
@@ -248,13 +150,14 @@ def record_history(
 ) -> int:
     """Fold (gpu id, time, sample) into the GPUs' buckets with a single upsert; returns the count.
 
-    Raw SQL because the ORM's upsert can only overwrite, and a bucket keeps a running mean:
+    Raw over controlplane.bulk's rows because an upsert through the ORM (or bulk.insert_rows)
+    can only overwrite, and a bucket keeps a running mean:
     new = (old * samples + sample) / (samples + 1). A null sample leaves the mean alone.
     """
     rows = [
         (
             gpu_id,
-            connection.ops.adapt_datetimefield_value(bucket_start(at, bucket_s)),
+            bucket_start(at, bucket_s),
             *(getattr(sample, f) for f in MEAN_FIELDS),
             sample.power_cap_w,
         )
@@ -264,14 +167,8 @@ def record_history(
         return 0
     table = connection.ops.quote_name(GpuTelemetry._meta.db_table)
     values = ("gpu_id", "bucket_at", *MEAN_FIELDS, "power_cap_w")
-    cte, params = rows_cte(
-        "v",
-        [
-            ("gpu_id", "bigint"),
-            ("bucket_at", "timestamptz"),
-            *((f, "double precision") for f in values[2:]),
-        ],
-        rows,
+    source, params = bulk.rows_from(
+        "v", [(f, GpuTelemetry._meta.get_field(f)) for f in values], rows
     )
     mean_updates = ", ".join(
         f"{f} = CASE WHEN excluded.{f} IS NULL THEN {table}.{f} "
@@ -281,25 +178,20 @@ def record_history(
     )
     # "WHERE true": SQLite needs it to tell the upsert's ON CONFLICT from a join's ON.
     sql = (
-        f"WITH {cte} INSERT INTO {table} (samples, {', '.join(values)}) "
-        f"SELECT 1, {', '.join(values)} FROM v WHERE true "
+        f"INSERT INTO {table} (samples, {', '.join(values)}) "
+        f"SELECT 1, {', '.join(values)} FROM {source} WHERE true "
         f"ON CONFLICT (gpu_id, bucket_at) DO UPDATE SET {mean_updates}, "
         f"power_cap_w = COALESCE(excluded.power_cap_w, {table}.power_cap_w), "
         f"samples = {table}.samples + 1"
     )
-    with batch_cursor() as cursor:
-        cursor.execute(sql, params, **prepare())
+    with bulk.cursor() as cursor:
+        bulk.execute(cursor, sql, params)
     return len(rows)
 
 
 # --- batching --------------------------------------------------------------------------------
 
-ENERGY_COLUMNS = (("energy_j", "double precision"), ("energy_estimated", "boolean"))
-
-
-def _energy_columns() -> list[tuple[str, str]]:
-    json_type = "jsonb" if connection.vendor == "postgresql" else "text"
-    return [*ENERGY_COLUMNS, ("energy_last_j", json_type)]
+ENERGY_FIELDS = ("energy_j", "energy_estimated", "energy_last_j")
 
 
 def write_batch(
@@ -307,18 +199,17 @@ def write_batch(
 ) -> None:
     """Write one batch: energy of running attempts, GPU rows, history. At most three statements.
 
-    `energy` maps an attempt id to (energy_j, energy_estimated, GPU counters as JSON); an
+    `energy` maps an attempt id to (energy_j, energy_estimated, GPU counters by UUID); an
     attempt that ended meanwhile keeps its final figures (the state condition).
     """
     from controlplane.jobs.models import AttemptState, JobAttempt
 
     # Attempt rows before GPU rows: the order the scheduler's plan applier takes them in.
-    update_rows(
+    bulk.update_rows(
         JobAttempt,
-        _energy_columns(),
-        [(aid, *row) for aid, row in sorted(energy.items())],
-        where="state = %s",
-        where_params=(AttemptState.RUNNING,),
+        ENERGY_FIELDS,
+        [(aid, *row) for aid, row in energy.items()],
+        only_if={"state": AttemptState.RUNNING},
     )
     gpus = write_latest(readings)
     record_history(
@@ -480,7 +371,9 @@ def write_alive(alive: dict[int, dt.datetime]) -> int:
     """Move these nodes' last_heartbeat_at forward (never back) in one statement.
 
     Only the time: a node the liveness sweep declared not ready is made ready again by the
-    full heartbeat path, under its lock (controlplane.cluster.heartbeat).
+    full heartbeat path, under its lock (controlplane.cluster.heartbeat). Raw over
+    controlplane.bulk's rows rather than its update_rows for the "never back" condition, which
+    compares each row with its own new value.
     """
     from controlplane.cluster.models import Node
 
@@ -488,16 +381,18 @@ def write_alive(alive: dict[int, dt.datetime]) -> int:
         return 0
     table = connection.ops.quote_name(Node._meta.db_table)
     # Sorted, so that two processes' batches lock the rows they share in the same order.
-    rows = [(k, connection.ops.adapt_datetimefield_value(at)) for k, at in sorted(alive.items())]
-    cte, params = rows_cte("v", [("k", "bigint"), ("at", "timestamptz")], rows)
-    at = "v.at" if connection.vendor == "postgresql" else "datetime(v.at)"
-    sql = (
-        f"WITH {cte} UPDATE {table} SET last_heartbeat_at = {at} FROM v "
-        f"WHERE {table}.id = v.k AND ({table}.last_heartbeat_at IS NULL "
-        f"OR {table}.last_heartbeat_at < {at})"
+    source, params = bulk.rows_from(
+        "v",
+        [("k", Node._meta.pk), ("at", Node._meta.get_field("last_heartbeat_at"))],
+        sorted(alive.items()),
     )
-    with batch_cursor() as cursor:
-        cursor.execute(sql, params, **prepare())
+    sql = (
+        f"UPDATE {table} SET last_heartbeat_at = v.at FROM {source} "
+        f"WHERE {table}.id = v.k AND ({table}.last_heartbeat_at IS NULL "
+        f"OR {table}.last_heartbeat_at < v.at)"
+    )
+    with bulk.cursor() as cursor:
+        bulk.execute(cursor, sql, params)
         return cursor.rowcount
 
 

@@ -15,9 +15,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
-from controlplane import wakeups
+from controlplane import bulk, wakeups
 from controlplane.cluster.models import GPU, Node
-from controlplane.jobs import bulk_insert
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
     Allocation,
@@ -302,9 +301,9 @@ def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
 def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
     now = timezone.now()
     reasons = {a.job.pk: a.reason or f"Admitted to {a.node.name}" for a in accepted}
-    # One INSERT per table with the per-row values as one parameter (see bulk_insert): at a
+    # One INSERT per table with the per-row values as one array per column (controlplane.bulk): at a
     # cold start's thousands of admissions, bulk_create's instance per row costs seconds.
-    attempt_ids = bulk_insert.insert_rows(
+    attempt_ids = bulk.insert_rows(
         JobAttempt,
         [
             {
@@ -331,7 +330,7 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
         attempt._state.adding = False
         attempt._state.db = JobAttempt.objects.db
         attempts.append(attempt)
-    bulk_insert.insert_rows(
+    bulk.insert_rows(
         Allocation,
         [
             {"attempt_id": pk, "gpu_id": gpu.pk}
@@ -340,7 +339,7 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
         ],
         common={"created_at": now},
     )
-    bulk_insert.insert_rows(
+    bulk.insert_rows(
         JobEvent,
         [
             {
@@ -431,7 +430,7 @@ def request_stops(stops: Sequence[tuple[JobAttempt, str]], *, reason: str) -> se
                     "data": {"attempt": attempt.pk, "reason": reason},
                 }
             )
-    bulk_insert.insert_rows(JobEvent, events, common={"at": now, "kind": "stop_requested"})
+    bulk.insert_rows(JobEvent, events, common={"at": now, "kind": "stop_requested"})
     return asked
 
 

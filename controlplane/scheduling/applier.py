@@ -10,20 +10,18 @@ pending reasons, positions, estimates and power caps written here are not state.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 
-from django.db import connection, transaction
+from django.db import transaction
 
-from controlplane import wakeups
+from controlplane import bulk, wakeups
 from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import actions
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Job, JobAttempt, JobState
+from controlplane.jobs.transitions import PENDING_ONLY_FIELDS
 from controlplane.scheduling.loader import LoadedSnapshot, PendingRow, from_unix_s
 from scheduler import model as m
 
@@ -31,13 +29,8 @@ log = logging.getLogger(__name__)
 
 # Stays well below PostgreSQL's 65,535 bind parameters per statement.
 CHUNK = 5000
-PENDING_FIELDS = [
-    "pending_reason_code",
-    "pending_reason",
-    "queue_position",
-    "estimated_start_at",
-    "predicted_duration_s",
-]
+# What the cycle writes on a waiting job: what it shows only while it waits, and its prediction.
+PENDING_FIELDS = [*PENDING_ONLY_FIELDS, "predicted_duration_s"]
 # Positions and start estimates move a little every cycle for nearly every waiting job, and
 # rewriting 10,000 rows each cycle for that costs more than the rest of the cycle. Near the head
 # of the queue, where people watch, a position is kept exact; further back it is rewritten when
@@ -278,73 +271,10 @@ def _update_jobs(rows: list[tuple], fields: list[str], state: str) -> int:
     """Write (id, *values) rows onto Job columns, only where the job is still in `state`.
 
     Every cycle moves the queue position of most waiting jobs, so this may be tens of thousands
-    of rows: on PostgreSQL one UPDATE ... FROM json_array_elements(one parameter) does it in a
-    single statement. bulk_update's CASE WHEN per row grows quadratically, and one array
-    parameter per column costs more to encode and decode than the update itself.
+    of rows: one statement (controlplane.bulk), where bulk_update's CASE per row and field
+    grows quadratically.
     """
-    if not rows:
-        return 0
-    if connection.vendor != "postgresql":
-        objs = [Job(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
-        return Job.objects.filter(state=state).bulk_update(objs, fields, batch_size=500)
-    meta = Job._meta
-    columns = [meta.get_field(name) for name in fields]
-    kinds = [_PG_TYPES[type(col).__name__] for col in columns]
-    assignments = ", ".join(
-        f"{qn(col.column)} = {_from_json(kind, i + 1)}"
-        for i, (col, kind) in enumerate(zip(columns, kinds, strict=True))
-    )
-    sql = (
-        f"UPDATE {qn(meta.db_table)} AS j SET {assignments} "
-        f"FROM json_array_elements(%s::json) AS v "
-        f"WHERE j.{qn(meta.pk.column)} = (v->>0)::bigint "
-        f"AND j.{qn(meta.get_field('state').column)} = %s"
-    )
-    # In id order, so the rows are visited the way the table and its index lie.
-    rows = sorted(rows, key=itemgetter(0))
-    written = 0
-    with connection.cursor() as cursor:
-        for chunk in _chunks(rows, 20000):
-            payload = json.dumps([_json_row(row, kinds) for row in chunk], allow_nan=False)
-            cursor.execute(sql, [payload, state])
-            written += cursor.rowcount
-    return written
-
-
-# Job field class -> the SQL type its value is cast to from the JSON rows of _update_jobs.
-_PG_TYPES = {
-    "CharField": "text",
-    "TextField": "text",
-    "PositiveIntegerField": "integer",
-    "DateTimeField": "timestamptz",
-    "FloatField": "double precision",
-}
-
-
-def _from_json(kind: str, i: int) -> str:
-    if kind == "text":
-        return f"v->>{i}"
-    if kind == "timestamptz":
-        # Timestamps travel as Unix seconds: JSON has no date type, and a number is exact.
-        return f"to_timestamp((v->>{i})::double precision)"
-    return f"(v->>{i})::{kind}"
-
-
-def _json_row(row: tuple, kinds: list[str]) -> list:
-    out = [row[0]]
-    for value, kind in zip(row[1:], kinds, strict=True):
-        if value is not None:
-            if kind == "timestamptz":
-                value = value.timestamp()
-            if kind == "double precision" and not math.isfinite(value):
-                # JSON has no infinity; PostgreSQL reads these spellings from text.
-                value = "Infinity" if value > 0 else "-Infinity" if value < 0 else "NaN"
-        out.append(value)
-    return out
-
-
-def qn(name: str) -> str:
-    return connection.ops.quote_name(name)
+    return bulk.update_rows(Job, fields, rows, only_if={"state": state})
 
 
 def _uncapped(loaded: LoadedSnapshot) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""insert_rows writes exactly the rows bulk_create writes, in one statement, ids in row order."""
+"""The bulk-write helper: insert_rows writes exactly the rows bulk_create writes, update_rows
+what bulk_update writes, each in one statement, on PostgreSQL and on SQLite alike."""
 
 from datetime import UTC, datetime
 
@@ -7,8 +8,8 @@ from django.db import IntegrityError, connection, transaction
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from controlplane.jobs.bulk_insert import insert_rows
-from controlplane.jobs.models import Allocation, JobAttempt, JobEvent
+from controlplane.bulk import insert_rows, update_rows
+from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobState
 
 pytestmark = pytest.mark.django_db
 
@@ -75,3 +76,51 @@ def test_the_unique_index_still_refuses_a_gpu_given_twice(make_node, make_job, v
     with pytest.raises(IntegrityError), transaction.atomic():
         insert_rows(Allocation, [{"attempt_id": attempt.pk, "gpu_id": gpu.pk}])
     assert Allocation.objects.filter(gpu=gpu, active=True).count() == 1
+
+
+def test_each_row_gets_its_own_values_in_one_statement(make_job, vision, alice):
+    jobs = [make_job(vision, alice) for _ in range(3)]
+    rows = [
+        (jobs[0].pk, "QUOTA", "waits for quota", 1, AT, 12.5),
+        (jobs[1].pk, "NODES", 'quotes " and 日本語', None, None, float("inf")),
+        (jobs[2].pk, "QUOTA", "", 1000, AT, None),
+    ]
+    fields = ["pending_reason_code", "pending_reason", "queue_position"]
+    fields += ["estimated_start_at", "predicted_duration_s"]
+    with CaptureQueriesContext(connection) as queries:
+        written = update_rows(Job, fields, rows, only_if={"state": JobState.PENDING})
+    assert (written, len(queries)) == (3, 1)
+    for row in rows:
+        job = Job.objects.get(pk=row[0])
+        assert tuple(getattr(job, f) for f in fields) == row[1:]
+
+
+def test_a_row_no_longer_in_the_wanted_state_is_left_alone_and_not_counted(make_job, vision, alice):
+    waiting, cancelled = make_job(vision, alice), make_job(vision, alice)
+    Job.objects.filter(pk=cancelled.pk).update(state=JobState.CANCELLED)
+    written = update_rows(
+        Job,
+        ["pending_reason"],
+        [(waiting.pk, "waits"), (cancelled.pk, "waits")],
+        only_if={"state": JobState.PENDING},
+    )
+    assert written == 1
+    assert Job.objects.get(pk=cancelled.pk).pending_reason == ""
+    assert Job.objects.get(pk=waiting.pk).pending_reason == "waits"
+
+
+def test_json_and_booleans_update_as_they_insert(make_node, make_job, vision, alice):
+    node = make_node("n1", gpus=1)
+    attempt = JobAttempt.objects.create(job=make_job(vision, alice), number=1, node=node)
+    counters = {"GPU-n1-0": 1234.5}
+    update_rows(
+        JobAttempt,
+        ["energy_j", "energy_estimated", "energy_last_j"],
+        [(attempt.pk, 10, True, counters)],
+    )
+    attempt.refresh_from_db()
+    assert (attempt.energy_j, attempt.energy_estimated, attempt.energy_last_j) == (
+        10.0,
+        True,
+        counters,
+    )
