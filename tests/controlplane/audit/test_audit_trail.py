@@ -310,9 +310,7 @@ def test_a_tenant_admin_sees_their_own_tenants_trail_only(
     assert admin_page.status_code == 302 and "/login/" in admin_page["Location"]
 
 
-def test_join_tokens_issued_and_revoked_are_audited_without_their_secret(
-    api, pool, cluster_admin
-):
+def test_join_tokens_issued_and_revoked_are_audited_without_their_secret(api, pool, cluster_admin):
     made = api.post("/api/v1/join-tokens/", {"pool": "default", "max_uses": 3}, format="json")
     assert made.status_code == 201, made.content
     secret = made.json()["token"]
