@@ -54,10 +54,26 @@ def _sqlite_value(field: models.Field, value):
     return None if value is None else field.get_db_prep_save(value, connection)
 
 
-def _array_type(field: models.Field) -> str:
-    if isinstance(field, models.ForeignKey):
-        return field.target_field.rel_db_type(connection)
-    return field.db_type(connection)
+def _db_type(field: models.Field) -> str:
+    kind = field.db_type(connection)
+    if kind is None:
+        raise TypeError(f"{field!r} has no column type")
+    return kind
+
+
+def _column(field: models.Field) -> str:
+    """The field's column, quoted."""
+    if field.column is None:
+        raise TypeError(f"{field!r} has no column")
+    return connection.ops.quote_name(field.column)
+
+
+def field(model: type[models.Model], name: str) -> models.Field:
+    """The model's concrete field of this name or attname (a reverse relation is refused)."""
+    found = model._meta.get_field(name)
+    if not isinstance(found, models.Field):
+        raise TypeError(f"{model.__name__}.{name} is not a column")
+    return found
 
 
 def rows_from(name: str, columns: Sequence[Column], rows: Sequence[tuple]) -> tuple[str, list]:
@@ -70,7 +86,7 @@ def rows_from(name: str, columns: Sequence[Column], rows: Sequence[tuple]) -> tu
     """
     names = ", ".join(c for c, _ in columns)
     if connection.vendor == "postgresql":
-        arrays = ", ".join(f"%b::{_array_type(f)}[]" for _, f in columns)
+        arrays = ", ".join(f"%b::{_db_type(f)}[]" for _, f in columns)
         params = [_pg_column(f, [row[i] for row in rows]) for i, (_, f) in enumerate(columns)]
         return f"unnest({arrays}) AS {name}({names})", params
     values = [
@@ -141,7 +157,7 @@ def execute(cur, sql: str, params: Sequence) -> None:
 
 
 def _fields(model: type[models.Model], names: Sequence[str]) -> list[models.Field]:
-    return [model._meta.get_field(name) for name in names]
+    return [field(model, name) for name in names]
 
 
 def insert_rows(
@@ -169,19 +185,19 @@ def insert_rows(
     for f in meta.concrete_fields:
         if f.primary_key:
             continue
-        names.append(qn(f.column))
+        names.append(_column(f))
         if f.attname in position:
             select.append(f"v.c{position[f.attname]}")
         else:
             value = common[f.attname] if f.attname in common else f.get_default()
             if connection.vendor == "postgresql":
-                select.append(f"CAST(%s AS {f.db_type(connection)})")
+                select.append(f"CAST(%s AS {_db_type(f)})")
                 shared.append(f.get_db_prep_save(value, connection))
             else:
                 select.append("%s")
                 shared.append(_sqlite_value(f, value))
     table = qn(meta.db_table)
-    key = meta.get_field(returning) if returning else None
+    key = field(model, returning) if returning else None
     ids: dict = {}
     chunk = len(rows) if connection.vendor == "postgresql" else sqlite_chunk(len(varying))
     with cursor() as cur:
@@ -192,7 +208,7 @@ def insert_rows(
                 f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(select)} FROM {source}"
             )
             if key is not None:
-                sql += f" RETURNING {qn(meta.pk.column)}, {qn(key.column)}"
+                sql += f" RETURNING {_column(meta.pk)}, {_column(key)}"
             # The shared values come first in the statement's text, the rows' after them.
             execute(cur, sql, [*shared, *params])
             if key is not None:
@@ -218,11 +234,11 @@ def update_rows(
     table = qn(meta.db_table)
     targets = _fields(model, fields)
     columns: list[Column] = [("k", meta.pk), *((f"c{i}", f) for i, f in enumerate(targets))]
-    assignments = ", ".join(f"{qn(f.column)} = v.c{i}" for i, f in enumerate(targets))
+    assignments = ", ".join(f"{_column(f)} = v.c{i}" for i, f in enumerate(targets))
     guards, guard_params = [], []
     for name, wanted in (only_if or {}).items():
-        f = meta.get_field(name)
-        guards.append(f" AND {table}.{qn(f.column)} = %s")
+        f = field(model, name)
+        guards.append(f" AND {table}.{_column(f)} = %s")
         guard_params.append(f.get_db_prep_save(wanted, connection))
     # In key order: the rows are visited the way the table and its index lie, and two writers
     # of the same rows lock them in the same order.
@@ -234,7 +250,7 @@ def update_rows(
             source, params = rows_from("v", columns, rows[start : start + chunk])
             sql = (
                 f"UPDATE {table} SET {assignments} FROM {source} "
-                f"WHERE {table}.{qn(meta.pk.column)} = v.k{''.join(guards)}"
+                f"WHERE {table}.{_column(meta.pk)} = v.k{''.join(guards)}"
             )
             execute(cur, sql, [*params, *guard_params])
             written += cur.rowcount

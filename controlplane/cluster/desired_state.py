@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.db import connection, models
@@ -161,7 +162,9 @@ def _table(alias: str) -> str:
 # Work attributes filled from one row's leading columns, with their converters; the GPU's UUID
 # (gpu_uuids) is the last column, one per row.
 _SCALARS = tuple(r for r in WORK_READS if r.attr is not None and r.attr != "gpu_uuids")
-_CONVERT = tuple((r.attr, _converter(r)) for r in _SCALARS)
+_CONVERT: tuple[tuple[str, Callable | None], ...] = tuple(
+    (r.attr, _converter(r)) for r in _SCALARS if r.attr is not None
+)
 (_GPU_UUID,) = (r for r in WORK_READS if r.attr == "gpu_uuids")
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, models
 
 from controlplane import bulk
 from controlplane.cluster.models import GPU, GpuTelemetry
@@ -111,7 +111,10 @@ def write_latest(
         for node_id, (at, samples) in readings.items()
         for s in samples.values()
     ]
-    gpu = GPU._meta.get_field
+
+    def gpu(name: str) -> models.Field:
+        return bulk.field(GPU, name)
+
     readings_source, params = bulk.rows_from(
         "v",
         [
@@ -167,9 +170,7 @@ def record_history(
         return 0
     table = connection.ops.quote_name(GpuTelemetry._meta.db_table)
     values = ("gpu_id", "bucket_at", *MEAN_FIELDS, "power_cap_w")
-    source, params = bulk.rows_from(
-        "v", [(f, GpuTelemetry._meta.get_field(f)) for f in values], rows
-    )
+    source, params = bulk.rows_from("v", [(f, bulk.field(GpuTelemetry, f)) for f in values], rows)
     mean_updates = ", ".join(
         f"{f} = CASE WHEN excluded.{f} IS NULL THEN {table}.{f} "
         f"WHEN {table}.{f} IS NULL THEN excluded.{f} "
@@ -383,7 +384,7 @@ def write_alive(alive: dict[int, dt.datetime]) -> int:
     # Sorted, so that two processes' batches lock the rows they share in the same order.
     source, params = bulk.rows_from(
         "v",
-        [("k", Node._meta.pk), ("at", Node._meta.get_field("last_heartbeat_at"))],
+        [("k", Node._meta.pk), ("at", bulk.field(Node, "last_heartbeat_at"))],
         sorted(alive.items()),
     )
     sql = (
