@@ -11,8 +11,8 @@ from controlplane.accounting.budgets import (
     record_budget_warnings,
     scheduler_view,
 )
-from controlplane.jobs import actions
 from controlplane.audit.models import AuditEvent
+from controlplane.jobs import actions
 from controlplane.tenancy.models import Budget
 
 pytestmark = pytest.mark.django_db
