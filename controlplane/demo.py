@@ -7,8 +7,10 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster.models import Pool
-from controlplane.tenancy.models import Membership, Quota, Tenant
+from controlplane.tenancy import actions as tenancy_actions
+from controlplane.tenancy.models import Quota, Tenant
 
 DEMO_TENANTS = [
     # slug, name, guaranteed H100, limit H100, guaranteed A100, limit A100
@@ -31,33 +33,42 @@ def demo_password(user) -> str:
 
 @transaction.atomic
 def seed_demo() -> dict[str, str]:
-    """Create the demo once; return the people created now with their passwords."""
+    """Create the demo once; return the people created now with their passwords.
+
+    The demo is written through the same actions an admin's clicks go through, so its pools,
+    tenants, quotas and memberships start the audit trail like any other, by "admin".
+    """
     User = get_user_model()
     created: dict[str, str] = {}
-    Pool.objects.get_or_create(name="default", defaults={"power_budget_w": 6000.0})
-    if not User.objects.filter(username="admin").exists():
-        admin = User(username="admin", email="admin@example.org")
-        password = demo_password(admin)
-        User.objects.create_superuser("admin", "admin@example.org", password)
+    admin = User.objects.filter(username="admin").first()
+    if admin is None:
+        password = demo_password(User(username="admin", email="admin@example.org"))
+        admin = User.objects.create_superuser("admin", "admin@example.org", password)
         created["admin"] = password
+    if not Pool.objects.filter(name="default").exists():
+        cluster_actions.create_pool(actor=admin, name="default", power_budget_w=6000.0)
     for slug, name, g_h100, l_h100, g_a100, l_a100 in DEMO_TENANTS:
-        tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
-        Quota.objects.get_or_create(
-            tenant=tenant,
-            gpu_type="H100-SXM-80GB",
-            defaults={"guaranteed_gpus": g_h100, "limit_gpus": l_h100},
-        )
-        Quota.objects.get_or_create(
-            tenant=tenant,
-            gpu_type="A100-SXM4-80GB",
-            defaults={"guaranteed_gpus": g_a100, "limit_gpus": l_a100},
-        )
+        tenant = Tenant.objects.filter(slug=slug).first()
+        if tenant is None:
+            tenant = tenancy_actions.create_tenant(actor=admin, slug=slug, name=name)
+        for gpu_type, guaranteed, limit in (
+            ("H100-SXM-80GB", g_h100, l_h100),
+            ("A100-SXM4-80GB", g_a100, l_a100),
+        ):
+            if not Quota.objects.filter(tenant=tenant, gpu_type=gpu_type).exists():
+                tenancy_actions.create_quota(
+                    tenant,
+                    actor=admin,
+                    gpu_type=gpu_type,
+                    guaranteed_gpus=guaranteed,
+                    limit_gpus=limit,
+                )
         for username, role in ((f"{slug}-admin", "admin"), (f"{slug}-researcher", "member")):
             if User.objects.filter(username=username).exists():
                 continue
             email = f"{username}@example.org"
             password = demo_password(User(username=username, email=email))
             user = User.objects.create_user(username, email, password)
-            Membership.objects.create(user=user, tenant=tenant, role=role)
+            tenancy_actions.add_member(tenant, user, role, actor=admin)
             created[username] = password
     return created
