@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
@@ -104,6 +105,12 @@ def require_role(user, tenant: Tenant, needed: str, roles: dict[int, str] | None
         raise PermissionDenied(
             f"Your role in {tenant.slug} is {role}; this needs {Role(needed).label.lower()}."
         )
+
+
+class Scope(Protocol):
+    """How a viewset narrows its queryset to what the requesting person may see."""
+
+    def filter(self, queryset: QuerySet, user) -> QuerySet: ...
 
 
 class TenantScope:
@@ -209,7 +216,7 @@ class ScopedViewSet(QueryParamsBoundary, viewsets.GenericViewSet):
     they offer.
     """
 
-    scope = ClusterScope()
+    scope: ClassVar[Scope] = ClusterScope()
     read_need = Need(SIGNED_IN)
     write_need = Need(STAFF)
     action_needs: dict[str, Need] = {}

@@ -150,7 +150,7 @@ class JobSubmitForm(forms.Form):
         help_text="Optional; helps short jobs start sooner (backfill).",
     )
 
-    def __init__(self, *args, user, tenants, **kwargs):
+    def __init__(self, *args, user, tenants, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.user = user
         self.tenants = list(tenants)

@@ -302,9 +302,9 @@ def _job_or_404(request, pk: int) -> Job:
     return get_object_or_404(queries.visible_jobs(request.user), pk=pk)
 
 
-def _job_live_context(request, job: Job) -> dict:
+def _job_live_context(request, job: Job) -> dict[str, object]:
     attempt = queries.current_attempt(job)
-    context = {
+    context: dict[str, object] = {
         "job": job,
         "attempt": attempt,
         "usage": queries.job_usage(job),
@@ -803,7 +803,7 @@ def membership_change(request, pk: int):
         form = MembershipForm(request.POST, instance=membership, actor=request.user, tenant=tenant)
         if not form.is_valid():
             for error in form.errors.values():
-                messages.error(request, " ".join(error))
+                messages.error(request, " ".join(str(e) for e in error))
             return redirect(back)
         m = form.save()
     except tenancy_actions.LastTenantAdmin as exc:

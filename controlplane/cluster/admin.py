@@ -66,7 +66,7 @@ class GpuInline(admin.TabularInline):
     model = GPU
     extra = 0
     can_delete = False
-    fields = ["index", "uuid", "model", "healthy", "power_cap_w", "power_draw_w", "utilization_pct"]
+    fields = ("index", "uuid", "model", "healthy", "power_cap_w", "power_draw_w", "utilization_pct")
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):

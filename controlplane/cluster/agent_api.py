@@ -349,7 +349,7 @@ def gpu_sample(g, i: int, warnings: dict) -> GpuSample | None:
     field at fault in `warnings` and leave it out. Both give exactly the same result."""
     if type(g) is not dict:
         return checked_gpu_sample(g, i, warnings)
-    values = []
+    values: list[float | None] = []
     for key, (lowest, highest) in GPU_NUMBERS:
         v = g.get(key)
         if v is None:

@@ -141,7 +141,8 @@ def last_answer_digest(node: Node) -> str | None:
             from controlplane.redis_client import get_redis
 
             value = get_redis().get(_answered_key(node.name))
-            return value.decode() if value is not None else None
+            # bytes: the client decodes no responses (redis types a get as bytes or str).
+            return value.decode() if isinstance(value, bytes) else value
         except Exception:
             log.warning("could not read the answer to %s from Redis", node.name, exc_info=True)
     with _answered_lock:

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from django.conf import settings
 from django.db import connection, models
@@ -73,6 +73,8 @@ class GpuSample:
     energy_j: float | None = None
     temperature_c: float | None = None
     sm_clock_mhz: float | None = None
+    # Named only: a heartbeat's numbers fill the fields above in order (agent_api.gpu_sample).
+    _: KW_ONLY
     throttle_reasons: tuple[str, ...] | None = None
     ecc_errors: int | None = None
 

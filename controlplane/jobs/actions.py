@@ -139,10 +139,10 @@ def submit_job_once(
                 user=user, key=key, request_sha256=request_sha256, job=job
             )
     except IntegrityError:
-        row = SubmitKey.objects.filter(user=user, key=key).first()
-        if row is None:
+        earlier = SubmitKey.objects.filter(user=user, key=key).first()
+        if earlier is None:
             raise  # not the key's constraint: a real error
-        return row, False
+        return earlier, False
     return row, True
 
 

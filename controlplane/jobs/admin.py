@@ -34,13 +34,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 class JobAttemptInline(ReadOnlyInline):
     model = JobAttempt
-    fields = ["number", "node", "state", "borrowed", "started_at", "finished_at", "exit_code"]
+    fields = ("number", "node", "state", "borrowed", "started_at", "finished_at", "exit_code")
     readonly_fields = fields
 
 
 class JobEventInline(ReadOnlyInline):
     model = JobEvent
-    fields = ["at", "kind", "from_state", "to_state", "message", "actor"]
+    fields = ("at", "kind", "from_state", "to_state", "message", "actor")
     readonly_fields = fields
     show_change_link = False
 

@@ -41,8 +41,13 @@ class PriorityClass(models.TextChoices):
     HIGH = "high", "High"
 
 
-# The numbers the scheduler orders by; the gaps leave room for classes added later.
-PRIORITY_VALUE = {PriorityClass.LOW: 50, PriorityClass.NORMAL: 100, PriorityClass.HIGH: 200}
+# The numbers the scheduler orders by; the gaps leave room for classes added later. Keyed by
+# str: a PriorityClass is one (and hashes as its value), and rows and snapshots carry plain text.
+PRIORITY_VALUE: dict[str, int] = {
+    PriorityClass.LOW: 50,
+    PriorityClass.NORMAL: 100,
+    PriorityClass.HIGH: 200,
+}
 
 
 class Job(models.Model):
@@ -193,6 +198,11 @@ class JobEvent(models.Model):
 class OutputBytesField(models.BinaryField):
     """Bytes (bytea): a program's output is bytes, and text columns refuse some (NUL) or would
     need them decoded. Accepts str too, as UTF-8; always reads back as bytes."""
+
+    # The value types django-stubs gives the model attribute and its queries (a BinaryField's
+    # say memoryview too, which from_db_value below never returns).
+    _pyi_private_set_type: bytes | bytearray | memoryview | str
+    _pyi_private_get_type: bytes
 
     def get_db_prep_value(self, value, connection, prepared=False):
         if isinstance(value, str):

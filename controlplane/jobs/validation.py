@@ -22,18 +22,28 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, Max
+from django.db.models import CharField, Count, Max
 
 from controlplane.cluster.models import GPU, Node, NodeState
 from controlplane.jobs.models import Job, PriorityClass
 from controlplane.tenancy.models import Role, Tenant
 from controlplane.validators import text_problem
 
+
+def _column_chars(name: str) -> int:
+    """The max_length of Job's text column `name`: a longer value is refused, not cut."""
+    column = Job._meta.get_field(name)
+    if not isinstance(column, CharField) or column.max_length is None:
+        raise TypeError(f"Job.{name} is no text column with a max_length")
+    return column.max_length
+
+
 MAX_RUNTIME_S = 30 * 86400
-MAX_NAME_CHARS = Job._meta.get_field("name").max_length
-MAX_IMAGE_CHARS = Job._meta.get_field("image").max_length
+MAX_NAME_CHARS = _column_chars("name")
+MAX_IMAGE_CHARS = _column_chars("image")
 MAX_COMMAND_ITEMS = 4096
 MAX_ENV_VARS = 512
 MAX_ARGV_BYTES = 128 * 1024  # Linux allows more, but a command this long is a mistake.
@@ -71,8 +81,27 @@ IMAGE_HELP = (
     "e.g. registry.local/team/train:1 or docker.io/library/python:3.12."
 )
 
+
+class SubmissionDefaults(TypedDict):
+    """DEFAULTS, field by field: what a form or serializer may show as its own default."""
+
+    name: str
+    image: str | None
+    command: list[str] | None
+    env: dict[str, str]
+    gpus: int
+    gpu_type: str
+    cpus: float
+    memory_mib: int
+    priority: str
+    preemptible: bool
+    restartable: bool
+    max_runtime_s: int
+    estimated_duration_s: int | None
+
+
 # Every field a submission may carry, with its default when left out (None: required).
-DEFAULTS: dict[str, object] = {
+DEFAULTS: SubmissionDefaults = {
     "name": "",  # empty: named after the image
     "image": None,
     "command": None,
@@ -427,5 +456,8 @@ def _gpu_count_problem(gpus: int, gpu_type: str, tenant: Tenant, cluster: Cluste
 
 def _name_from_image(image: str) -> str:
     """registry.local/team/train:1 -> train"""
-    path = IMAGE_REFERENCE.fullmatch(image)["path"]
+    match = IMAGE_REFERENCE.fullmatch(image)
+    if match is None:  # clean_image let it through: never
+        raise ValueError(f"{image!r} is not an image reference")
+    path = match["path"]
     return path.rsplit("/", 1)[-1][:MAX_NAME_CHARS]

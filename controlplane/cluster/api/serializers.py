@@ -3,6 +3,7 @@ and join tokens for cluster admins."""
 
 from collections import Counter
 
+from django.contrib.auth.models import User
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
@@ -57,7 +58,9 @@ class PoolSerializer(serializers.ModelSerializer):
 
 
 class NodeSerializer(serializers.ModelSerializer):
-    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    pool: serializers.SlugRelatedField[Pool] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     status = serializers.CharField(read_only=True, help_text="The admin state, or down")
     gpus_total = serializers.SerializerMethodField()
     gpus_allocated = serializers.SerializerMethodField()
@@ -126,7 +129,9 @@ class GpuSerializer(serializers.ModelSerializer):
     through nvidia-smi: hiding them is a second line, the claim rule is the first.)
     """
 
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     pool = serializers.CharField(source="node.pool.name", read_only=True)
     allocated = serializers.BooleanField(
         read_only=True, default=False, help_text="Held by a job's attempt now"
@@ -180,7 +185,9 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class JoinTokenSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
     usable = serializers.BooleanField(source="is_usable", read_only=True)
     expires_at = serializers.DateTimeField(
         required=False, help_text="At most 30 days ahead; a day from now when left out"
@@ -257,7 +264,9 @@ class GpuClaimConflictSerializer(serializers.ModelSerializer):
         default=None,
         help_text="Prefix of the join token the refused registration used",
     )
-    resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    resolved_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
     open = serializers.SerializerMethodField(help_text="Not resolved yet")
 
     class Meta:

@@ -1,11 +1,14 @@
 """Jobs as the API shows them, and the submit form whose rules live in jobs.validation."""
 
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.cluster.models import Node
 from controlplane.jobs import actions, validation
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, PriorityClass
+from controlplane.tenancy.models import Tenant
 
 
 @extend_schema_field(
@@ -20,8 +23,12 @@ class ImageReferenceField(serializers.CharField):
 
 
 class JobSerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    submitted_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
 
     class Meta:
         model = Job
@@ -64,7 +71,9 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 class JobEventSerializer(serializers.ModelSerializer):
-    actor = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    actor: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
 
     class Meta:
         model = JobEvent
@@ -85,7 +94,9 @@ class AllocatedGpuSerializer(serializers.ModelSerializer):
 
 
 class JobAttemptSerializer(serializers.ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     gpus = AllocatedGpuSerializer(source="allocations", many=True, read_only=True)
 
     class Meta:

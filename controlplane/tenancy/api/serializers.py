@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.db.models import Count
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -30,6 +32,9 @@ from controlplane.tenancy.models import (
     TokenScope,
     token_grant,
 )
+
+if TYPE_CHECKING:
+    from rest_framework.validators import Validator  # a type alias of the stubs only
 
 MAX_QUOTA_GPUS = rules.MAX_QUOTA_GPUS
 
@@ -94,7 +99,7 @@ class MembershipSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
         read_only_fields = ["created_at"]
         fixed_after_create = ["tenant", "user"]
         # The uniqueness error is raised below, naming the field a person would change.
-        validators = []
+        validators: list[Validator[Any]] = []
 
     def validate(self, attrs):
         if self.instance is None:
@@ -122,7 +127,10 @@ def quota_usage(quotas) -> dict[int, dict]:
     tenant_ids = {q.tenant_id for q in quotas}
     if not tenant_ids:
         return {}
-    held = defaultdict(lambda: {"guaranteed": 0, "borrowed": 0, "jobs": 0})
+    # (tenant id, GPU model) -> GPUs held within the guarantee, borrowed, and jobs holding them
+    held: defaultdict[tuple[int, str], dict[str, int]] = defaultdict(
+        lambda: {"guaranteed": 0, "borrowed": 0, "jobs": 0}
+    )
     rows = (
         Allocation.objects.filter(active=True, attempt__job__tenant_id__in=tenant_ids)
         .values("attempt__job__tenant_id", "gpu__model", "attempt__borrowed")
@@ -182,7 +190,7 @@ class QuotaSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
         ]
         fixed_after_create = ["tenant", "gpu_type"]
         list_serializer_class = QuotaListSerializer
-        validators = []
+        validators: list[Validator[Any]] = []
         extra_kwargs = {
             "gpu_type": {"help_text": "A GPU model, or empty for a cap over all types"},
             "guaranteed_gpus": {"max_value": MAX_QUOTA_GPUS},
@@ -264,7 +272,7 @@ class BudgetSerializer(FixedAfterCreateMixin, serializers.ModelSerializer):
         fields = ["id", "tenant", "kind", "period", "amount", "action", "warn_at_fraction", "usage"]
         fixed_after_create = ["tenant", "kind"]
         list_serializer_class = BudgetListSerializer
-        validators = []
+        validators: list[Validator[Any]] = []
         extra_kwargs = {
             **{
                 name: {
@@ -340,7 +348,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             "token it is made with holds them. Never more than that token"
         ),
     )
-    minted_with = serializers.PrimaryKeyRelatedField(
+    minted_with: serializers.PrimaryKeyRelatedField[ApiToken] = serializers.PrimaryKeyRelatedField(
         source="parent",
         read_only=True,
         help_text="The token it was made with (null: made while signed in); revoking that "
@@ -433,7 +441,9 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
 class InvitationSerializer(serializers.ModelSerializer):
     tenant = TenantSlugField()
-    invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    invited_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
     state = serializers.ChoiceField(choices=InvitationState.choices, read_only=True)
 
     class Meta:
