@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpucp
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # What the type checker reads; its settings (strict on the core and the agent) are in pyproject.toml.
-MYPY_PATHS := scheduler agents
+MYPY_PATHS := scheduler agents controlplane frontend
 
 .PHONY: run test venv lint format services system-deps clean
 
