@@ -412,18 +412,30 @@ def lose_node_attempts(
 POOL_FIELDS = ("name", "power_budget_w")
 
 
+def _watts(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} W"
+
+
+def _budget_change(pool: Pool, before: dict, after: dict) -> tuple[str, str] | None:
+    if list(after) != ["power_budget_w"]:
+        return None
+    return "pool.set_power_budget", (
+        f"Power budget of pool {pool.name}: {_watts(before['power_budget_w'])} → "
+        f"{_watts(after['power_budget_w'])}."
+    )
+
+
+POOL = trail.Kind(
+    "pool", POOL_FIELDS, POOL_FIELDS, title=lambda p: f"Pool {p.name}", named_change=_budget_change
+)
+
+
 @transaction.atomic
 def create_pool(*, actor, name: str, power_budget_w: float | None = None) -> Pool:
     values = {"name": name, "power_budget_w": power_budget_w}
     rules.check_pool(values)
     pool = Pool.objects.create(**values)
-    trail.record(
-        "pool.create",
-        actor=actor,
-        obj=pool,
-        after=trail.snapshot(pool, POOL_FIELDS),
-        message=f"Pool {pool.name} created.",
-    )
+    trail.created(POOL, pool, actor=actor)
     _cycle_on_commit("pool_created")
     return pool
 
@@ -432,25 +444,7 @@ def create_pool(*, actor, name: str, power_budget_w: float | None = None) -> Poo
 def update_pool(pool: Pool, *, actor, **values) -> Pool:
     """Rename a pool or set its power budget (None: no budget)."""
     rules.check_pool(values, pool)
-    before = trail.snapshot(pool, POOL_FIELDS)
-    for name, value in values.items():
-        if name not in POOL_FIELDS:
-            raise TypeError(f"Pool has no settable field {name!r}")
-        setattr(pool, name, value)
-    before, after = trail.changes(before, trail.snapshot(pool, POOL_FIELDS))
-    if not after:
-        return pool
-    pool.save(update_fields=list(after))
-    if list(after) == ["power_budget_w"]:
-        action = "pool.set_power_budget"
-        message = (
-            f"Power budget of pool {pool.name}: {_watts(before['power_budget_w'])} → "
-            f"{_watts(after['power_budget_w'])}."
-        )
-    else:
-        action = "pool.update"
-        message = f"Pool {pool.name} changed: {trail.describe(before, after)}."
-    trail.record(action, actor=actor, obj=pool, before=before, after=after, message=message)
+    after = trail.save_changes(POOL, pool, values, actor=actor)
     if "power_budget_w" in after:
         _cycle_on_commit("pool_power_budget")
     return pool
@@ -460,23 +454,8 @@ def set_pool_power_budget(pool: Pool, power_budget_w: float | None, *, actor) ->
     return update_pool(pool, actor=actor, power_budget_w=power_budget_w)
 
 
-def _watts(value: float | None) -> str:
-    return "none" if value is None else f"{value:g} W"
-
-
 @transaction.atomic
 def delete_pool(pool: Pool, *, actor) -> None:
     """Raises ProtectedError while nodes are in it (nothing is written then)."""
-    before = trail.snapshot(pool, POOL_FIELDS)
-    pk, name = pool.pk, pool.name
-    pool.delete()
-    trail.record(
-        "pool.delete",
-        actor=actor,
-        object_type="pool",
-        object_id=pk,
-        object_repr=name,
-        before=before,
-        message=f"Pool {name} deleted.",
-    )
+    trail.deleted(POOL, pool, actor=actor)
     _cycle_on_commit("pool_deleted")

@@ -352,31 +352,44 @@ BUDGET_FIELDS = ("kind", "period", "amount", "action", "warn_at_fraction")
 TENANT_SCHEDULING_FIELDS = ("weight", "active")
 
 
-def _save_changes(obj, fields, values: dict) -> tuple[dict, dict]:
-    """Set `values` on `obj`, save the fields that changed; (before, after) of those."""
-    before = trail.snapshot(obj, fields)
-    for name, value in values.items():
-        if name not in fields:
-            raise TypeError(f"{type(obj).__name__} has no settable field {name!r}")
-        setattr(obj, name, value)
-    before, after = trail.changes(before, trail.snapshot(obj, fields))
-    if after:
-        obj.save(update_fields=list(after))
-    return before, after
+def _quota_repr(quota: Quota) -> str:
+    return f"{quota.tenant.slug}: {quota.gpu_type or 'any type'}"
+
+
+def _budget_repr(budget: Budget) -> str:
+    return f"{budget.tenant.slug}: {budget.kind}"
+
+
+TENANT = trail.Kind(
+    "tenant",
+    TENANT_FIELDS,
+    TENANT_FIELDS,
+    title=lambda t: f"Tenant {t.slug}",
+    tenant_of=lambda t: t,
+)
+QUOTA = trail.Kind(
+    "quota",
+    QUOTA_FIELDS,
+    QUOTA_FIELDS[1:],  # the tenant and the GPU type are fixed once made
+    title=lambda q: f"Quota for {q.gpu_type or 'any type'}",
+    shown=_quota_repr,
+    tenant_of=lambda q: q.tenant_id,
+)
+BUDGET = trail.Kind(
+    "budget",
+    BUDGET_FIELDS,
+    BUDGET_FIELDS[1:],  # the tenant and the kind are fixed once made
+    title=lambda b: f"{b.get_kind_display()} budget",
+    shown=_budget_repr,
+    tenant_of=lambda b: b.tenant_id,
+)
 
 
 @transaction.atomic
 def create_tenant(*, actor, **values) -> Tenant:
     rules.check_tenant(values)
     tenant = Tenant.objects.create(**values)
-    trail.record(
-        "tenant.create",
-        actor=actor,
-        tenant=tenant,
-        obj=tenant,
-        after=trail.snapshot(tenant, TENANT_FIELDS),
-        message=f"Tenant {tenant.slug} created.",
-    )
+    trail.created(TENANT, tenant, actor=actor)
     _cycle_on_commit("tenant_created")
     return tenant
 
@@ -384,156 +397,61 @@ def create_tenant(*, actor, **values) -> Tenant:
 @transaction.atomic
 def update_tenant(tenant: Tenant, *, actor, **values) -> Tenant:
     rules.check_tenant(values, tenant)
-    before, after = _save_changes(tenant, TENANT_FIELDS, values)
-    if after:
-        trail.record(
-            "tenant.update",
-            actor=actor,
-            tenant=tenant,
-            obj=tenant,
-            before=before,
-            after=after,
-            message=f"Tenant {tenant.slug} changed: {trail.describe(before, after)}.",
-        )
-        if any(name in after for name in TENANT_SCHEDULING_FIELDS):
-            _cycle_on_commit("tenant_changed")
+    after = trail.save_changes(TENANT, tenant, values, actor=actor)
+    if any(name in after for name in TENANT_SCHEDULING_FIELDS):
+        _cycle_on_commit("tenant_changed")
     return tenant
 
 
 @transaction.atomic
 def delete_tenant(tenant: Tenant, *, actor) -> None:
-    """Raises ProtectedError while jobs still name it (nothing is written then)."""
-    before = trail.snapshot(tenant, TENANT_FIELDS)
-    pk, slug = tenant.pk, tenant.slug
-    tenant.delete()
-    # The trail keeps the row (its tenant becomes null): tenant admins of it are gone too.
-    trail.record(
-        "tenant.delete",
-        actor=actor,
-        object_type="tenant",
-        object_id=pk,
-        object_repr=slug,
-        before=before,
-        message=f"Tenant {slug} deleted.",
-    )
+    """Raises ProtectedError while jobs still name it (nothing is written then). The trail keeps
+    its rows (their tenant becomes null): the tenant's admins are gone with it."""
+    trail.deleted(TENANT, tenant, actor=actor)
     _cycle_on_commit("tenant_deleted")
-
-
-def _quota_repr(quota: Quota) -> str:
-    return f"{quota.tenant.slug}: {quota.gpu_type or 'any type'}"
 
 
 @transaction.atomic
 def create_quota(tenant: Tenant, *, actor, **values) -> Quota:
     rules.check_quota(tenant, values)
     quota = Quota.objects.create(tenant=tenant, **values)
-    trail.record(
-        "quota.create",
-        actor=actor,
-        tenant=tenant,
-        obj=quota,
-        object_repr=_quota_repr(quota),
-        after=trail.snapshot(quota, QUOTA_FIELDS),
-        message=f"Quota for {quota.gpu_type or 'any type'} added.",
-    )
+    trail.created(QUOTA, quota, actor=actor)
     _cycle_on_commit("quota_changed")
     return quota
 
 
 @transaction.atomic
 def update_quota(quota: Quota, *, actor, **values) -> Quota:
-    """The tenant and the GPU type are fixed once made (a quota is moved by recreating it)."""
     rules.check_quota(quota.tenant, values, quota)
-    before, after = _save_changes(quota, QUOTA_FIELDS[1:], values)
-    if after:
-        trail.record(
-            "quota.update",
-            actor=actor,
-            tenant=quota.tenant_id,
-            obj=quota,
-            object_repr=_quota_repr(quota),
-            before=before,
-            after=after,
-            message=f"Quota for {quota.gpu_type or 'any type'} changed: "
-            f"{trail.describe(before, after)}.",
-        )
+    if trail.save_changes(QUOTA, quota, values, actor=actor):
         _cycle_on_commit("quota_changed")
     return quota
 
 
 @transaction.atomic
 def delete_quota(quota: Quota, *, actor) -> None:
-    before = trail.snapshot(quota, QUOTA_FIELDS)
-    pk, tenant_id, shown = quota.pk, quota.tenant_id, _quota_repr(quota)
-    quota.delete()
-    trail.record(
-        "quota.delete",
-        actor=actor,
-        tenant=tenant_id,
-        object_type="quota",
-        object_id=pk,
-        object_repr=shown,
-        before=before,
-        message=f"Quota for {before['gpu_type'] or 'any type'} deleted.",
-    )
+    trail.deleted(QUOTA, quota, actor=actor)
     _cycle_on_commit("quota_changed")
-
-
-def _budget_repr(budget: Budget) -> str:
-    return f"{budget.tenant.slug}: {budget.kind}"
 
 
 @transaction.atomic
 def create_budget(tenant: Tenant, *, actor, **values) -> Budget:
     rules.check_budget(tenant, values)
     budget = Budget.objects.create(tenant=tenant, **values)
-    trail.record(
-        "budget.create",
-        actor=actor,
-        tenant=tenant,
-        obj=budget,
-        object_repr=_budget_repr(budget),
-        after=trail.snapshot(budget, BUDGET_FIELDS),
-        message=f"{budget.get_kind_display()} budget added.",
-    )
+    trail.created(BUDGET, budget, actor=actor)
     _cycle_on_commit("budget_changed")
     return budget
 
 
 @transaction.atomic
 def update_budget(budget: Budget, *, actor, **values) -> Budget:
-    """The tenant and the kind are fixed once made."""
     rules.check_budget(budget.tenant, values, budget)
-    before, after = _save_changes(budget, BUDGET_FIELDS[1:], values)
-    if after:
-        trail.record(
-            "budget.update",
-            actor=actor,
-            tenant=budget.tenant_id,
-            obj=budget,
-            object_repr=_budget_repr(budget),
-            before=before,
-            after=after,
-            message=f"{budget.get_kind_display()} budget changed: {trail.describe(before, after)}.",
-        )
+    if trail.save_changes(BUDGET, budget, values, actor=actor):
         _cycle_on_commit("budget_changed")
     return budget
 
 
 @transaction.atomic
 def delete_budget(budget: Budget, *, actor) -> None:
-    before = trail.snapshot(budget, BUDGET_FIELDS)
-    pk, tenant_id, shown = budget.pk, budget.tenant_id, _budget_repr(budget)
-    label = budget.get_kind_display()
-    budget.delete()
-    trail.record(
-        "budget.delete",
-        actor=actor,
-        tenant=tenant_id,
-        object_type="budget",
-        object_id=pk,
-        object_repr=shown,
-        before=before,
-        message=f"{label} budget deleted.",
-    )
+    trail.deleted(BUDGET, budget, actor=actor)
     _cycle_on_commit("budget_changed")

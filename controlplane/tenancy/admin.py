@@ -4,10 +4,14 @@ Every save and delete goes through controlplane.tenancy.actions, as the API's do
 checked (a refusal shows at its field), the change is audited, and the scheduler hears of it.
 """
 
+from collections.abc import Callable
+from typing import Any, ClassVar
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
+from controlplane.audit.trail import Kind
 from controlplane.tenancy import actions, rules
 from controlplane.tenancy.models import (
     ApiToken,
@@ -50,30 +54,30 @@ class TenantAdminForm(forms.ModelForm):
         return cleaned
 
 
-class QuotaAdminForm(forms.ModelForm):
+class _TenantRowForm(forms.ModelForm):
+    """A quota's or a budget's inline form: the rule its actions check, shown at its fields."""
+
+    kind: ClassVar[Kind]
+    check: ClassVar[Callable[..., None]]
+
     def clean(self):
         cleaned = super().clean()
         tenant = cleaned.get("tenant") or getattr(self.instance, "tenant", None)
         if tenant is not None and tenant.pk is not None:
             instance = self.instance if self.instance.pk else None
-            values = _set_values(
-                self, actions.QUOTA_FIELDS if instance is None else actions.QUOTA_FIELDS[1:]
-            )
-            _show_refusal(self, lambda: rules.check_quota(tenant, values, instance))
+            values = _set_values(self, self.kind.fields if instance is None else self.kind.settable)
+            _show_refusal(self, lambda: type(self).check(tenant, values, instance))
         return cleaned
 
 
-class BudgetAdminForm(forms.ModelForm):
-    def clean(self):
-        cleaned = super().clean()
-        tenant = cleaned.get("tenant") or getattr(self.instance, "tenant", None)
-        if tenant is not None and tenant.pk is not None:
-            instance = self.instance if self.instance.pk else None
-            values = _set_values(
-                self, actions.BUDGET_FIELDS if instance is None else actions.BUDGET_FIELDS[1:]
-            )
-            _show_refusal(self, lambda: rules.check_budget(tenant, values, instance))
-        return cleaned
+class QuotaAdminForm(_TenantRowForm):
+    kind = actions.QUOTA
+    check = staticmethod(rules.check_quota)
+
+
+class BudgetAdminForm(_TenantRowForm):
+    kind = actions.BUDGET
+    check = staticmethod(rules.check_budget)
 
 
 class QuotaInline(admin.TabularInline):
@@ -88,26 +92,20 @@ class BudgetInline(admin.TabularInline):
     extra = 0
 
 
-def save_quota(request, form, quota: Quota) -> None:
-    if quota.pk is None:
-        values = _set_values(form, actions.QUOTA_FIELDS)
-        quota.pk = actions.create_quota(quota.tenant, actor=request.user, **values).pk
-    else:
-        stored = Quota.objects.select_related("tenant").get(pk=quota.pk)
-        actions.update_quota(
-            stored, actor=request.user, **_set_values(form, actions.QUOTA_FIELDS[1:])
-        )
+# A tenant's quotas and budgets: (what is audited, create, update, delete), all actions.
+TENANT_ROWS: dict[type, tuple[Kind, Callable[..., Any], Callable[..., Any], Callable[..., Any]]] = {
+    Quota: (actions.QUOTA, actions.create_quota, actions.update_quota, actions.delete_quota),
+    Budget: (actions.BUDGET, actions.create_budget, actions.update_budget, actions.delete_budget),
+}
 
 
-def save_budget(request, form, budget: Budget) -> None:
-    if budget.pk is None:
-        values = _set_values(form, actions.BUDGET_FIELDS)
-        budget.pk = actions.create_budget(budget.tenant, actor=request.user, **values).pk
+def save_tenant_row(request, form, obj: Quota | Budget) -> None:
+    kind, create, update, _ = TENANT_ROWS[type(obj)]
+    if obj.pk is None:
+        obj.pk = create(obj.tenant, actor=request.user, **_set_values(form, kind.fields)).pk
     else:
-        stored = Budget.objects.select_related("tenant").get(pk=budget.pk)
-        actions.update_budget(
-            stored, actor=request.user, **_set_values(form, actions.BUDGET_FIELDS[1:])
-        )
+        stored = type(obj).objects.select_related("tenant").get(pk=obj.pk)
+        update(stored, actor=request.user, **_set_values(form, kind.settable))
 
 
 def save_membership(request, membership: Membership) -> None:
@@ -163,15 +161,12 @@ class TenantAdmin(admin.ModelAdmin):
             for membership in saved:
                 save_membership(request, membership)
             return
-        delete, save = {
-            Quota: (actions.delete_quota, save_quota),
-            Budget: (actions.delete_budget, save_budget),
-        }[formset.model]
+        delete = TENANT_ROWS[formset.model][3]
         for gone in formset.deleted_objects:
             delete(gone, actor=request.user)
         forms_by_obj = {id(f.instance): f for f in formset.forms}
         for obj in saved:
-            save(request, forms_by_obj[id(obj)], obj)
+            save_tenant_row(request, forms_by_obj[id(obj)], obj)
 
 
 @admin.register(Membership)
@@ -205,7 +200,7 @@ class QuotaAdmin(admin.ModelAdmin):
         return ["tenant", "gpu_type"] if obj is not None else []
 
     def save_model(self, request, obj, form, change):
-        save_quota(request, form, obj)
+        save_tenant_row(request, form, obj)
 
     def delete_model(self, request, obj):
         actions.delete_quota(obj, actor=request.user)
@@ -226,7 +221,7 @@ class BudgetAdmin(admin.ModelAdmin):
         return ["tenant", "kind"] if obj is not None else []
 
     def save_model(self, request, obj, form, change):
-        save_budget(request, form, obj)
+        save_tenant_row(request, form, obj)
 
     def delete_model(self, request, obj):
         actions.delete_budget(obj, actor=request.user)
