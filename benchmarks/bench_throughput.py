@@ -1,0 +1,445 @@
+"""Job throughput on the production path, and what each server-side process spends per job.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gpucp REDIS_URL=redis://127.0.0.1:6379/15 \
+      .venv/bin/python benchmarks/bench_throughput.py [--jobs 2000] [--clients 4] [--agents 4]
+
+The shape issue 14 compares with Slurm: 4 nodes x 8 simulated GPUs, one-GPU jobs that run
+`true`, submitted through POST /api/v1/jobs/ by --clients client processes. It creates its own
+database (DATABASE_URL's name + "_bench_tp"), starts gunicorn, a Celery worker, Celery beat
+and --agents `python -m agents` processes (process runtime) on 127.0.0.1, and measures:
+
+1. idle submit -> start: --idle-jobs jobs one at a time on the idle cluster (the next once the
+   previous one ended): p50 / p99 of submit -> process started (the agent's report) and
+   submit -> RUNNING recorded;
+2. end to end: --jobs jobs submitted by the clients at once, from the first submit to the
+   last job ended: jobs per second, and the CPU milliseconds per job of each process group
+   (web, worker, beat, agents with their job supervisors and the jobs, the whole PostgreSQL
+   instance, the whole Redis server), each read from /proc before and after;
+3. submit only: --jobs more with every node cordoned, so nothing starts: jobs per second
+   accepted (201) by the API.
+
+Every process group of ours runs under a small reaper (this script with --reap): a Linux
+child subreaper, so that the job supervisors the agents detach, and the jobs, are reaped by
+it and their CPU time lands in its children's time instead of vanishing when they exit.
+PostgreSQL and Redis are the machine's own servers: measure on a quiet machine, where their
+CPU is ours. The load average is printed beside every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_heartbeat import (  # noqa: E402 - after the path set-up
+    bench_database_url,
+    ensure_free,
+    percentile,
+    recreate_database,
+    setup_django,
+    stop,
+)
+from bench_submit_to_running import _answers, _kill_leftover_jobs, wait_for  # noqa: E402
+
+BIN = Path(sys.executable).parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PR_SET_CHILD_SUBREAPER = 36
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+# --- the reaper: a process group's CPU, exited descendants included --------------------------
+
+
+def reap(command: list[str]) -> int:
+    """Run `command` as a child subreaper; reap every descendant until all are gone."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    child = subprocess.Popen(command)
+
+    def forward(signum, _frame):
+        # The group leader is this reaper (start_new_session); pass the stop on to the command.
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    status = 0
+    while True:
+        try:
+            pid, wait_status = os.wait()
+        except ChildProcessError:
+            return status
+        except InterruptedError:
+            continue
+        if pid == child.pid:
+            status = os.waitstatus_to_exitcode(wait_status)
+            child.returncode = status
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of the process and of its reaped children)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    ppid = int(fields[1])
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return ppid, (utime + stime + cutime + cstime) / CLK_TCK
+
+
+def tree_cpu_s(root_pid: int) -> float:
+    """CPU seconds of a process and every descendant, alive or reaped by one of them."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                stats[int(entry)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+            todo.extend(children.get(pid, ()))
+    return total
+
+
+def _pids_named(name: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                comm = Path(f"/proc/{entry}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm == name:
+                found.append(int(entry))
+    return found
+
+
+def server_roots() -> dict[str, list[int]]:
+    """The machine's PostgreSQL postmaster(s) and Redis server(s): their whole trees count."""
+    postgres = set(_pids_named("postgres") + _pids_named("postmaster"))
+    # The postmaster is the postgres process whose parent is not one: backends, autovacuum
+    # and the WAL writer are its children, so its tree is the whole instance.
+    postmasters = [pid for pid in postgres if (_stat(pid) or (0, 0.0))[0] not in postgres]
+    return {"postgresql": postmasters, "redis": _pids_named("redis-server")}
+
+
+class CpuMeter:
+    """CPU seconds per group, between two readings."""
+
+    def __init__(self, groups: dict[str, list[int]]):
+        self.groups = groups
+
+    def read(self) -> dict[str, float]:
+        return {g: sum(tree_cpu_s(p) for p in pids) for g, pids in self.groups.items()}
+
+
+# --- clients ---------------------------------------------------------------------------------
+
+
+def _client(url: str, token: str, count: int, start_at: float, out) -> None:
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    body = {"image": "localhost/bench:1", "command": ["true"], "gpus": 1}
+    while time.time() < start_at:
+        time.sleep(0.001)
+    ids, failures = [], 0
+    for _ in range(count):
+        response = session.post(f"{url}/api/v1/jobs/", json=body, timeout=60)
+        if response.status_code == 201:
+            ids.append(response.json()["id"])
+        else:
+            failures += 1
+    out.put((ids, failures, time.time()))
+
+
+def submit_all(
+    url: str, token: str, jobs: int, clients: int
+) -> tuple[list[int], int, float, float]:
+    """Submit `jobs` jobs from `clients` processes at once; (ids, failures, start, last 201)."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    start_at = time.time() + 0.5
+    shares = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
+    procs = [ctx.Process(target=_client, args=(url, token, n, start_at, out)) for n in shares]
+    for p in procs:
+        p.start()
+    ids, failures, last = [], 0, start_at
+    for _ in procs:
+        got, failed, ended = out.get()
+        ids += got
+        failures += failed
+        last = max(last, ended)
+    for p in procs:
+        p.join()
+    return ids, failures, start_at, last
+
+
+def loadavg() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def spawn_reaped(command: list[str], env: dict, log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "ab")  # noqa: SIM115 - open as long as the process runs
+    return subprocess.Popen(
+        [sys.executable, __file__, "--reap", "--", *command],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--idle-jobs", type=int, default=100)
+    parser.add_argument("--port", type=int, default=18470)
+    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "throughput"))
+    parser.add_argument("--reap", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("command", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.reap:
+        raise SystemExit(reap(args.command))
+
+    base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucp")
+    if not os.environ.get("REDIS_URL"):
+        sys.exit("bench_throughput needs REDIS_URL (the production signalling path)")
+    database_url, name = bench_database_url(base_url, "_bench_tp")
+    recreate_database(base_url, name)
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DEBUG": "0",
+        "LOG_LEVEL": "WARNING",
+        "CELERY_QUEUE": os.environ.get("CELERY_QUEUE", "gpucp") + "_bench_tp",
+        # A benchmark's clients are not abusers: the API's rate limits stay out of the figure.
+        "API_THROTTLE_USER_RATE": "1000000/minute",
+        "API_THROTTLE_ANON_RATE": "1000000/minute",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+    setup_django(database_url)
+    import datetime as dt
+
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from controlplane.cluster import actions as cluster_actions
+    from controlplane.cluster.models import Node
+    from controlplane.jobs import actions as job_actions
+    from controlplane.jobs.models import Job, JobState
+    from controlplane.tenancy import actions as tenancy_actions
+    from controlplane.tenancy.models import ApiToken
+
+    admin = get_user_model().objects.create_superuser("bench-admin", "b@example.org", "x" * 16)
+    tenant = tenancy_actions.create_tenant(actor=admin, slug="bench", name="Bench")
+    tenancy_actions.create_quota(
+        tenant, actor=admin, gpu_type="", guaranteed_gpus=10_000, limit_gpus=10_000
+    )
+    user = get_user_model().objects.create_user("bench", password="bench-password-1")
+    tenancy_actions.add_member(tenant, user, "member", actor=admin)
+    _, user_token = ApiToken.issue(user, "bench")
+    pool = cluster_actions.create_pool(actor=admin, name="bench")
+    _, join_token = cluster_actions.create_join_token(
+        pool, actor=admin, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=args.agents
+    )
+
+    url = f"http://127.0.0.1:{args.port}"
+    ensure_free(args.port)
+    celery = [str(BIN / "celery"), "-A", "controlplane"]
+    groups = {
+        "web": spawn_reaped(
+            [
+                str(BIN / "gunicorn"),
+                "controlplane.wsgi:application",
+                f"--bind=127.0.0.1:{args.port}",
+                "--worker-class=gthread",
+                "--workers=2",
+                "--threads=16",
+            ],
+            env,
+            log_dir / "web.log",
+        ),
+        "worker": spawn_reaped(
+            [*celery, "worker", "-Q", env["CELERY_QUEUE"], "--pool=solo", "--loglevel=WARNING"],
+            env,
+            log_dir / "worker.log",
+        ),
+        "beat": spawn_reaped(
+            [*celery, "beat", f"--schedule={log_dir / 'beat-schedule'}", "--loglevel=WARNING"],
+            env,
+            log_dir / "beat.log",
+        ),
+    }
+    state_root = log_dir / "agents"
+    # A fresh database restarts attempt ids; agents must not remember the last run's attempts.
+    shutil.rmtree(state_root, ignore_errors=True)
+    agents: list[subprocess.Popen] = []
+    try:
+        wait_for(lambda: _answers(url), 60, f"gunicorn on {url} (see {log_dir})")
+        for i in range(args.agents):
+            agents.append(
+                spawn_reaped(
+                    [
+                        sys.executable,
+                        "-m",
+                        "agents",
+                        f"--url={url}",
+                        f"--node-name=bench-{i:02d}",
+                        f"--state-dir={state_root / f'bench-{i:02d}'}",
+                        "--runtime=process",
+                        "--gpu-backend=simulated:H100-SXM-80GB:8",
+                        "--cpus=64",
+                        "--log-level=WARNING",
+                    ],
+                    {**env, "GPUCP_JOIN_TOKEN": join_token},
+                    log_dir / f"agent-{i:02d}.log",
+                )
+            )
+        wait_for(
+            lambda: Node.objects.filter(ready=True).count() == args.agents,
+            90,
+            f"{args.agents} agents to register",
+        )
+        time.sleep(3)  # the first heartbeats and watches settle
+        print(
+            f"throughput benchmark: {args.agents} nodes x 8 simulated GPUs, process runtime, "
+            f"gunicorn 2x16 + Celery worker + beat + Redis + PostgreSQL, {os.cpu_count()} CPUs; "
+            f"SCHEDULER_DEBOUNCE_S={settings.SCHEDULER_DEBOUNCE_S}, "
+            f"SCHEDULER_CYCLE_INTERVAL_S={settings.SCHEDULER_CYCLE_INTERVAL_S}",
+            flush=True,
+        )
+
+        # 1. idle submit -> start
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {user_token}"
+        idle_ids = []
+        for _ in range(args.idle_jobs):
+            response = session.post(
+                f"{url}/api/v1/jobs/",
+                json={"image": "localhost/bench:1", "command": ["true"], "gpus": 1},
+                timeout=30,
+            )
+            if response.status_code != 201:
+                sys.exit(f"submit failed: {response.status_code} {response.text[:300]}")
+            job_id = response.json()["id"]
+            idle_ids.append(job_id)
+            wait_for(
+                lambda job_id=job_id: Job.objects.filter(
+                    pk=job_id, state__in=FINAL_STATES
+                ).exists(),
+                120,
+                f"job {job_id} to end",
+            )
+        started, running = [], []
+        for job in Job.objects.filter(pk__in=idle_ids).prefetch_related("attempts", "events"):
+            attempt = job.attempts.order_by("number").first()
+            if attempt is not None and attempt.started_at is not None:
+                started.append((attempt.started_at - job.submitted_at).total_seconds())
+            ran = [e.at for e in job.events.all() if e.kind == "running"]
+            if ran:
+                running.append((min(ran) - job.submitted_at).total_seconds())
+        started.sort()
+        running.sort()
+        print(f"1. idle submit -> start, {len(idle_ids)} jobs one at a time (load {loadavg()})")
+        print(
+            f"   submit -> process started  p50 {percentile(started, 0.5):.3f} s  "
+            f"p99 {percentile(started, 0.99):.3f} s  (n={len(started)})"
+        )
+        print(
+            f"   submit -> RUNNING recorded  p50 {percentile(running, 0.5):.3f} s  "
+            f"p99 {percentile(running, 0.99):.3f} s  (n={len(running)})",
+            flush=True,
+        )
+
+        # 2. end to end
+        meter = CpuMeter(
+            {
+                "web": [groups["web"].pid],
+                "worker": [groups["worker"].pid],
+                "beat": [groups["beat"].pid],
+                "agents (with supervisors and jobs)": [a.pid for a in agents],
+                **server_roots(),
+            }
+        )
+        time.sleep(2)
+        before = meter.read()
+        ids, failures, t0, last_201 = submit_all(url, user_token, args.jobs, args.clients)
+        deadline = time.monotonic() + args.timeout_s
+        while Job.objects.filter(pk__in=ids).exclude(state__in=FINAL_STATES).exists():
+            if time.monotonic() > deadline:
+                sys.exit(f"timed out after {args.timeout_s:.0f} s waiting for the jobs to end")
+            time.sleep(0.25)
+        t_end = time.time()
+        after = meter.read()
+        wall = t_end - t0
+        failed = Job.objects.filter(pk__in=ids).exclude(state=JobState.SUCCEEDED).count()
+        print(
+            f"2. end to end: {len(ids)} jobs from {args.clients} clients in {wall:.1f} s -> "
+            f"{len(ids) / wall:.1f} jobs/s ({failures} refused submits, {failed} not "
+            f"SUCCEEDED); submits took {last_201 - t0:.1f} s ({len(ids) / (last_201 - t0):.1f}/s "
+            f"while jobs ran)  (load {loadavg()})"
+        )
+        total_ms = 0.0
+        for group in before:
+            ms = (after[group] - before[group]) * 1000 / max(len(ids), 1)
+            total_ms += ms
+            print(f"   CPU per job  {group:36s} {ms:7.1f} ms")
+        print(f"   CPU per job  {'all server-side processes and the job':36s} {total_ms:7.1f} ms")
+        available_ms = wall * (os.cpu_count() or 1) * 1000 / max(len(ids), 1)
+        print(f"   (the machine had {available_ms:.1f} CPU-ms per job in that time)", flush=True)
+
+        # 3. submit only: no node takes work, so the figure is the API's alone.
+        for node in Node.objects.all():
+            cluster_actions.set_node_state(node, "cordoned", actor=admin)
+        time.sleep(2)
+        ids, failures, t0, last_201 = submit_all(url, user_token, args.jobs, args.clients)
+        wall = last_201 - t0
+        print(
+            f"3. submit only (every node cordoned): {len(ids)} jobs from {args.clients} clients "
+            f"in {wall:.1f} s -> {len(ids) / wall:.1f} jobs/s ({failures} refused)  "
+            f"(load {loadavg()})",
+            flush=True,
+        )
+        for job in Job.objects.filter(pk__in=ids, state=JobState.PENDING):
+            job_actions.cancel_job(job, actor=admin, reason="benchmark over")
+    finally:
+        for proc in [*agents, *reversed(list(groups.values()))]:
+            stop(proc)
+        _kill_leftover_jobs(state_root)
+
+
+if __name__ == "__main__":
+    main()
