@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import shlex
+from abc import ABCMeta, abstractmethod
 
 from django import forms
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.forms.forms import DeclarativeFieldsMetaclass
 from django.http import Http404
 
 from controlplane.cluster import actions as cluster_actions
@@ -296,7 +298,11 @@ def choice_field(name: str, choices, **kwargs) -> forms.ChoiceField:
     )
 
 
-class ActionForm(forms.Form):
+class _ActionFormType(DeclarativeFieldsMetaclass, ABCMeta):
+    """Django's form metaclass with abstract methods: a form without `write` cannot be made."""
+
+
+class ActionForm(forms.Form, metaclass=_ActionFormType):
     """A form for one object: typed fields, the shared rule in `check`, the action in `write`.
 
     `fixed_after_create` fields show but cannot change once the object exists, as in the API.
@@ -358,8 +364,9 @@ class ActionForm(forms.Form):
     def check(self, values: dict) -> None:
         """The shared rule; raises ValidationError naming the fields at fault."""
 
+    @abstractmethod
     def write(self, values: dict):
-        raise NotImplementedError
+        """Create or change the object through its app's action; returns it."""
 
     def save(self):
         self.saved = self.write(self.values())
