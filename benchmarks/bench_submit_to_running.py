@@ -51,6 +51,22 @@ def spawn(cmd: list[str], env: dict, log_path: Path) -> subprocess.Popen:
     )
 
 
+def agent_command(url: str, name: str, state_root: Path) -> list[str]:
+    """A real node agent: 8 simulated H100s, the process runtime, its own state directory."""
+    return [
+        sys.executable,
+        "-m",
+        "agents",
+        f"--url={url}",
+        f"--node-name={name}",
+        f"--state-dir={state_root / name}",
+        "--runtime=process",
+        "--gpu-backend=simulated:H100-SXM-80GB:8",
+        "--cpus=64",
+        "--log-level=WARNING",
+    ]
+
+
 def wait_for(predicate, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -149,18 +165,7 @@ def main() -> None:
         for i in range(args.agents):
             procs.append(
                 spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "agents",
-                        f"--url={url}",
-                        f"--node-name=bench-{i:02d}",
-                        f"--state-dir={state_root / f'bench-{i:02d}'}",
-                        "--runtime=process",
-                        "--gpu-backend=simulated:H100-SXM-80GB:8",
-                        "--cpus=64",
-                        "--log-level=WARNING",
-                    ],
+                    agent_command(url, f"bench-{i:02d}", state_root),
                     {**env, "GPUCP_JOIN_TOKEN": join_token},
                     log_dir / f"agent-{i:02d}.log",
                 )

@@ -52,7 +52,7 @@ from bench_heartbeat import (  # noqa: E402 - after the path set-up
     setup_django,
     stop,
 )
-from bench_submit_to_running import _answers, _kill_leftover_jobs, wait_for  # noqa: E402
+from bench_submit_to_running import _answers, _kill_leftover_jobs, agent_command, wait_for  # noqa: E402
 
 BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -312,18 +312,7 @@ def main() -> None:
         for i in range(args.agents):
             agents.append(
                 spawn_reaped(
-                    [
-                        sys.executable,
-                        "-m",
-                        "agents",
-                        f"--url={url}",
-                        f"--node-name=bench-{i:02d}",
-                        f"--state-dir={state_root / f'bench-{i:02d}'}",
-                        "--runtime=process",
-                        "--gpu-backend=simulated:H100-SXM-80GB:8",
-                        "--cpus=64",
-                        "--log-level=WARNING",
-                    ],
+                    agent_command(url, f"bench-{i:02d}", state_root),
                     {**env, "GPUCP_JOIN_TOKEN": join_token},
                     log_dir / f"agent-{i:02d}.log",
                 )
