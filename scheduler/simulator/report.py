@@ -61,15 +61,18 @@ def summary_table(summaries: Sequence[Summary], *, power: bool = False) -> str:
     return "\n".join(lines)
 
 
-def tenant_table(summaries: Sequence[Summary]) -> str:
-    """Per tenant: jobs, and for every policy mean queue / mean JCT / rho."""
-    tenants = []
+def tenant_rows(
+    summaries: Sequence[Summary],
+) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """Per tenant: jobs, and for every run mean queue / mean JCT / rho; (columns, rows) of
+    formatted cells, for the Markdown below and for what-if's page alike."""
+    tenants: list[str] = []
     for s in summaries:
         for t in s.tenants:
             if t.tenant not in tenants:
                 tenants.append(t.tenant)
-    header = "| tenant | jobs | " + " | ".join(f"{s.policy} queue / JCT / rho" for s in summaries)
-    lines = [header + " |", "|---|---:|" + "---:|" * len(summaries)]
+    columns = ("tenant", "jobs", *(f"{s.policy} queue / JCT / rho" for s in summaries))
+    rows = []
     for name in tenants:
         cells = []
         jobs = ""
@@ -82,7 +85,15 @@ def tenant_table(summaries: Sequence[Summary]) -> str:
             cells.append(
                 f"{format_seconds(row.mean_queue_s)} / {row.mean_jct_s:,.0f} / {_num(row.rho)}"
             )
-        lines.append(f"| {name} | {jobs} | " + " | ".join(cells) + " |")
+        rows.append((name, jobs, *cells))
+    return columns, rows
+
+
+def tenant_table(summaries: Sequence[Summary]) -> str:
+    """Per tenant: jobs, and for every policy mean queue / mean JCT / rho."""
+    columns, rows = tenant_rows(summaries)
+    lines = ["| " + " | ".join(columns) + " |", "|---|---:|" + "---:|" * len(summaries)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 

@@ -21,9 +21,9 @@ from controlplane.scheduling.whatif.history import Cluster
 from controlplane.scheduling.whatif.params import PRODUCTION_PRESET, WhatIfParams
 from controlplane.scheduling.whatif.replay import WhatIfOutcome
 from scheduler.simulator.engine import Result
-from scheduler.simulator.metrics import Summary, TenantMetrics, format_seconds
+from scheduler.simulator.metrics import Summary, TenantMetrics
 from scheduler.simulator.policies import preset
-from scheduler.simulator.report import SUMMARY_COLUMNS, write_report
+from scheduler.simulator.report import SUMMARY_COLUMNS, tenant_rows, write_report
 
 EXPLANATION = (
     "JCT = finish - submit; queue = JCT - time holding GPUs (before the first start and after "
@@ -57,10 +57,6 @@ def _fixed(value: float, scale: float = 1.0, digits: int = 1) -> str:
     if value is None or math.isnan(value):
         return "-"
     return f"{value / scale:,.{digits}f}"
-
-
-def _ratio(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.3f}"
 
 
 COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c[0] in _SHARED_COLUMNS) + (
@@ -235,29 +231,8 @@ def runs_table(summaries: Sequence[Summary]) -> Table:
 
 def tenant_table(summaries: Sequence[Summary]) -> Table:
     """Per tenant: jobs, and for every row mean queue / mean JCT / rho."""
-    tenants: list[str] = []
-    for s in summaries:
-        for t in s.tenants:
-            if t.tenant not in tenants:
-                tenants.append(t.tenant)
-    rows = []
-    for name in tenants:
-        cells = []
-        jobs = ""
-        for s in summaries:
-            row = next((t for t in s.tenants if t.tenant == name), None)
-            if row is None:
-                cells.append("-")
-                continue
-            jobs = jobs or f"{row.jobs:,}"
-            cells.append(
-                f"{format_seconds(row.mean_queue_s)} / {row.mean_jct_s:,.0f} / {_ratio(row.rho)}"
-            )
-        rows.append((name, jobs, *cells))
-    return Table(
-        columns=("tenant", "jobs", *(f"{s.policy} queue / JCT / rho" for s in summaries)),
-        rows=tuple(rows),
-    )
+    columns, rows = tenant_rows(summaries)
+    return Table(columns=columns, rows=tuple(rows))
 
 
 def write_folder(outcome: WhatIfOutcome, out_dir: Path | str, *, plots: bool = True) -> Path:
