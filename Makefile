@@ -3,19 +3,22 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# Re-installs when the server's or the client's dependencies change.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpucp
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # What the type checker reads; its settings (strict on the core and the agent) are in pyproject.toml.
-MYPY_PATHS := scheduler agents controlplane frontend
+MYPY_PATHS := scheduler agents controlplane frontend client/src/gpucp
 
 .PHONY: run test venv lint format services system-deps clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# The `gpucp` command and SDK (its own distribution, client/): the tests run it.
+	$(BIN)/pip install --quiet -e ./client
 	rm -f $(VENV)/.installed-*; touch $(STAMP)
 
 venv: $(STAMP)

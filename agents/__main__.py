@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stop-grace-s",
         type=float,
         default=float(_env("GPUCP_STOP_GRACE_S", "10")),
-        help="seconds between SIGTERM and SIGKILL [GPUCP_STOP_GRACE_S, 10]",
+        help="seconds between the stop signal and SIGKILL, for attempts the control plane "
+        "gives no grace_s [GPUCP_STOP_GRACE_S, 10]",
     )
     p.add_argument(
         "--power-cap-dry-run",
@@ -152,9 +153,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="absolute folders put first on every process-runtime job's PATH, e.g. the agent's "
         "virtualenv bin so that a job's `python` is the agent's [GPUCP_JOB_PATH_PREPEND, none]",
     )
-    p.add_argument("--cpus", type=int, default=None, help="CPUs to report (default: all)")
     p.add_argument(
-        "--memory-mib", type=int, default=None, help="memory to report (default: the host's)"
+        "--advertise-address",
+        default=_env("GPUCP_ADVERTISE_ADDRESS"),
+        help="the address other nodes reach this node's jobs at (a multi-node job's master "
+        "address when its rank 0 runs here) [GPUCP_ADVERTISE_ADDRESS, default: the source "
+        "address of the route to the control plane]",
+    )
+    p.add_argument(
+        "--job-port-range",
+        type=_port_range,
+        default=_env("GPUCP_JOB_PORT_RANGE", "29500-29999"),
+        metavar="LOW-HIGH",
+        help="ports the control plane may give a job whose rank 0 runs here as its master "
+        "port [GPUCP_JOB_PORT_RANGE, 29500-29999]",
+    )
+    p.add_argument(
+        "--cpus",
+        type=int,
+        default=None,
+        help="CPUs to report (default: the host's; a simulated node's: its GPUs' server share)",
+    )
+    p.add_argument(
+        "--memory-mib",
+        type=int,
+        default=None,
+        help="memory to report (default: the host's; a simulated node's: its GPUs' server share)",
     )
     p.add_argument(
         "--log-level",
@@ -163,6 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"gpucp-agent {__version__}")
     return p
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    """LOW-HIGH, two ports with LOW <= HIGH."""
+    try:
+        low, high = (int(part) for part in str(text).split("-", 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LOW-HIGH, e.g. 29500-29999") from None
+    if not 1 <= low <= high <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: ports 1 to 65535, LOW <= HIGH")
+    return low, high
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         labels=labels,
         runtime=args.runtime,
         gpu_backend=args.gpu_backend,
+        advertise_address=args.advertise_address or None,
+        job_port_range=args.job_port_range,
         heartbeat_interval_s=args.heartbeat_interval_s or None,
         watch=not args.no_watch,
         watch_timeout_s=args.watch_timeout_s,

@@ -139,14 +139,28 @@ class ControlPlaneClient:
         return session
 
     def _post(
-        self, path: str, body: dict[str, Any], token: str | None, timeout_s: float
+        self, path: str, body: dict[str, Any] | None, token: str | None, timeout_s: float
+    ) -> dict[str, Any]:
+        return self._call("POST", path, body, token, timeout_s)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        token: str | None,
+        timeout_s: float,
     ) -> dict[str, Any]:
         if not token:
             raise Unauthorized(f"no token for {path}")
         url = self.base_url + API_PREFIX + path
         try:
-            response = self._session().post(
-                url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
+            response = self._session().request(
+                method,
+                url,
+                json=body,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=timeout_s,
             )
         except requests.RequestException as exc:
             self._drop_connection()
@@ -211,6 +225,21 @@ class ControlPlaneClient:
                 body["data_b64"] = base64.b64encode(data).decode("ascii")
         answer = self._post("/logs", body, self.node_token, self.timeout_s)
         return int(answer["next_offset"])
+
+    def volumes(self) -> dict[str, Any]:
+        """The volumes that apply to this node and the checkpoint dirs due for deletion.
+
+        A control plane without volumes answers 404 (Rejected with status 404)."""
+        return self._call("GET", "/volumes", None, self.node_token, self.timeout_s)
+
+    def report_volumes(self, present: list[str], deleted_checkpoints: list[int]) -> None:
+        """Say which volumes this node has, and which jobs' checkpoint dirs it deleted."""
+        self._post(
+            "/volumes",
+            {"present": present, "deleted_checkpoints": deleted_checkpoints},
+            self.node_token,
+            self.timeout_s,
+        )
 
     def _drop_connection(self) -> None:
         session = getattr(self._local, "session", None)

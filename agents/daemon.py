@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from agents.client import (
 from agents.fence import AGENT_LOCK, ensure_fence, holding
 from agents.gpu.base import GpuBackend, GpuError, GpuTelemetry
 from agents.runtime.base import (
+    DEFAULT_STOP_SIGNAL,
     AttemptSpec,
     AttemptState,
     AttemptStatus,
@@ -44,6 +45,7 @@ from agents.runtime.base import (
     StartError,
     write_json_atomic,
 )
+from agents.volumes import StorageWorker, scan_checkpoint_lines
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +57,22 @@ CAP_TOLERANCE_W = 0.5
 # Attempts the agent finished are remembered this long, so a stale answer can never start one
 # of them a second time.
 TOMBSTONE_TTL_S = 7 * 24 * 3600.0
+# Tombstones are appended to a log, one fsync per cycle whatever the number of attempts
+# forgotten, and folded into the snapshot once the log holds this many (or as many as the
+# snapshot): rewriting the whole week's list at every forget cost O(n^2) in a flood of jobs.
+TOMBSTONE_LOG_COMPACT_AT = 1000
+# After the runtime says an attempt ended, the loop waits this long before it reports, so that
+# the jobs of one flood that end together (they started together) go in one heartbeat.
+EXIT_SETTLE_S = 0.02
 # How often the loop makes sure the node's fence runs.
 FENCE_CHECK_EVERY_S = 5.0
 # Why the node ended an attempt (reported as its stop_cause; absent: it ended by itself).
 FENCED = "fenced"
 UNWANTED = "unwanted"
+PORT_BUSY = "port_busy"  # never started: its master port was taken
+# An ended attempt with a checkpoint dir is kept (reported) until the dir's size after its end
+# was reported, but no longer than this: a hung file system must not keep it for ever.
+FINAL_SIZE_WAIT_S = 120.0
 
 
 class RegistrationRefused(Exception):
@@ -82,6 +95,10 @@ class AgentConfig:
     watch: bool = True
     watch_timeout_s: float = 20.0
     poll_interval_s: float = 0.5
+    # How often new output of running jobs is shipped between heartbeats: someone following a
+    # job's log (`gpucp logs -f`) sees a line about this long after it is printed, not a whole
+    # heartbeat interval later. 0 ships output with the heartbeats only.
+    log_flush_interval_s: float = 0.5
     stop_grace_s: float = 10.0
     power_cap_dry_run: bool = False
     # Stop every attempt when the agent stops: for a demo on a laptop, never for a real node.
@@ -94,6 +111,11 @@ class AgentConfig:
     # Start the node's fence (agents.fence) when none runs. Off only where jobs must never be
     # stopped for lost contact, at the price of the promise that no job runs twice.
     fence: bool = True
+    # The address other nodes' members of a job reach this node at (None: the source address
+    # of the route to the control plane), and the ports the control plane may give a job whose
+    # rank 0 runs here as its master port.
+    advertise_address: str | None = None
+    job_port_range: tuple[int, int] = (29500, 29999)
 
 
 @dataclass
@@ -118,6 +140,16 @@ class AttemptMeta:
     # Why the node ended it, when it did: "fenced" (its lease was running out) or "unwanted"
     # (the control plane no longer listed it). Empty: it ended by itself.
     stop_cause: str = ""
+    # How it is stopped, from its desired entry (kept: an unwanted attempt is no longer in the
+    # answer). grace_s None: the agent's own --stop-grace (a record of an older agent).
+    stop_signal: str = DEFAULT_STOP_SIGNAL
+    grace_s: float | None = None
+    checkpoint_dir: str = ""  # host path; "" when the job has none
+    last_checkpoint_at: float | None = None  # Unix seconds, the newest checkpoint seen
+    checkpoint_bytes: int | None = None
+    ended_at: float | None = None  # wall time its end was seen
+    # Where the checkpoint-line scan of its output stands (agents.volumes.scan_checkpoint_lines).
+    log_line_head: str | None = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttemptMeta:
@@ -159,6 +191,43 @@ def _energy_j(energy_j: float) -> float | None:
     return None
 
 
+def primary_address(url: str) -> str:
+    """The source address of this host's route to the control plane at `url` (else of its
+    default route; else its host name): the address its peers most likely reach it at. A UDP
+    socket's connect sends nothing; it only asks the kernel for the route."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    targets = [(parts.hostname or "", parts.port or 443), ("192.0.2.1", 9)]
+    for host, port in targets:
+        if not host:
+            continue
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0][0]
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((host, port))
+                address = probe.getsockname()[0]
+        except OSError:
+            continue
+        if address and address not in ("0.0.0.0", "::"):
+            return str(address)
+    return socket.gethostname()
+
+
+def port_free(port: int) -> bool:
+    """Whether a job on this host could listen on `port` now (the rank-0 member's master port)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As a server binds it (torchrun's store does): connections of an earlier job
+            # lingering in TIME_WAIT do not make the port busy, a listener does.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("", port))
+            probe.listen()
+    except OSError:
+        return False
+    return True
+
+
 def host_memory_mib() -> int:
     """The host's RAM in MiB."""
     try:
@@ -189,11 +258,14 @@ class Agent:
         self._attempts_dir = self.state_dir / "attempts"
         self._attempts_dir.mkdir(parents=True, exist_ok=True)
         self._tombstones_path = self.state_dir / "finished.json"
+        self._tombstone_log_path = self.state_dir / "finished.log"
+        self._tombstone_log_lines = 0
         self._meta: dict[int, AttemptMeta] = {}
         self._tombstones: dict[int, float] = {}
         self._conditions: dict[tuple[str, str], dict[str, Any]] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._exited = threading.Event()  # set by the runtime as an attempt's process ends
         self._seq = int(time.time() * 1000)  # grows across restarts without being stored
         self.interval_s = config.heartbeat_interval_s or 10.0
         self.backoff = Backoff(max_s=config.backoff_max_s)
@@ -201,12 +273,23 @@ class Agent:
         self.heartbeats_ok = 0
         self._last_reported: dict[int, str] = {}
         self._watch_thread: threading.Thread | None = None
+        # The runtime's view of the attempts at the last heartbeat: whose output to ship
+        # between heartbeats.
+        self._statuses: dict[int, AttemptStatus] = {}
         self._speeds: dict[int, float] = {}
         # The lease the last answered heartbeat earned (None: none yet, or no lease protocol).
         self.lease: leases.Lease | None = leases.read_lease(self.state_dir)
         self._deferred: dict[int, str] = {}  # attempts not started yet, and why (logged once)
         self._degraded_logged = False
         self._telemetry_at: float | None = None
+        # Checkpoints and volumes, in a thread of its own once run() starts (tests drive it
+        # with storage.step()): a slow file system must never delay a heartbeat.
+        self.storage = StorageWorker(client, runtime)
+        self._storage_thread: threading.Thread | None = None
+        self._final_sizes_in_body: set[int] = set()
+        self._advertise_address: str | None = None
+        # The control plane answered a heartbeat carrying this node's address and port range.
+        self._address_told = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -232,7 +315,14 @@ class Agent:
                     # agent was away must stop before anything else happens.
                     self.ensure_fence()
                     self.recover()
+                    # An exit is reported as it happens, not at the next poll.
+                    self.runtime.notify_exits(self._exit_seen)
                     self.ensure_registered()
+                    if not self.stopping:
+                        self._storage_thread = threading.Thread(
+                            target=self.storage.run, args=(self._stop,), name="storage", daemon=True
+                        )
+                        self._storage_thread.start()
                     if self.config.watch and not self.stopping:
                         self._watch_thread = threading.Thread(
                             target=self._watch_loop, name="watch", daemon=True
@@ -255,13 +345,25 @@ class Agent:
         except OSError as exc:
             log.error("cannot start the node's fence: %s", exc)
 
+    def _exit_seen(self) -> None:
+        # While the control plane does not answer, the retry's backoff stands: the exit goes in
+        # the next heartbeat that is tried anyway.
+        if self.connected:
+            self._exited.set()
+            self._wake.set()
+
     def _loop(self) -> None:
         next_heartbeat = 0.0
         next_fence_check = time.monotonic() + FENCE_CHECK_EVERY_S
+        flush_s = self.config.log_flush_interval_s
+        next_log_flush = time.monotonic() + flush_s
         last_ok = True
         while not self.stopping:
             now = time.monotonic()
             due = now >= next_heartbeat or self._wake.is_set()
+            if self._exited.is_set():
+                self._exited.clear()
+                self._stop.wait(EXIT_SETTLE_S)
             if due or (last_ok and self._local_change()):
                 self._wake.clear()
                 try:
@@ -274,7 +376,12 @@ class Agent:
             if now >= next_fence_check:
                 self.ensure_fence()
                 next_fence_check = now + FENCE_CHECK_EVERY_S
+            if flush_s > 0 and last_ok and now >= next_log_flush:
+                self._flush_logs()
+                next_log_flush = time.monotonic() + flush_s
             wait_s = max(0.0, min(next_heartbeat - time.monotonic(), self.config.poll_interval_s))
+            if flush_s > 0:
+                wait_s = min(wait_s, max(0.0, next_log_flush - time.monotonic()))
             self._wake.wait(wait_s)
 
     def _retry_delay_s(self) -> float:
@@ -298,11 +405,25 @@ class Agent:
             self.client.close()
         log.info("agent stopped; its attempts keep running and are adopted at the next start")
 
+    def _grace_s(self, attempt_id: int) -> float:
+        """The attempt's own grace (from its desired entry), else the agent's --stop-grace."""
+        meta = self._meta.get(attempt_id)
+        if meta is None or meta.grace_s is None:
+            return self.config.stop_grace_s
+        return meta.grace_s
+
+    def _stop_attempt(self, attempt_id: int) -> None:
+        """Its stop signal now, SIGKILL at the end of its grace (every stop but the fence's)."""
+        meta = self._meta.get(attempt_id)
+        signal = meta.stop_signal if meta is not None else DEFAULT_STOP_SIGNAL
+        self.runtime.stop(attempt_id, self._grace_s(attempt_id), signal=signal)
+
     def _stop_all_attempts(self) -> None:
         running = [s.attempt_id for s in self.runtime.statuses() if s.state is AttemptState.RUNNING]
         for attempt_id in running:
-            self.runtime.stop(attempt_id, self.config.stop_grace_s)
-        deadline = time.monotonic() + self.config.stop_grace_s + 5.0
+            self._stop_attempt(attempt_id)
+        longest_s = max((self._grace_s(a) for a in running), default=0.0)
+        deadline = time.monotonic() + longest_s + 5.0
         while running and time.monotonic() < deadline:
             time.sleep(0.1)
             states = {s.attempt_id: s.state for s in self.runtime.statuses()}
@@ -359,14 +480,28 @@ class Agent:
 
     def registration(self) -> dict[str, Any]:
         """The register request: the node and its GPU inventory."""
+        shape = self.gpu.host_shape() or (os.cpu_count() or 0, host_memory_mib())
         return {
             "name": self.config.node_name,
-            "cpus": self.config.cpus or os.cpu_count() or 0,
-            "memory_mib": self.config.memory_mib or host_memory_mib(),
+            "cpus": self.config.cpus or shape[0],
+            "memory_mib": self.config.memory_mib or shape[1],
             "labels": self.config.labels,
             "agent_version": __version__,
             "runtime": self.runtime.name,
             "gpus": [limits.checked_inventory(info.to_wire()) for info in self.gpu.inventory()],
+            **self._address(),
+        }
+
+    def _address(self) -> dict[str, Any]:
+        """Where this node's jobs are reached (registration, and heartbeats until one is
+        answered: a restarted agent may have a new one)."""
+        if self._advertise_address is None:
+            self._advertise_address = self.config.advertise_address or primary_address(
+                self.config.url
+            )
+        return {
+            "advertise_address": self._advertise_address,
+            "job_port_range": list(self.config.job_port_range),
         }
 
     def ensure_registered(self) -> None:
@@ -393,7 +528,7 @@ class Agent:
         # with a new one (a fresh demo database reuses id 1): its ids must not be refused.
         if self._tombstones:
             self._tombstones = {}
-            self._save_tombstones()
+            self._compact_tombstones()
         self._take_interval(answer)
 
     def _take_interval(self, answer: dict[str, Any]) -> None:
@@ -431,12 +566,14 @@ class Agent:
         """Observe, report, reconcile. True when the control plane answered the heartbeat."""
         telemetry = self._telemetry()
         statuses = self._observe(telemetry)
+        self._statuses = statuses
         self._ship_logs(statuses)
         body = self._heartbeat_body(telemetry, statuses)
         # The lease counts from here: the control plane records the heartbeat later than this.
         sent_at = leases.boottime()
         try:
             answer = self.client.heartbeat(body)
+            self._address_told = True
         except Unauthorized as exc:
             self._on_unauthorized(exc)
             return False
@@ -484,15 +621,38 @@ class Agent:
             margin_s = float(answer["fence_margin_s"])
         except (KeyError, TypeError, ValueError):
             margin_s = leases.margin_for(lease_s)
-        graces = {aid: self.config.stop_grace_s for aid in self._meta}
         self.lease = leases.Lease.renewed(
-            sent_at, lease_s, self.config.stop_grace_s, graces, margin_s=margin_s
+            sent_at,
+            lease_s,
+            self.config.stop_grace_s,
+            {aid: self._grace_s(aid) for aid in self._meta},
+            margin_s=margin_s,
+            signals={aid: meta.stop_signal for aid, meta in self._meta.items()},
         )
+        self._write_lease()
+
+    def _write_lease(self) -> None:
+        if self.lease is None:
+            return
         try:
             leases.write_lease(self.state_dir, self.lease)
         except OSError as exc:
             # The fence keeps acting on the previous lease: too early, never too late.
             log.error("cannot write the lease file: %s", exc)
+
+    def _lease_covers(self, started: list[int]) -> None:
+        """Name the attempts just started in the lease (same end), so that the fence gives
+        each its own signal and grace should no renewal come."""
+        if self.lease is None or not started:
+            return
+        for attempt_id in started:
+            meta = self._meta.get(attempt_id)
+            if meta is None:
+                continue
+            self.lease.graces[str(attempt_id)] = self._grace_s(attempt_id)
+            if meta.stop_signal != DEFAULT_STOP_SIGNAL:
+                self.lease.signals[str(attempt_id)] = meta.stop_signal
+        self._write_lease()
 
     def _on_unauthorized(self, exc: Unauthorized) -> None:
         self.connected = False
@@ -563,11 +723,34 @@ class Agent:
                 self._publish_speed(meta)
             elif not meta.ended:
                 meta.ended = True
+                meta.ended_at = self._clock()
                 self.gpu.detach_load(attempt_id)
                 self._speeds.pop(attempt_id, None)
                 self._save_meta(meta)
                 log.info("attempt %d ended: %s %s", attempt_id, status.state, status.exit_code)
+            self._take_checkpoints(meta, status)
         return statuses
+
+    def _take_checkpoints(self, meta: AttemptMeta, status: AttemptStatus) -> None:
+        """Hand the attempt's checkpoint dir to the storage thread; take what it found."""
+        if not meta.checkpoint_dir:
+            return
+        running = status.state is AttemptState.RUNNING
+        self.storage.track(meta.attempt_id, meta.checkpoint_dir, status.started_at, not running)
+        seen = self.storage.seen(meta.attempt_id)
+        if seen is None:
+            return
+        changed = False
+        if seen.checkpoint_at is not None and (
+            meta.last_checkpoint_at is None or seen.checkpoint_at > meta.last_checkpoint_at
+        ):
+            meta.last_checkpoint_at = seen.checkpoint_at
+            changed = True
+        if seen.checkpoint_bytes is not None and seen.checkpoint_bytes != meta.checkpoint_bytes:
+            meta.checkpoint_bytes = seen.checkpoint_bytes
+            changed = True
+        if changed:
+            self._save_meta(meta)
 
     def _update_energy(
         self,
@@ -616,7 +799,7 @@ class Agent:
             meta.message = f"exceeded its max runtime of {meta.max_runtime_s:.0f} s"
             log.info("attempt %d %s: stopping it", meta.attempt_id, meta.message)
             self._save_meta(meta)
-            self.runtime.stop(meta.attempt_id, self.config.stop_grace_s)
+            self._stop_attempt(meta.attempt_id)
 
     def _speed_path(self, attempt_id: int) -> Path:
         return self._attempts_dir / f"{attempt_id}.speed"
@@ -637,6 +820,7 @@ class Agent:
     ) -> dict[str, Any]:
         self._seq += 1
         attempts = []
+        self._final_sizes_in_body = set()
         for attempt_id, status in sorted(statuses.items()):
             meta = self._meta.get(attempt_id)
             entry = {
@@ -655,9 +839,19 @@ class Agent:
                 cause = self._stop_cause(attempt_id, status, meta)
                 if cause:
                     entry["stop_cause"] = cause
+            entry.update(self._stop_report(attempt_id, status))
+            if meta is not None and meta.checkpoint_dir:
+                entry["last_checkpoint_at"] = meta.last_checkpoint_at
+                entry["checkpoint_bytes"] = meta.checkpoint_bytes
+                seen = self.storage.seen(attempt_id)
+                if seen is not None and seen.final:
+                    self._final_sizes_in_body.add(attempt_id)
+            elif meta is not None and meta.last_checkpoint_at is not None:
+                entry["last_checkpoint_at"] = meta.last_checkpoint_at
             attempts.append(entry)
         self._last_reported = {k: s.state.value for k, s in statuses.items()}
         return {
+            **({} if self._address_told else self._address()),
             "seq": self._seq,
             "sent_at": time.time(),
             "gpus": [limits.checked_reading(t.to_wire()) for t in telemetry],
@@ -668,6 +862,23 @@ class Agent:
             ],
         }
 
+    def _stop_report(self, attempt_id: int, status: AttemptStatus) -> dict[str, Any]:
+        """stop_signal_at (the first signal, the runtime's or the fence's) and, once an attempt
+        that was stopped ended, whether it had to be killed at the end of its grace."""
+        note = leases.fenced(self.state_dir, attempt_id)
+        times = [status.stop_signal_at]
+        if note is not None:
+            times.append(note.get("at_unix"))
+        known = [float(t) for t in times if isinstance(t, int | float)]
+        if not known:
+            return {}
+        report: dict[str, Any] = {"stop_signal_at": min(known)}
+        if status.state is AttemptState.EXITED:
+            report["killed_after_grace"] = bool(status.killed_after_grace) or (
+                note is not None and "killed_at_unix" in note
+            )
+        return report
+
     def _stop_cause(self, attempt_id: int, status: AttemptStatus, meta: AttemptMeta | None) -> str:
         """Who ended an attempt that ended: the fence (even one that acted while this agent was
         dead: its note is on disk), this agent, or "" for the job itself."""
@@ -676,6 +887,19 @@ class Agent:
         return meta.stop_cause if meta is not None else ""
 
     # -- logs ------------------------------------------------------------------------------------
+
+    def _flush_logs(self) -> None:
+        """Ship what running attempts printed since the last heartbeat (one read per attempt;
+        a request only when there is something new)."""
+        running = {
+            attempt_id: status
+            for attempt_id, status in self._statuses.items()
+            if status.state is AttemptState.RUNNING
+        }
+        try:
+            self._ship_logs(running)
+        except Exception:  # shipping between heartbeats is a courtesy: never end the loop
+            log.exception("shipping logs between heartbeats failed")
 
     def _ship_logs(self, statuses: dict[int, AttemptStatus]) -> None:
         for attempt_id, status in statuses.items():
@@ -703,6 +927,7 @@ class Agent:
                 break
             # Bytes as they are (base64 when they are not plain text): nothing is lost.
             next_offset = self.client.send_logs(meta.attempt_id, meta.log_offset, data)
+            self._scan_for_checkpoints(meta, data, next_offset - meta.log_offset)
             # The control plane's offset wins: it may already hold more (a resend after a
             # restart) or less (a gap it will not fill), and either way that is where to go on.
             progressed = next_offset != meta.log_offset
@@ -712,6 +937,18 @@ class Agent:
                 break
         if shipped:
             self._save_meta(meta)
+
+    def _scan_for_checkpoints(self, meta: AttemptMeta, data: bytes, accepted: int) -> None:
+        """Look for `gpucp:checkpoint` lines in the bytes the control plane took (the time of
+        such a checkpoint is when the agent sees it)."""
+        if accepted <= 0:
+            return
+        found, meta.log_line_head = scan_checkpoint_lines(meta.log_line_head, data[:accepted])
+        if accepted > len(data):
+            meta.log_line_head = None  # bytes were skipped: where a line starts is unknown
+        if found:
+            meta.last_checkpoint_at = max(meta.last_checkpoint_at or 0.0, self._clock())
+            log.info("attempt %d reported a checkpoint in its output", meta.attempt_id)
 
     def _logs_shipped(self, meta: AttemptMeta, status: AttemptStatus) -> bool:
         if meta.logs_rejected:
@@ -732,6 +969,7 @@ class Agent:
 
         `unapplied`: indexes of reports the answer's warnings say were not applied; those are
         sent again."""
+        forget: list[int] = []
         for i, entry in enumerate(body["attempts"]):
             if entry["state"] == AttemptState.RUNNING.value or i in unapplied:
                 continue
@@ -740,11 +978,29 @@ class Agent:
             status = statuses.get(attempt_id)
             if meta is not None and status is not None and not self._logs_shipped(meta, status):
                 continue
+            if meta is not None and self._final_size_pending(meta):
+                continue
+            forget.append(attempt_id)
+        if not forget:
+            return
+        # Every tombstone is on disk before anything of its attempt is deleted: a crash in
+        # between leaves an attempt both remembered and tombstoned, which recover() cleans up,
+        # never one forgotten without a tombstone, which a stale answer could start again.
+        self._add_tombstones(forget)
+        for attempt_id in forget:
             self._forget(attempt_id)
 
+    def _final_size_pending(self, meta: AttemptMeta) -> bool:
+        """The checkpoint dir's size after the end was not reported yet (and may still come)."""
+        if meta.failed_message or not meta.checkpoint_dir:
+            return False  # never ran (nothing was tracked), or has no dir
+        if meta.attempt_id in self._final_sizes_in_body:
+            return False
+        ended_at = meta.ended_at if meta.ended_at is not None else meta.failed_at
+        return ended_at is not None and self._clock() - ended_at < FINAL_SIZE_WAIT_S
+
     def _forget(self, attempt_id: int) -> None:
-        self._tombstones[attempt_id] = time.time()
-        self._save_tombstones()
+        self.storage.forget(attempt_id)
         self.runtime.remove(attempt_id)
         self.gpu.detach_load(attempt_id)
         self._meta.pop(attempt_id, None)
@@ -773,8 +1029,11 @@ class Agent:
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("ignoring a desired attempt I cannot read (%s): %r", exc, raw)
                 continue
+            if spec.grace_s is None:
+                spec = replace(spec, grace_s=self.config.stop_grace_s)
             desired[spec.attempt_id] = spec
         held: dict[str, int] = {}  # GPU UUID -> the running attempt that holds it
+        started: list[int] = []
         for attempt_id, status in statuses.items():
             if status.state is not AttemptState.RUNNING:
                 continue
@@ -790,13 +1049,17 @@ class Agent:
             if busy:
                 self._defer(attempt_id, f"its GPUs are still held by attempt(s) {sorted(busy)}")
                 continue
-            if self.lease is not None and self.lease.remaining_s() < self.config.stop_grace_s:
+            # It must be able to get its whole grace before the lease runs out.
+            grace_s = spec.grace_s if spec.grace_s is not None else self.config.stop_grace_s
+            if self.lease is not None and self.lease.remaining_s() < grace_s:
                 self._defer(attempt_id, "the node's lease is about to run out")
                 continue
             self._deferred.pop(attempt_id, None)
             self._start(spec)
+            started.append(attempt_id)
             for uuid in spec.gpu_uuids:
                 held[uuid] = attempt_id
+        self._lease_covers(started)
         for attempt_id in [a for a in self._deferred if a not in desired]:
             del self._deferred[attempt_id]
         self._apply_caps(answer.get("power_caps_w") or {})
@@ -807,7 +1070,7 @@ class Agent:
             log.info("attempt %d is not desired any more: stopping it", attempt_id)
             meta.stop_cause = UNWANTED
             self._save_meta(meta)
-        self.runtime.stop(attempt_id, self.config.stop_grace_s)
+        self._stop_attempt(attempt_id)
 
     def _defer(self, attempt_id: int, why: str) -> None:
         if self._deferred.get(attempt_id) != why:
@@ -822,11 +1085,21 @@ class Agent:
             max_runtime_s=spec.max_runtime_s,
             energy_start_j=self._counters(spec.gpu_uuids),
             energy_at=self._clock(),
+            stop_signal=spec.stop_signal,
+            grace_s=spec.grace_s,
+            checkpoint_dir=spec.checkpoint.host_path if spec.checkpoint is not None else "",
         )
         meta.energy_estimated = any(v is None for v in meta.energy_start_j.values())
         # The record is written before the start, so a crash in between cannot start it twice.
         self._meta[spec.attempt_id] = meta
         self._save_meta(meta)
+        r = spec.rendezvous
+        if r is not None and r.node_rank == 0 and not port_free(r.master_port):
+            # Its members would meet nowhere: not the job's fault, so it is requeued and its
+            # next attempt gets another port.
+            meta.stop_cause = PORT_BUSY
+            self._failed_to_start(meta, f"its master port {r.master_port} is already in use")
+            return
         extra_env: dict[str, str] = {}
         speed = self.gpu.progress_speed(spec.gpu_uuids)
         if speed is not None:
@@ -893,17 +1166,59 @@ class Agent:
         write_json_atomic(self._attempts_dir / f"{meta.attempt_id}.json", asdict(meta))
 
     def _load_tombstones(self) -> None:
+        """The snapshot, then the log appended since (a torn last line is one never synced)."""
+        raw: dict[str, Any] = {}
         try:
             raw = json.loads(self._tombstones_path.read_text())
         except FileNotFoundError:
-            return
+            pass
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable %s: %s", self._tombstones_path, exc)
-            return
+        tombstones = {int(k): float(v) for k, v in raw.items()}
+        self._tombstone_log_lines = 0
+        try:
+            text = self._tombstone_log_path.read_text()
+        except FileNotFoundError:
+            text = ""
+        for line in text.splitlines():
+            try:
+                attempt_id, at = line.split()
+                tombstones[int(attempt_id)] = float(at)
+            except ValueError:
+                continue
+            self._tombstone_log_lines += 1
         horizon = time.time() - TOMBSTONE_TTL_S
-        self._tombstones = {int(k): float(v) for k, v in raw.items() if float(v) > horizon}
+        self._tombstones = {k: v for k, v in tombstones.items() if v > horizon}
+        if text and not text.endswith("\n"):
+            # Cut by a crash before its fsync (its attempts' records were never deleted): start
+            # the next append on a line of its own.
+            self._compact_tombstones()
 
-    def _save_tombstones(self) -> None:
+    def _add_tombstones(self, attempt_ids: list[int]) -> None:
+        """Remember these attempts as finished, durably, in one append and one fsync."""
+        now = time.time()
+        for attempt_id in attempt_ids:
+            self._tombstones[attempt_id] = now
+        lines = "".join(f"{attempt_id} {now:.3f}\n" for attempt_id in attempt_ids)
+        fd = os.open(self._tombstone_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, lines.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._tombstone_log_lines += len(attempt_ids)
+        if self._tombstone_log_lines >= max(TOMBSTONE_LOG_COMPACT_AT, len(self._tombstones)):
+            self._compact_tombstones()
+
+    def _compact_tombstones(self) -> None:
+        """Fold the log into a fresh snapshot (expired tombstones dropped), then empty it.
+
+        A crash in between leaves entries in both, which loading takes once."""
         horizon = time.time() - TOMBSTONE_TTL_S
         self._tombstones = {k: v for k, v in self._tombstones.items() if v > horizon}
         write_json_atomic(self._tombstones_path, {str(k): v for k, v in self._tombstones.items()})
+        try:
+            os.truncate(self._tombstone_log_path, 0)
+        except FileNotFoundError:
+            pass
+        self._tombstone_log_lines = 0

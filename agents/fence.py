@@ -7,7 +7,8 @@ jobs running, while the control plane may give their GPUs away once the lease it
 rewrites after every answered heartbeat, and for every attempt still running:
 
 - at `term_at` (the lease's end, less the safety margin, less the attempt's grace) it notes the
-  attempt as fenced (`<state-dir>/fenced/<id>.json`) and sends SIGTERM: the job's notice;
+  attempt as fenced (`<state-dir>/fenced/<id>.json`) and sends the attempt's stop signal
+  (SIGTERM unless the lease names another for it): the job's notice;
 - at `kill_at` (the lease's end less the margin) it sends SIGKILL, again at every poll while
   the process lives.
 
@@ -99,12 +100,15 @@ class Fence:
             if action is None:
                 continue
             if attempt_id not in self._termed or action == "kill":
-                mark_fenced(self.state_dir, attempt_id, self._why(lease))
-                sig = signal.SIGKILL if action == "kill" else signal.SIGTERM
+                name = "SIGKILL" if action == "kill" else lease.signal_of(attempt_id)
+                mark_fenced(
+                    self.state_dir, attempt_id, self._why(lease), name, killed=action == "kill"
+                )
+                sig = signal.Signals[name]
                 log.warning(
                     "attempt %d: %s: the node's lease runs out (last renewed at %s)",
                     attempt_id,
-                    sig.name,
+                    name,
                     time.strftime("%H:%M:%S", time.localtime(lease.renewed_at_unix)),
                 )
                 self.runtime.signal_attempt(attempt_id, sig)

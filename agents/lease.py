@@ -14,13 +14,21 @@ let a resumed host believe its lease was still good). A lease from another boot 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.runtime.base import DEFAULT_STOP_SIGNAL, STOP_SIGNAL_NAMES
+
 LEASE_FILE = "lease.json"
+# The same lease for the process runtime's supervisor, a bash script that must compare it without
+# starting a process: `<boot id> <kill_at> <grace>` on the first line, then `<attempt id>
+# <grace>` for each attempt whose grace is not the lease's own, times in whole centiseconds
+# (kill_at rounded down, graces up: the supervisor refuses too early, never too late).
+LEASE_DEADLINE_FILE = "lease.deadline"
 FENCED_DIR = "fenced"
 
 
@@ -55,9 +63,12 @@ class Lease:
     expires_at: float  # CLOCK_BOOTTIME: the lease runs out (as counted here)
     lease_s: float
     margin_s: float
-    grace_s: float  # SIGTERM to SIGKILL, for attempts not listed in graces
+    grace_s: float  # stop signal to SIGKILL, for attempts not listed in graces
     graces: dict[str, float] = field(default_factory=dict)  # attempt id -> its own grace
     renewed_at_unix: float = 0.0  # for people reading the file
+    # attempt id -> its stop signal's name, where not SIGTERM. Absent from the files of an older
+    # agent (read as SIGTERM for every attempt), and ignored by an older fence.
+    signals: dict[str, str] = field(default_factory=dict)
 
     @property
     def kill_at(self) -> float:
@@ -67,8 +78,14 @@ class Lease:
     def grace_of(self, attempt_id: int) -> float:
         return float(self.graces.get(str(attempt_id), self.grace_s))
 
+    def signal_of(self, attempt_id: int) -> str:
+        """The name of the signal that tells the attempt to stop (SIGTERM unless it asked for
+        another, or for one the agent does not allow)."""
+        name = self.signals.get(str(attempt_id), DEFAULT_STOP_SIGNAL)
+        return name if name in STOP_SIGNAL_NAMES else DEFAULT_STOP_SIGNAL
+
     def term_at(self, attempt_id: int) -> float:
-        """When the attempt gets its SIGTERM so that its grace ends by kill_at."""
+        """When the attempt gets its stop signal so that its grace ends by kill_at."""
         return self.kill_at - self.grace_of(attempt_id)
 
     @property
@@ -90,6 +107,7 @@ class Lease:
         graces: dict[int, float],
         *,
         margin_s: float | None = None,
+        signals: dict[int, str] | None = None,
     ) -> Lease:
         """The lease a heartbeat sent at `sent_at` (boottime) earned."""
         return cls(
@@ -100,19 +118,38 @@ class Lease:
             grace_s=grace_s,
             graces={str(k): float(v) for k, v in graces.items()},
             renewed_at_unix=time.time(),
+            signals={str(k): v for k, v in (signals or {}).items() if v != DEFAULT_STOP_SIGNAL},
         )
 
 
-def write_lease(state_dir: Path, lease: Lease) -> None:
-    """Replace the lease file in one rename (readers see the old lease or the new one).
+def _centiseconds(seconds: float, *, up: bool) -> int:
+    return max(0, math.ceil(seconds * 100) if up else math.floor(seconds * 100))
 
-    Not fsynced: only processes of this boot read it, from the page cache; after a crash of
+
+def deadline_text(lease: Lease) -> str:
+    """The lease as LEASE_DEADLINE_FILE holds it."""
+    grace_cs = _centiseconds(lease.grace_s, up=True)
+    lines = [f"{lease.boot_id} {_centiseconds(lease.kill_at, up=False)} {grace_cs}"]
+    for attempt_id, grace_s in lease.graces.items():
+        if _centiseconds(grace_s, up=True) != grace_cs:
+            lines.append(f"{attempt_id} {_centiseconds(grace_s, up=True)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_lease(state_dir: Path, lease: Lease) -> None:
+    """Replace the lease files, each in one rename (readers see the old lease or the new one).
+
+    Not fsynced: only processes of this boot read them, from the page cache; after a crash of
     the host the lease is void anyway.
     """
-    path = Path(state_dir) / LEASE_FILE
-    tmp = path.with_name(f"{LEASE_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(lease)))
-    os.replace(tmp, path)
+    for name, text in (
+        (LEASE_DEADLINE_FILE, deadline_text(lease)),
+        (LEASE_FILE, json.dumps(asdict(lease))),
+    ):
+        path = Path(state_dir) / name
+        tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def read_lease(state_dir: Path) -> Lease | None:
@@ -125,16 +162,28 @@ def read_lease(state_dir: Path) -> Lease | None:
         return None
 
 
-def mark_fenced(state_dir: Path, attempt_id: int, why: str) -> None:
+def mark_fenced(
+    state_dir: Path, attempt_id: int, why: str, signal: str = "", *, killed: bool = False
+) -> None:
     """Note that the fence stops this attempt, before it signals it: whoever sees the process
-    end finds the note, and reports the end as the node's doing, not the job's."""
+    end finds the note, and reports the end as the node's doing, not the job's.
+
+    The note keeps when the first signal went out (`at_unix`, the attempt's stop_signal_at),
+    which (`signal`), and once the fence had to kill, when (`killed_at_unix`)."""
     folder = Path(state_dir) / FENCED_DIR
     folder.mkdir(exist_ok=True)
     path = folder / f"{attempt_id}.json"
-    if not path.exists():
-        tmp = folder / f"{attempt_id}.json.tmp"
-        tmp.write_text(json.dumps({"at_unix": time.time(), "why": why}))
-        os.replace(tmp, path)
+    note = fenced(state_dir, attempt_id)
+    if note is not None and (not killed or "killed_at_unix" in note):
+        return
+    now = time.time()
+    if note is None:
+        note = {"at_unix": now, "why": why, "signal": signal}
+    if killed:
+        note["killed_at_unix"] = now
+    tmp = folder / f"{attempt_id}.json.tmp"
+    tmp.write_text(json.dumps(note))
+    os.replace(tmp, path)
 
 
 def fenced(state_dir: Path, attempt_id: int) -> dict[str, Any] | None:

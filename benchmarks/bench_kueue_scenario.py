@@ -445,12 +445,12 @@ def _sample_backends(database: str, seen: dict[int, float]) -> None:
 
 def _purge(queue: str) -> None:
     from controlplane.redis_client import get_redis
-    from controlplane.wakeups import REQUEST_KEY
+    from controlplane.wakeups import request_keys
 
     conn = get_redis()
     for key in conn.scan_iter(match=f"{queue}*"):
         conn.delete(key)
-    conn.delete(REQUEST_KEY)
+    conn.delete(*request_keys(queue))
 
 
 def report(total_gpus: int, t0: float, roles: dict) -> dict:

@@ -15,8 +15,11 @@ and --agents `python -m agents` processes (process runtime) on 127.0.0.1, and me
    last job ended: jobs per second, and the CPU milliseconds per job of each process group
    (web, worker, beat, agents with their job supervisors and the jobs, the whole PostgreSQL
    instance, the whole Redis server), each read from /proc before and after;
-3. submit only: --jobs more with every node cordoned, so nothing starts: jobs per second
-   accepted (201) by the API.
+3. submit only: --jobs more with every node cordoned, so nothing starts, twice: one job per
+   POST, then lists of --submit-batch jobs per POST (batch submit): jobs per second accepted
+   (201) by the API, and the web's and PostgreSQL's CPU per job.
+
+--batch N makes the end-to-end run's clients submit lists of N jobs per POST.
 
 Every process group of ours runs under a small reaper (this script with --reap): a Linux
 child subreaper, so that the job supervisors the agents detach, and the jobs, are reaped by
@@ -157,31 +160,43 @@ class CpuMeter:
 # --- clients ---------------------------------------------------------------------------------
 
 
-def _client(url: str, token: str, count: int, start_at: float, out) -> None:
+JOB = {"image": "localhost/bench:1", "command": ["true"], "gpus": 1}
+
+
+def _client(url: str, token: str, count: int, batch: int, start_at: float, out) -> None:
+    """POST `count` jobs: one per request (batch 1), or as lists of `batch` (batch submit)."""
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {token}"
-    body = {"image": "localhost/bench:1", "command": ["true"], "gpus": 1}
     while time.time() < start_at:
         time.sleep(0.001)
     ids, failures = [], 0
-    for _ in range(count):
-        response = session.post(f"{url}/api/v1/jobs/", json=body, timeout=60)
-        if response.status_code == 201:
+    left = count
+    while left > 0:
+        size = min(batch, left)
+        left -= size
+        body = JOB if batch == 1 else [JOB] * size
+        response = session.post(f"{url}/api/v1/jobs/", json=body, timeout=120)
+        if response.status_code != 201:
+            failures += size
+        elif batch == 1:
             ids.append(response.json()["id"])
         else:
-            failures += 1
+            ids += [job["id"] for job in response.json()]
     out.put((ids, failures, time.time()))
 
 
 def submit_all(
-    url: str, token: str, jobs: int, clients: int
+    url: str, token: str, jobs: int, clients: int, batch: int = 1
 ) -> tuple[list[int], int, float, float]:
-    """Submit `jobs` jobs from `clients` processes at once; (ids, failures, start, last 201)."""
+    """Submit `jobs` jobs from `clients` processes at once, `batch` per request;
+    (ids, failures, start, last 201)."""
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     start_at = time.time() + 0.5
     shares = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
-    procs = [ctx.Process(target=_client, args=(url, token, n, start_at, out)) for n in shares]
+    procs = [
+        ctx.Process(target=_client, args=(url, token, n, batch, start_at, out)) for n in shares
+    ]
     for p in procs:
         p.start()
     ids, failures, last = [], 0, start_at
@@ -220,6 +235,18 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--idle-jobs", type=int, default=100)
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="jobs per POST in the end-to-end run (1: one job per request, like sbatch)",
+    )
+    parser.add_argument(
+        "--submit-batch",
+        type=int,
+        default=100,
+        help="jobs per POST in the batch submit-only run (the single one is always run too)",
+    )
     parser.add_argument("--port", type=int, default=18470)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "throughput"))
@@ -249,6 +276,8 @@ def main() -> None:
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
     )
+    # This script's own actions (the set-up, the cordons) ask the worker for cycles too.
+    os.environ["CELERY_QUEUE"] = env["CELERY_QUEUE"]
     setup_django(database_url)
     import datetime as dt
 
@@ -258,7 +287,6 @@ def main() -> None:
 
     from controlplane.cluster import actions as cluster_actions
     from controlplane.cluster.models import Node
-    from controlplane.jobs import actions as job_actions
     from controlplane.jobs.models import Job, JobState
     from controlplane.tenancy import actions as tenancy_actions
     from controlplane.tenancy.models import ApiToken
@@ -385,7 +413,9 @@ def main() -> None:
         )
         time.sleep(2)
         before = meter.read()
-        ids, failures, t0, last_201 = submit_all(url, user_token, args.jobs, args.clients)
+        ids, failures, t0, last_201 = submit_all(
+            url, user_token, args.jobs, args.clients, args.batch
+        )
         deadline = time.monotonic() + args.timeout_s
         while Job.objects.filter(pk__in=ids).exclude(state__in=FINAL_STATES).exists():
             if time.monotonic() > deadline:
@@ -395,8 +425,9 @@ def main() -> None:
         after = meter.read()
         wall = t_end - t0
         failed = Job.objects.filter(pk__in=ids).exclude(state=JobState.SUCCEEDED).count()
+        how = "one per POST" if args.batch == 1 else f"{args.batch} per POST"
         print(
-            f"2. end to end: {len(ids)} jobs from {args.clients} clients in {wall:.1f} s -> "
+            f"2. end to end: {len(ids)} jobs ({how}) from {args.clients} clients in {wall:.1f} s -> "
             f"{len(ids) / wall:.1f} jobs/s ({failures} refused submits, {failed} not "
             f"SUCCEEDED); submits took {last_201 - t0:.1f} s ({len(ids) / (last_201 - t0):.1f}/s "
             f"while jobs ran)  (load {loadavg()})"
@@ -414,16 +445,23 @@ def main() -> None:
         for node in Node.objects.all():
             cluster_actions.set_node_state(node, "cordoned", actor=admin)
         time.sleep(2)
-        ids, failures, t0, last_201 = submit_all(url, user_token, args.jobs, args.clients)
-        wall = last_201 - t0
-        print(
-            f"3. submit only (every node cordoned): {len(ids)} jobs from {args.clients} clients "
-            f"in {wall:.1f} s -> {len(ids) / wall:.1f} jobs/s ({failures} refused)  "
-            f"(load {loadavg()})",
-            flush=True,
-        )
-        for job in Job.objects.filter(pk__in=ids, state=JobState.PENDING):
-            job_actions.cancel_job(job, actor=admin, reason="benchmark over")
+        for batch in (1, args.submit_batch):
+            before = meter.read()
+            ids, failures, t0, last_201 = submit_all(
+                url, user_token, args.jobs, args.clients, batch
+            )
+            wall = last_201 - t0
+            after = meter.read()
+            how = "one per POST" if batch == 1 else f"{batch} per POST"
+            cpu_ms = {g: (after[g] - before[g]) * 1000 / max(len(ids), 1) for g in before}
+            print(
+                f"3. submit only (every node cordoned), {how}: {len(ids)} jobs from "
+                f"{args.clients} clients in {wall:.1f} s -> {len(ids) / wall:.1f} jobs/s "
+                f"({failures} refused); CPU per job web {cpu_ms['web']:.1f} ms, "
+                f"PostgreSQL {cpu_ms['postgresql']:.1f} ms, worker {cpu_ms['worker']:.1f} ms  "
+                f"(load {loadavg()})",
+                flush=True,
+            )
     finally:
         for proc in [*agents, *reversed(list(groups.values()))]:
             stop(proc)

@@ -68,6 +68,11 @@ def _column(field: models.Field) -> str:
     return connection.ops.quote_name(field.column)
 
 
+def column(model: type[models.Model], name: str) -> str:
+    """The quoted column of the model's field of this name, for a statement written out."""
+    return _column(field(model, name))
+
+
 def field(model: type[models.Model], name: str) -> models.Field:
     """The model's concrete field of this name or attname (a reverse relation is refused)."""
     found = model._meta.get_field(name)

@@ -1,14 +1,18 @@
 """Demo data for the embedded mode: two tenants, their people, a pool of simulated nodes."""
 
 import secrets
+from pathlib import Path
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from controlplane.audit import trail
 from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster.models import Pool
+from controlplane.storage import actions as storage_actions
+from controlplane.storage.models import Volume
 from controlplane.tenancy import actions as tenancy_actions
 from controlplane.tenancy.models import Quota, Tenant
 
@@ -32,8 +36,12 @@ def demo_password(user) -> str:
 
 
 @transaction.atomic
-def seed_demo() -> dict[str, str]:
+def seed_demo(storage_root: Path | None = None) -> dict[str, str]:
     """Create the demo once; return the people created now with their passwords.
+
+    With a storage root (the embedded mode's var/storage, which its simulated nodes share as a
+    real cluster shares an NFS mount), the demo also has a read-only `datasets` volume every
+    tenant may mount and the volume that holds every job's checkpoint directory.
 
     The demo is written through the same actions an admin's clicks go through, so its pools,
     tenants, quotas and memberships start the audit trail like any other, by "admin".
@@ -71,4 +79,64 @@ def seed_demo() -> dict[str, str]:
             user = User.objects.create_user(username, email, password)
             tenancy_actions.add_member(tenant, user, role, actor=admin)
             created[username] = password
+    if storage_root is not None:
+        _seed_volumes(storage_root, admin)
     return created
+
+
+def demo_usernames() -> list[str]:
+    """The accounts seed_demo makes: the admin and each demo tenant's admin and researcher."""
+    return ["admin"] + [
+        f"{slug}-{role}" for slug, *_ in DEMO_TENANTS for role in ("admin", "researcher")
+    ]
+
+
+@transaction.atomic
+def reset_demo_passwords() -> dict[str, str]:
+    """New passwords for the demo accounts that exist, for someone who lost the first ones.
+
+    Only those accounts: anyone else's password is theirs to change. Each change is audited,
+    and a changed password signs out the account's sessions (Django checks the password hash
+    stored in the session), so an old password copied elsewhere stops working at once.
+    """
+    User = get_user_model()
+    reset: dict[str, str] = {}
+    for user in User.objects.filter(username__in=demo_usernames()).order_by("pk"):
+        password = demo_password(user)
+        user.set_password(password)
+        user.save(update_fields=["password"])
+        trail.record(
+            "user.password_reset",
+            actor_label="manage.py reset_demo_passwords",
+            obj=user,
+            object_repr=user.username,
+            message=f"New demo password for {user.username}",
+        )
+        reset[user.username] = password
+    return reset
+
+
+def _seed_volumes(root: Path, admin) -> None:
+    datasets, checkpoints = root / "datasets", root / "checkpoints"
+    for path in (datasets, checkpoints):
+        path.mkdir(parents=True, exist_ok=True)
+    sample = datasets / "README.txt"
+    if not sample.exists():
+        sample.write_text("A demo dataset: mount the volume `datasets` and read it here.\n")
+    if not Volume.objects.filter(name="datasets").exists():
+        storage_actions.create_volume(
+            actor=admin,
+            name="datasets",
+            description="Shared datasets (read-only)",
+            source=str(datasets.resolve()),
+            all_tenants=True,
+            read_only=True,
+        )
+    if not Volume.objects.filter(checkpoints=True).exists():
+        storage_actions.create_volume(
+            actor=admin,
+            name="checkpoints",
+            description="Every job's GPUCP_CHECKPOINT_DIR",
+            source=str(checkpoints.resolve()),
+            checkpoints=True,
+        )

@@ -33,6 +33,7 @@ from controlplane.jobs.models import (
     AttemptState,
     Job,
     JobAttempt,
+    JobDependency,
     JobEvent,
     JobState,
 )
@@ -139,6 +140,29 @@ def filter_jobs(jobs: QuerySet[Job], f: JobFilter) -> QuerySet[Job]:
 def current_attempt(job: Job) -> JobAttempt | None:
     """The attempt that holds (or last held) the job's GPUs."""
     return job.attempts.select_related("node").order_by("-number").first()
+
+
+# The job page lists at most this many of the jobs that wait for a job (a sweep's evaluation
+# may wait for thousands); the count says how many there are in all.
+DEPENDENTS_SHOWN = 50
+
+
+def job_dependencies(job: Job) -> list[JobDependency]:
+    """What the job waits (or waited) for, with the named jobs' names and states."""
+    return list(
+        JobDependency.objects.filter(job=job).select_related("on_job", "on_array").order_by("id")
+    )
+
+
+def job_dependents(job: Job) -> tuple[list[JobDependency], int]:
+    """The first DEPENDENTS_SHOWN dependencies on this job (with their jobs), and how many
+    there are in all. Only jobs of the job's own tenant can depend on it."""
+    if not job.has_dependents:
+        return [], 0
+    rows = JobDependency.objects.filter(on_job=job).select_related("job").order_by("job_id")
+    shown = list(rows[:DEPENDENTS_SHOWN])
+    total = len(shown) if len(shown) < DEPENDENTS_SHOWN else rows.count()
+    return shown, total
 
 
 @dataclass(frozen=True)
@@ -362,6 +386,7 @@ class TenantAllocation:
     guaranteed_in_use: int
     borrowed_in_use: int
     guaranteed_quota: int
+    limit_quota: int
     pending_jobs: int
     pending_gpus: int
 
@@ -385,11 +410,9 @@ def allocation_by_tenant() -> list[TenantAllocation]:
         .values("tenant_id")
         .annotate(jobs=Count("id"), gpus=Sum("gpus"))
     }
-    guaranteed = dict(
-        Quota.objects.exclude(gpu_type="")
-        .values_list("tenant_id")
-        .annotate(total=Sum("guaranteed_gpus"))
-    )
+    typed = Quota.objects.exclude(gpu_type="").values_list("tenant_id")
+    guaranteed = dict(typed.annotate(total=Sum("guaranteed_gpus")))
+    limits = dict(typed.annotate(total=Sum("limit_gpus")))
     result = []
     for tenant in Tenant.objects.order_by("slug"):
         jobs, gpus = waiting.get(tenant.pk, (0, 0))
@@ -399,6 +422,7 @@ def allocation_by_tenant() -> list[TenantAllocation]:
                 guaranteed_in_use=held[tenant.pk][False],
                 borrowed_in_use=held[tenant.pk][True],
                 guaranteed_quota=guaranteed.get(tenant.pk, 0),
+                limit_quota=limits.get(tenant.pk, 0),
                 pending_jobs=jobs,
                 pending_gpus=gpus,
             )
@@ -412,6 +436,10 @@ class PoolPower:
     gpus: int
     draw_now_w: float | None
     cap_now_w: float | None
+    # What the pool could draw at most right now, as the cap planner holds it under the budget:
+    # busy GPUs at their caps, idle ones at what they draw (an idle GPU's cap, its minimum, is
+    # not a draw: summing every cap overstates the pool, by 200 W per idle H100).
+    worst_case_w: float | None = None
     # Sum over the pool's GPUs per telemetry bucket, oldest first.
     draw_w: list[tuple[dt.datetime, float | None]] = field(default_factory=list)
     cap_w: list[tuple[dt.datetime, float | None]] = field(default_factory=list)
@@ -425,8 +453,23 @@ def pool_power(window: dt.timedelta = dt.timedelta(hours=1), now=None) -> list[P
         latest = GPU.objects.filter(node__pool=pool).aggregate(
             n=Count("id"), draw=Sum("power_draw_w"), cap=Sum("power_cap_w")
         )
+        busy = Q(allocations__active=True)
+        split = (
+            GPU.objects.filter(node__pool=pool)
+            .annotate(busy=Count("allocations", filter=busy))
+            .values_list("busy", "power_cap_w", "power_draw_w")
+        )
+        worst_case_w = None
+        for held, cap_w, draw_w in split:
+            figure = cap_w if held else draw_w
+            if figure is not None:
+                worst_case_w = (worst_case_w or 0.0) + figure
         pp = PoolPower(
-            pool=pool, gpus=latest["n"], draw_now_w=latest["draw"], cap_now_w=latest["cap"]
+            pool=pool,
+            gpus=latest["n"],
+            draw_now_w=latest["draw"],
+            cap_now_w=latest["cap"],
+            worst_case_w=worst_case_w,
         )
         for row in (
             GpuTelemetry.objects.filter(gpu__node__pool=pool, bucket_at__gte=now - window)
@@ -478,6 +521,11 @@ def nodes_with_gpus(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, lis
 
 def node_active_attempts(node: Node) -> QuerySet[JobAttempt]:
     return node.attempts.filter(state__in=ACTIVE_ATTEMPT_STATES).select_related("job__tenant")
+
+
+def node_runtimes() -> set[str]:
+    """How the cluster's nodes run jobs ("docker", "process"), as their agents report it."""
+    return set(Node.objects.exclude(runtime="").values_list("runtime", flat=True).distinct())
 
 
 def known_gpu_types() -> list[str]:

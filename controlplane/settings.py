@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "controlplane.audit",
     "controlplane.tenancy",
     "controlplane.cluster",
+    "controlplane.storage",
     "controlplane.jobs",
     "controlplane.scheduling",
     "controlplane.accounting",
@@ -318,11 +319,22 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "gpucp")
 
-# Scheduling loop. The periodic tick is a floor: submits, cancels and job ends request an extra,
-# debounced cycle so a burst of work does not wait for the next tick.
+# Scheduling loop (controlplane/wakeups.py). The periodic tick is a floor: submits, cancels and
+# job ends request an extra cycle, at once when no requested cycle is running, else
+# SCHEDULER_DEBOUNCE_S after the running one started, shared by every request until it starts.
+# A requested cycle that has not started SCHEDULER_REQUEST_GRACE_S after it was due is taken
+# for lost (its worker died with it): the next request queues another.
 SCHEDULER_CYCLE_INTERVAL_S = env_float("SCHEDULER_CYCLE_INTERVAL_S", 5.0)
 SCHEDULER_DEBOUNCE_S = env_float("SCHEDULER_DEBOUNCE_S", 0.5)
+SCHEDULER_REQUEST_GRACE_S = env_float("SCHEDULER_REQUEST_GRACE_S", 2 * SCHEDULER_CYCLE_INTERVAL_S)
+if SCHEDULER_DEBOUNCE_S < 0 or SCHEDULER_REQUEST_GRACE_S <= 0:
+    raise ImproperlyConfigured("SCHEDULER_DEBOUNCE_S must be >= 0, SCHEDULER_REQUEST_GRACE_S > 0")
 SCHEDULER_EMBEDDED = env_bool("SCHEDULER_EMBEDDED", False)
+# Overrides of the policy's switches (scheduler.model.Config), by field name.
+SCHEDULER_POLICY: dict[str, object] = {}
+if "SCHEDULER_MIN_RUNTIME_S" in os.environ:
+    # Attempts younger than this are never preempted (no thrashing); the core's default is 60 s.
+    SCHEDULER_POLICY["min_runtime_s"] = env_float("SCHEDULER_MIN_RUNTIME_S", 60.0)
 
 # Node liveness (docs/agent-protocol.md, "Leases"). A node silent for
 # NODE_NOT_READY_AFTER_INTERVALS heartbeat intervals gets no new work. Each answered heartbeat
@@ -358,9 +370,37 @@ if (
         "NODE_LEASE_MARGIN_S + NODE_FENCE_MARGIN_S must be at least one heartbeat interval "
         "+ LIVENESS_BACKLOG_MAX_S + 1 s"
     )
+# Preemption notice: a job stopped for any reason (preempted, drained, cancelled, over its
+# runtime) gets its signal, then this many seconds, then SIGKILL. A job may ask for 0 up to the
+# maximum. The node's fence starts the grace that long before the lease runs out, so a grace
+# longer than the lease's slack would stop healthy jobs whenever one heartbeat is late.
+_GRACE_ROOM_S = max(0.0, NODE_LEASE_S - NODE_FENCE_MARGIN_S - LIVENESS_DEAF_AFTER_S)
+PREEMPTION_GRACE_MAX_S = env_float("PREEMPTION_GRACE_MAX_S", min(60.0, _GRACE_ROOM_S))
+# The fence signals a quiet node's jobs their grace before the lease runs out, so a job's grace
+# is taken from the control-plane outage its node rides out: the default keeps at least three
+# quarters of the lease (84 s of 120 s with the defaults) for that, whatever the lease is.
+PREEMPTION_GRACE_DEFAULT_S = env_float(
+    "PREEMPTION_GRACE_DEFAULT_S", min(30.0, PREEMPTION_GRACE_MAX_S, NODE_LEASE_S / 4)
+)
+if not 0 <= PREEMPTION_GRACE_DEFAULT_S <= PREEMPTION_GRACE_MAX_S:
+    raise ImproperlyConfigured("PREEMPTION_GRACE_DEFAULT_S must be between 0 and the maximum")
+if PREEMPTION_GRACE_MAX_S > _GRACE_ROOM_S:
+    raise ImproperlyConfigured(
+        "PREEMPTION_GRACE_MAX_S must leave the lease room for three missed heartbeats: at most "
+        "NODE_LEASE_S - NODE_FENCE_MARGIN_S - 3 heartbeat intervals (raise NODE_LEASE_S)"
+    )
+# How work lost to a preemption is counted: GPU-seconds since the victim's last checkpoint plus
+# this restart cost (loading the image, the data and the checkpoint again).
+PREEMPTION_RESTART_COST_S = env_float("PREEMPTION_RESTART_COST_S", 60.0)
+SCHEDULER_POLICY["restart_cost_s"] = PREEMPTION_RESTART_COST_S
+
 # While the database cannot be reached, a web process still renews the leases of node tokens
 # it checked against the database within this long (recorded in Redis for the sweep).
 DEGRADED_TOKEN_TRUST_S = env_float("DEGRADED_TOKEN_TRUST_S", 3600.0)
+
+# The largest job array any tenant may be allowed (Tenant.max_array_size, set by cluster admins,
+# is at most this): one array is one request and one transaction.
+MAX_ARRAY_SIZE_CEILING = int(env_float("MAX_ARRAY_SIZE_CEILING", 10000))
 
 # How long an Idempotency-Key of a job submit replays its job; expired keys are deleted hourly.
 IDEMPOTENCY_KEY_TTL_S = env_float("IDEMPOTENCY_KEY_TTL_S", 24 * 3600.0)
@@ -391,9 +431,20 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {
+        "client_errors_without_traceback": {
+            "()": "controlplane.log_filters.ClientErrorsWithoutTraceback"
+        }
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Django's own default config gives "django" a console handler of its own; it also
+        # propagated here, so every warning (each 403) was printed twice. One handler, ours.
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "django.request": {"filters": ["client_errors_without_traceback"]},
+    },
 }
 
 # Bearer token a Prometheus scraper presents at /metrics (admins' sessions work without it).

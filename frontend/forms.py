@@ -23,9 +23,15 @@ from django.http import Http404
 
 from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster import rules as cluster_rules
-from controlplane.jobs import validation
+from controlplane.jobs import arrays, validation
 from controlplane.jobs.models import JobState, PriorityClass
-from controlplane.queries import DEFAULT_JOB_SORT, JOB_SORTS, JobFilter, known_gpu_types
+from controlplane.queries import (
+    DEFAULT_JOB_SORT,
+    JOB_SORTS,
+    JobFilter,
+    known_gpu_types,
+    node_runtimes,
+)
 from controlplane.tenancy import actions as tenancy_actions
 from controlplane.tenancy import rules as tenancy_rules
 from controlplane.tenancy.models import (
@@ -151,6 +157,53 @@ class JobSubmitForm(forms.Form):
         required=False,
         help_text="Optional; helps short jobs start sooner (backfill).",
     )
+    mounts = forms.CharField(
+        required=False,
+        label="Volumes",
+        help_text="One volume:/path per line; add :ro for read-only, e.g. datasets:/data:ro.",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+    )
+    stop_signal = forms.CharField(
+        label="Stop signal",
+        initial=validation.DEFAULTS["stop_signal"],
+        widget=forms.Select(choices=[(s, s) for s in validation.STOP_SIGNALS]),
+        required=False,
+        help_text="Sent before any stop (preemption, cancel, drain); SIGKILL follows the grace.",
+    )
+    preemption_grace_s = forms.CharField(
+        label="Grace (s)",
+        widget=NUMBER(attrs={"min": 0, "step": 1}),
+        required=False,
+        help_text="Seconds to save and exit after the stop signal. Empty: the cluster default.",
+    )
+    checkpoint_interval_s = forms.CharField(
+        label="Checkpoints every (s)",
+        widget=NUMBER(attrs={"min": 1, "step": 1}),
+        required=False,
+        help_text="Optional: how often the job checkpoints (what a preemption would lose).",
+    )
+    array = forms.CharField(
+        label="Array",
+        required=False,
+        help_text="Optional: submit a sweep, one task per index: a count (100 = 0-99) or "
+        "indexes (0-99, 1,3,5-9, 0-99:2). Each task finds its index in GPUCP_ARRAY_INDEX; "
+        "{{array_index}} and {{array_size}} in the command or env become its own.",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+    )
+    max_parallel = forms.CharField(
+        label="Max parallel tasks",
+        widget=NUMBER(attrs={"min": 1, "step": 1}),
+        required=False,
+        help_text="With an array: at most this many tasks run at once. Empty: no limit.",
+    )
+
+    depends_on = forms.CharField(
+        required=False,
+        label="Start after",
+        help_text="One per line: job 12 (once it succeeded), job 12 failed, job 12 finished "
+        "(either way), or array 5 with the same words (every task).",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+    )
 
     def __init__(self, *args, user, tenants, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -164,7 +217,20 @@ class JobSubmitForm(forms.Form):
         self.fields["gpu_type"].widget.choices = [("", "Any type")] + [
             (t, t) for t in known_gpu_types()
         ]
+        if node_runtimes() == {"process"}:
+            # The embedded mode (and any cluster of process-runtime nodes) runs the command on
+            # the node's host: a newcomer looking for "the image that works here" learns there
+            # is none to find.
+            self.fields["image"].help_text = (
+                "This cluster's nodes run the command directly on their hosts (the process "
+                "runtime): the image is recorded but not pulled, so any name works, e.g. "
+                "localhost/busybox:latest."
+            )
         self.submission: validation.Submission | None = None
+        # With an array: (spec, indexes, max_parallel), as jobs.arrays.submit_array takes them.
+        self.array_request: tuple[str, list[int], int | None] | None = None
+        self.mount_lines: list[int] = []
+        self.dependency_lines: list[int] = []
 
     def selected_tenant(self):
         slug = (self.data.get("tenant") if self.is_bound else None) or self.initial.get(
@@ -207,7 +273,48 @@ class JobSubmitForm(forms.Form):
                 body[name] = bool(self.initial.get(name, self.fields[name].initial))
         estimate = text("estimated_duration_s")
         body["estimated_duration_s"] = parse_number(estimate) if estimate else None
+        # The job contract's fields only when given: the API's defaults are the same, and the
+        # "copy as curl" body stays as short as what was asked.
+        mounts, self.mount_lines, problem = parse_mounts(
+            raw.get("mounts", "") if self.is_bound else text("mounts")
+        )
+        if problem:
+            problems["mounts"] = problem
+        if mounts:
+            body["mounts"] = mounts
+        signal = text("stop_signal")
+        if signal and signal != validation.DEFAULTS["stop_signal"]:
+            body["stop_signal"] = signal
+        for name in ("preemption_grace_s", "checkpoint_interval_s"):
+            value = text(name)
+            if value:
+                body[name] = parse_number(value)
+        depends_on, self.dependency_lines, problem = parse_dependencies(
+            raw.get("depends_on", "") if self.is_bound else text("depends_on")
+        )
+        if problem:
+            problems["depends_on"] = problem
+        if depends_on:
+            body["depends_on"] = depends_on
+        # An array goes to /api/v1/arrays/ with these two fields more.
+        if text("array"):
+            body["array"] = text("array")
+            if text("max_parallel"):
+                body["max_parallel"] = parse_number(text("max_parallel"))
         return body, problems
+
+    def _field_of(self, name: str) -> tuple[str | None, str]:
+        """The form field an error of the shared rules belongs on, and words to prefix it with:
+        a mount's (mounts[1].path) goes on the volumes box, naming its line."""
+        if name.startswith("mounts["):
+            index = int(name[len("mounts[") : name.index("]")])
+            line = self.mount_lines[index] if index < len(self.mount_lines) else index + 1
+            return "mounts", f"Line {line}: "
+        if name.startswith("depends_on["):
+            index = int(name[len("depends_on[") : name.index("]")])
+            lines = self.dependency_lines
+            return "depends_on", f"Line {lines[index] if index < len(lines) else index + 1}: "
+        return (name if name in self.fields else None), ""
 
     def clean(self):
         # Text the database cannot hold never reaches the tenant look-up or the shared rules.
@@ -221,15 +328,27 @@ class JobSubmitForm(forms.Form):
             self.add_error(name, message)
         if problems:
             return self.cleaned_data
+        sweep = {k: body.pop(k) for k in ("array", "max_parallel") if k in body}
         try:
             self.submission = validation.validate_submission(self.user, body)
+            if sweep:
+                self.array_request = self._array(sweep, self.submission)
         except ValidationError as exc:
             for name, messages in exc.message_dict.items():
-                self.add_error(name if name in self.fields else None, messages)
+                field, prefix = self._field_of(name)
+                self.add_error(field, [prefix + m for m in messages])
         except (Http404, PermissionDenied):
             # Another tenant's slug typed into the page: the same words as for a made-up one.
             self.add_error("tenant", "Choose one of your tenants.")
         return self.cleaned_data
+
+    @staticmethod
+    def _array(sweep: dict, submission: validation.Submission):
+        """The array's spec, indexes and max_parallel, by the API's rules (jobs.arrays)."""
+        spec, indexes = arrays.parse_spec(sweep["array"], limit=arrays.limit_for(submission.tenant))
+        max_parallel = arrays.parse_max_parallel(sweep.get("max_parallel"), len(indexes))
+        arrays.check_templates(submission.fields, indexes)
+        return spec, indexes, max_parallel
 
 
 def parse_command(text: str) -> tuple[list, str]:
@@ -262,6 +381,53 @@ def parse_env(text: str) -> tuple[dict, str]:
     return env, ""
 
 
+def parse_mounts(text: str) -> tuple[list[dict], list[int], str]:
+    """ "volume:/path[:ro|:rw]" lines into the API's mounts, with each mount's line number;
+    the shared rules judge the names and paths."""
+    mounts: list[dict] = []
+    lines: list[int] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        parts = stripped.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            return (
+                mounts,
+                lines,
+                (f'Line {number} ("{stripped[:40]}"): write volume:/path, or volume:/path:ro.'),
+            )
+        mount: dict = {"volume": parts[0].strip(), "path": parts[1].strip()}
+        if len(parts) == 3:
+            mount["read_only"] = parts[2] == "ro"
+        mounts.append(mount)
+        lines.append(number)
+    return mounts, lines, ""
+
+
+def parse_dependencies(text: str) -> tuple[list[dict], list[int], str]:
+    """ "job 12 [succeeded|failed|finished]" or "array 5 ..." lines into the API's depends_on,
+    with each item's line number; the shared rules judge the ids (a number the form cannot
+    read is passed on as written, for them to name)."""
+    items: list[dict] = []
+    lines: list[int] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0] == "after":  # "after job 12 succeeded" reads as well
+            words = words[1:]
+        if len(words) not in (2, 3) or words[0] not in ("job", "array"):
+            shown = line.strip()[:40]
+            return items, lines, f'Line {number} ("{shown}"): write job 12, or job 12 failed.'
+        item: dict = {words[0]: words[1]}
+        if len(words) == 3:
+            item["condition"] = words[2]
+        items.append(item)
+        lines.append(number)
+    return items, lines, ""
+
+
 def parse_number(text: str):
     """ "3" -> 3, "1.5" -> 1.5; anything else is passed on for the shared rule to name."""
     try:
@@ -278,6 +444,7 @@ def parse_number(text: str):
 
 # The REST API's words for input it cannot read, so a form and the API say the same.
 NOT_A_NUMBER = {"invalid": "A valid number is required."}
+GIB = 2**30
 NOT_AN_INTEGER = {"invalid": "A valid integer is required."}
 
 
@@ -381,9 +548,46 @@ class TenantForm(ActionForm):
     name = forms.CharField(max_length=200)
     weight = number_field(help_text="Fair-share weight: 2 gets twice the borrowed capacity of 1.")
     active = forms.BooleanField(required=False, help_text="An inactive tenant takes no new jobs.")
+    checkpoint_limit_gib = number_field(
+        label="Checkpoint storage limit (GiB)",
+        required=False,
+        help_text="What its jobs' checkpoint directories may hold together; past it, new "
+        "attempts may read their checkpoints but not write. Empty: no limit.",
+    )
+    max_array_size = integer_field(
+        label="Largest job array",
+        min_value=1,
+        required=False,
+        help_text="The most tasks one job array of the tenant may have. Empty: unchanged "
+        "(1000 for a new tenant).",
+    )
+
+    def __init__(self, *args, instance=None, **kwargs):
+        limit = getattr(instance, "checkpoint_limit_bytes", None)
+        initial = {"checkpoint_limit_gib": None if limit is None else limit / GIB}
+        kwargs["initial"] = initial | (kwargs.get("initial") or {})
+        super().__init__(*args, instance=instance, **kwargs)
+
+    def values(self) -> dict:
+        values = super().values()
+        if values.get("max_array_size") is None:
+            values.pop("max_array_size", None)
+        if "checkpoint_limit_gib" in values:
+            gib = values.pop("checkpoint_limit_gib")
+            values["checkpoint_limit_bytes"] = None if gib is None else round(gib * GIB)
+        return values
 
     def check(self, values):
-        tenancy_rules.check_tenant(values, self.instance)
+        try:
+            tenancy_rules.check_tenant(values, self.instance)
+        except ValidationError as exc:
+            errors = exc.message_dict
+            if "checkpoint_limit_bytes" in errors:
+                # The form asks in GiB: say it in GiB, at its own field.
+                errors.pop("checkpoint_limit_bytes")
+                most = tenancy_rules.MAX_CHECKPOINT_LIMIT_BYTES // GIB
+                errors["checkpoint_limit_gib"] = [f"Between 0 and {most} GiB, or empty."]
+            raise ValidationError(errors) from None
 
     def write(self, values):
         if self.instance is None:

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend import invitations, views
+from frontend import arrays, invitations, views, volumes
 
 urlpatterns = [
     path(
@@ -28,7 +28,11 @@ urlpatterns = [
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
     path("jobs/<int:pk>/live/", views.job_live, name="job-live"),
     path("jobs/<int:pk>/log/", views.job_log, name="job-log"),
+    path("jobs/<int:pk>/output/", views.job_output, name="job-output"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("arrays/", arrays.array_list, name="array-list"),
+    path("arrays/<int:pk>/", arrays.array_detail, name="array-detail"),
+    path("arrays/<int:pk>/cancel/", arrays.array_cancel, name="array-cancel"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("cluster/", views.cluster_overview, name="cluster-overview"),
@@ -47,5 +51,10 @@ urlpatterns = [
     path("manage/budgets/<int:pk>/", views.budget_edit, name="manage-budget"),
     path("manage/budgets/<int:pk>/delete/", views.budget_delete, name="manage-budget-delete"),
     path("manage/pools/", views.manage_pools, name="manage-pools"),
+    path("manage/volumes/", volumes.manage_volumes, name="manage-volumes"),
+    path("manage/volumes/new/", volumes.volume_create, name="manage-volume-create"),
+    path("manage/volumes/<slug:name>/", volumes.volume_edit, name="manage-volume"),
+    path("manage/volumes/<slug:name>/delete/", volumes.volume_delete, name="manage-volume-delete"),
+    path("volumes/", volumes.my_volumes, name="my-volumes"),
     path("", include("frontend.whatif_urls")),
 ]

@@ -17,8 +17,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, ProtectedError, Q
-from django.http import Http404, HttpResponse
+from django.db.models import Count, Prefetch, ProtectedError, Q
+from django.http import Http404, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -28,10 +28,13 @@ from controlplane import queries
 from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
 from controlplane.cluster.rules import NODE_ACTION_STATES
-from controlplane.jobs import actions, validation
-from controlplane.jobs.logs import read_log, read_log_bytes
-from controlplane.jobs.models import ACTIVE_JOB_STATES, Job, JobState
+from controlplane.jobs import actions, arrays, validation
+from controlplane.jobs.actions import STOP_NOTICE_EVENT
+from controlplane.jobs.logs import display_text, read_log, read_log_bytes
+from controlplane.jobs.models import ACTIVE_JOB_STATES, AttemptMember, Job, JobState
 from controlplane.permissions import is_cluster_admin, require_role, tenant_roles, visible_tenants
+from controlplane.storage import queries as storage_queries
+from controlplane.storage.paths import CHECKPOINT_TARGET
 from controlplane.tenancy import actions as tenancy_actions
 from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Role, Tenant
 from frontend import charts
@@ -84,11 +87,24 @@ def tenant_dashboard(request, slug: str):
         "budgets": queries.tenant_budgets(tenant, now),
         "month_usage": queries.tenant_usage(tenant, "month", now),
         "events": queries.recent_tenant_events(tenant),
+        "checkpoints": _checkpoint_storage(tenant),
         "now": now,
     }
     if request.htmx:
         return render(request, "frontend/partials/dashboard_live.html", context)
     return page(request, "frontend/dashboard.html", context, nav="dashboard")
+
+
+def _checkpoint_storage(tenant, used_bytes: int | None = None) -> dict:
+    """What a tenant's checkpoint directories hold against its limit, for a bar."""
+    used = storage_queries.checkpoint_usage_bytes(tenant) if used_bytes is None else used_bytes
+    limit = tenant.checkpoint_limit_bytes
+    return {
+        "used_bytes": used,
+        "limit_bytes": limit,
+        "fraction": used / limit if limit else None,
+        "over": limit is not None and used > limit,
+    }
 
 
 def _role_label(user, tenant) -> str:
@@ -207,11 +223,17 @@ def _submit_limits(tenant, usage, shape: validation.ClusterShape) -> dict[str, s
     if shape.max_node_memory_mib:
         limits["memory_mib"] = f"The largest node has {shape.max_node_memory_mib} MiB."
     limits["max_runtime_s"] = f"At most {validation.MAX_RUNTIME_S} s (30 days)."
+    if tenant is not None:
+        limits["array"] = f"At most {arrays.limit_for(tenant)} tasks per array for {tenant.slug}."
+    limits["preemption_grace_s"] = (
+        f"0 to {validation.grace_max_s()} s; "
+        f"{validation.clean_preemption_grace_s(None)} s if left empty."
+    )
     return limits
 
 
 def _curl(request, body: dict) -> str:
-    url = request.build_absolute_uri("/api/v1/jobs/")
+    url = request.build_absolute_uri("/api/v1/arrays/" if "array" in body else "/api/v1/jobs/")
     payload = json.dumps(body, separators=(", ", ": "))
     return (
         f"curl -sS -X POST {shlex.quote(url)} \\\n"
@@ -236,6 +258,22 @@ def job_submit(request):
         form = JobSubmitForm(request.POST, user=request.user, tenants=tenants)
         if request.POST.get("_action") != "preview" and form.is_valid():
             s = form.submission
+            if form.array_request is not None:
+                spec, indexes, max_parallel = form.array_request
+                array = arrays.submit_array(
+                    tenant=s.tenant,
+                    user=request.user,
+                    fields=s.fields,
+                    spec=spec,
+                    indexes=indexes,
+                    max_parallel=max_parallel,
+                ).array
+                messages.success(
+                    request,
+                    f"Array {array.name} (#{array.pk}) of {array.size} tasks submitted; "
+                    "they are PENDING.",
+                )
+                return redirect("array-detail", pk=array.pk)
             job = actions.submit_job(tenant=s.tenant, user=request.user, **s.fields)
             messages.success(request, f"Job {job.name} (#{job.pk}) submitted; it is PENDING.")
             return redirect("job-detail", pk=job.pk)
@@ -271,6 +309,13 @@ def _prefill(request) -> dict:
                 "restartable": job.restartable,
                 "max_runtime_s": job.max_runtime_s,
                 "estimated_duration_s": job.estimated_duration_s or "",
+                "mounts": "\n".join(
+                    f"{m['volume']}:{m['path']}" + (":ro" if m.get("read_only") else "")
+                    for m in job.mounts
+                ),
+                "stop_signal": job.stop_signal,
+                "preemption_grace_s": job.preemption_grace_s,
+                "checkpoint_interval_s": job.checkpoint_interval_s or "",
             }
     for name in JobSubmitForm.base_fields:
         if name in request.GET:
@@ -313,7 +358,8 @@ def _job_live_context(request, job: Job) -> dict[str, object]:
         # Still live after a cancel until the agent confirms the process is gone.
         "live": not job.is_finished or (attempt is not None and attempt.is_active),
         "now": timezone.now(),
-        "attempts": job.attempts.select_related("node").order_by("number"),
+        "attempts": _attempts_with_stops(job),
+        "checkpoint_dir": CHECKPOINT_TARGET if job.checkpoint_volume_id else None,
     }
     if attempt is not None:
         gpus = queries.attempt_gpus(attempt)
@@ -327,6 +373,25 @@ def _job_live_context(request, job: Job) -> dict[str, object]:
             **_job_charts(attempt),
         }
     return context
+
+
+def _attempts_with_stops(job: Job) -> list:
+    """The job's attempts, each with how its stop went as the timeline told it (stop_story)."""
+    stories = {
+        e.data.get("attempt"): e.message
+        for e in job.events.filter(kind=STOP_NOTICE_EVENT).only("data", "message")
+    }
+    attempts = list(
+        job.attempts.select_related("node")
+        .prefetch_related(
+            Prefetch("members", queryset=AttemptMember.objects.select_related("node"))
+        )
+        .order_by("number")
+    )
+    for a in attempts:
+        # For the template's row, not a column: the page's own reading of the timeline.
+        setattr(a, "stop_story", stories.get(a.pk, ""))  # noqa: B010
+    return attempts
 
 
 def _alike(gpus) -> bool:
@@ -370,6 +435,8 @@ def job_detail(request, pk: int):
     job = _job_or_404(request, pk)
     context = _job_live_context(request, job)
     context["events"] = job.events.select_related("actor").order_by("at", "id")
+    context["dependencies"] = queries.job_dependencies(job)
+    context["dependents"], context["dependents_total"] = queries.job_dependents(job)
     return page(request, "frontend/jobs/detail.html", context, nav="jobs")
 
 
@@ -389,6 +456,41 @@ def job_live(request, pk: int):
 
 
 @login_required
+def job_output(request, pk: int):
+    """An attempt's whole output as a page (the latest attempt, rank 0, unless ?attempt=N and
+    ?rank=R), with the site's navigation. While the attempt runs, app.js follows it through the
+    same API the `gpucp logs -f` command uses (GET /api/v1/jobs/{id}/logs/?offset&follow)."""
+    job = _job_or_404(request, pk)
+    attempts = list(job.attempts.order_by("number"))
+    number = _whole_number(request.GET.get("attempt"))
+    attempt = next((a for a in attempts if a.number == number), None) if number else None
+    attempt = attempt or (attempts[-1] if attempts else None)
+    if attempt is None:
+        raise Http404("This job has not started, so it has no output yet.")
+    ranks = sorted(attempt.members.values_list("rank", flat=True)) or [0]
+    rank = _whole_number(request.GET.get("rank")) or 0
+    if rank not in ranks:
+        raise Http404(f"Attempt {attempt.number} has no member of rank {rank}.")
+    raw, size_bytes, truncated = read_log_bytes(attempt, None, rank)
+    following = attempt.is_active
+    context = {
+        "job": job,
+        "attempt": attempt,
+        "attempts": attempts,
+        "rank": rank,
+        "ranks": ranks,
+        "text": display_text(raw),
+        "size_bytes": size_bytes,
+        "truncated": truncated,
+        "following": following,
+        "follow_url": (
+            f"{reverse('job-logs', args=[job.pk])}?attempt={attempt.number}&rank={rank}"
+        ),
+    }
+    return page(request, "frontend/jobs/output.html", context, nav="jobs")
+
+
+@login_required
 def job_log(request, pk: int):
     """An attempt's whole output as plain text (the latest attempt unless ?attempt=N)."""
     job = _job_or_404(request, pk)
@@ -398,13 +500,16 @@ def job_log(request, pk: int):
     attempt = attempts.filter(number=number).first() if number is not None else attempts.last()
     if attempt is None:
         raise Http404("This job has not started, so it has no output yet.")
+    # One member's output (rank 0 unless ?rank=R): each node of a job over several writes its own.
+    rank = _whole_number(request.GET.get("rank")) or 0
     # The bytes as the program wrote them (NUL, invalid UTF-8 and all); pages show them escaped.
-    raw, _, truncated = read_log_bytes(attempt, None)
+    raw, _, truncated = read_log_bytes(attempt, None, rank)
     if truncated:
         raw = b"[earlier output left out: only the last 4 MiB are shown]\n" + raw
     response = HttpResponse(raw, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = (
-        f'inline; filename="job-{job.pk}-attempt-{attempt.number}.log"'
+        f'inline; filename="job-{job.pk}-attempt-{attempt.number}'
+        f'{f"-rank-{rank}" if rank else ""}.log"'
     )
     return response
 
@@ -494,7 +599,9 @@ def token_revoke(request, pk: int):
 def _pool_chart(pp: queries.PoolPower) -> charts.Chart:
     chart = charts.Chart(title=f"Pool {pp.pool.name}: power draw", unit="W")
     chart.series.append(charts.Series("draw (sum of GPUs)", pp.draw_w, css_class="series-0"))
-    chart.series.append(charts.Series("sum of caps", pp.cap_w, dashed=True, css_class="series-cap"))
+    # No "sum of caps" line: the budget holds the draw, and idle GPUs sit at their minimum cap
+    # while drawing far less, so that sum crossed the budget line on an idle pool that was
+    # nowhere near it (the panel beside the chart gives the planner's own worst case).
     if pp.pool.power_budget_w:
         chart.thresholds.append(charts.Threshold("pool budget", pp.pool.power_budget_w))
     return chart
@@ -560,21 +667,44 @@ NODE_ACTION_WORDS = {
 }
 
 
+# Verbs that ask "are you sure?" first (GET shows what they will do; POST does it): a drain
+# preempts running work, which a stray click must not do.
+CONFIRMED_NODE_ACTIONS = frozenset({"drain"})
+
+
 @staff_required
-@require_POST
 def node_action(request, name: str, verb: str):
     node = get_object_or_404(Node, name=name)
     if verb not in NODE_ACTION_STATES:
         raise Http404
+    if request.method != "POST":
+        if request.method != "GET" or verb not in CONFIRMED_NODE_ACTIONS:
+            return HttpResponseNotAllowed(["POST"])
+        attempts = list(queries.node_active_attempts(node))
+        return page(
+            request,
+            "frontend/cluster/node_drain.html",
+            {
+                "node": node,
+                "preempted": [a for a in attempts if a.borrowed],
+                "kept": [a for a in attempts if not a.borrowed],
+                "next": _local_path(request.GET.get("next", "")),
+            },
+            nav="nodes",
+        )
     state = NODE_ACTION_STATES[verb]
     if cluster_actions.set_node_state(node, state, actor=request.user):
         messages.success(request, f"Node {node.name} is {NODE_ACTION_WORDS[state]}.")
     else:
         messages.info(request, f"Node {node.name} was {node.get_state_display().lower()} already.")
-    back = request.POST.get("next", "")
-    if not back.startswith("/") or back.startswith("//"):
-        back = reverse("node-detail", args=[node.name])
-    return redirect(back)
+    return redirect(
+        _local_path(request.POST.get("next", "")) or reverse("node-detail", args=[node.name])
+    )
+
+
+def _local_path(back: str) -> str:
+    """A `next` path to go back to, only when it stays on this site ("" otherwise)."""
+    return back if back.startswith("/") and not back.startswith("//") else ""
 
 
 # --- tenants, quotas, budgets, members, pools --------------------------------------------------
@@ -592,7 +722,11 @@ def manage_tenants(request):
     budgets = {}
     for b in Budget.objects.order_by("kind"):
         budgets.setdefault(b.tenant_id, []).append(b)
-    rows = [(t, quotas.get(t.pk, []), budgets.get(t.pk, [])) for t in tenants]
+    used = storage_queries.checkpoint_usage_by_tenant()
+    rows = [
+        (t, quotas.get(t.pk, []), budgets.get(t.pk, []), _checkpoint_storage(t, used.get(t.pk, 0)))
+        for t in tenants
+    ]
     return page(request, "frontend/manage/tenants.html", {"rows": rows}, nav="tenants")
 
 

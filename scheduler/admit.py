@@ -4,7 +4,8 @@ For every job, in the order scheduler.priority gives:
 
 1. a tenant unknown to the snapshot, on budget hold, or at its maximum of running jobs, starts
    nothing;
-2. the GPU type must exist in a size that can ever hold the job;
+2. the GPU type must exist in a size that can ever hold the job, on nodes that have every
+   volume it mounts (a job only ever goes to such nodes; MISSING_VOLUME when there are none);
 3. the tenant's quota must allow it (scheduler.quota): within its limit, or only its guarantee
    when it may not borrow; a job blocked by its own tenant may preempt that tenant's lower-
    priority work;
@@ -12,7 +13,8 @@ For every job, in the order scheduler.priority gives:
    earlier job needs (scheduler.backfill);
 5. otherwise, where a preemption rule lets it (scheduler.preemption), it takes GPUs that are
    already being freed, or has attempts preempted for it: either way those GPUs and the free
-   ones it needs beside them are set aside for it, and it starts once the victims have stopped;
+   ones it needs beside them are set aside for it, and it starts once the victims have stopped,
+   at the latest when their notice (grace) ends, which is its estimated start;
 6. otherwise the first such job of its GPU type gets the reservation, and the job waits with a
    reason (scheduler.reasons).
 
@@ -26,7 +28,7 @@ type changes, so the jobs behind it that look the same are decided by one lookup
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from scheduler import backfill, fairness, placement, quota
 from scheduler.backfill import Release, Reservation
@@ -40,7 +42,7 @@ from scheduler.model import (
     Snapshot,
     Start,
 )
-from scheduler.placement import ClusterIndex, TypeIndex
+from scheduler.placement import ClusterIndex, Fits, TypeIndex
 from scheduler.preemption import Search, Victims, find_victims, reason_for
 from scheduler.priority import las_queue
 from scheduler.quota import Book
@@ -49,9 +51,9 @@ from scheduler.reasons import Waiting
 RC = ReasonCode
 
 # What decides the answer of a job blocked on capacity (see Admission._blocked): type, GPUs,
-# CPUs, memory, within the guarantee, the tenant whose own work it may preempt, priority, the
-# job the type is reserved for, and whether the type could not be reserved.
-HopelessKey = tuple[str, int, float, int, bool, str | None, int, int | None, bool]
+# CPUs, memory, volumes, within the guarantee, the tenant whose own work it may preempt,
+# priority, the job the type is reserved for, and whether the type could not be reserved.
+HopelessKey = tuple[str, int, float, int, tuple[str, ...], bool, str | None, int, int | None, bool]
 
 
 # A type a job could run on, with what its tenant's quota says about it.
@@ -99,6 +101,11 @@ class Admission:
         self._max_resources: dict[str, tuple[float, int]] = {}
         # what a capacity-blocked job got, by what decided it (see _blocked)
         self._hopeless: dict[HopelessKey, tuple[int, ReasonCode, int | None, int]] = {}
+        # (type, node) -> when the last of its soon-free GPUs is free: attempts keep their GPUs
+        # through their notice (grace). Built when first needed; None until then.
+        self._soon_until: dict[tuple[str, int], float] | None = None
+        # (type, volumes) -> (most GPUs on one node that has them all, GPUs on all such nodes)
+        self._volume_caps: dict[tuple[str, tuple[str, ...]], tuple[int, int]] = {}
         self._own_rule = config.preemption and config.ordering is Ordering.FAIR
 
     @property
@@ -171,6 +178,9 @@ class Admission:
             if not self._resources_possible(job, ti):
                 self._wait(job, RC.NO_MATCHING_GPUS, job.gpu_type, "resources")
                 return
+            if job.volumes and not self._volumes_possible(job, ti):
+                self._wait(job, RC.MISSING_VOLUME, job.gpu_type)
+                return
             verdict = quota.check(book, ti.gpu_type, n, job.preemptible, self.config)
             if verdict.ok and self._place(job, ti, book, verdict.borrowed):
                 return
@@ -178,16 +188,21 @@ class Admission:
             return
         options: list[Option] = []
         biggest = 0
+        volumes_missing = False
         for t in self.types:
             ti = types[t]
             if ti.total_cap < n:
                 biggest = max(biggest, ti.total_cap)
-            elif self._resources_possible(job, ti):
-                options.append((ti, quota.check(book, t, n, job.preemptible, self.config)))
-            else:
+            elif not self._resources_possible(job, ti):
                 biggest = -1
+            elif job.volumes and not self._volumes_possible(job, ti):
+                volumes_missing = True
+            else:
+                options.append((ti, quota.check(book, t, n, job.preemptible, self.config)))
         if not options:
-            if biggest < 0:
+            if volumes_missing:
+                self._wait(job, RC.MISSING_VOLUME)
+            elif biggest < 0:
                 self._wait(job, RC.NO_MATCHING_GPUS, "", "resources")
             else:
                 self._wait(
@@ -241,6 +256,7 @@ class Admission:
                 n,
                 job.cpus,
                 job.memory_mib,
+                job.volumes,
                 book.within_guarantee(t, n),
                 job.tenant if self._may_preempt_own(job, t) else None,
                 job.priority,
@@ -294,9 +310,16 @@ class Admission:
             w.count = held
 
     def _capacity_code(self, job: Pending, ti: TypeIndex) -> ReasonCode:
-        if job.gpus <= ti.max_node_cap and ti.total_free >= job.gpus:
+        if job.gpus <= ti.max_node_cap and self._free_for(job, ti) >= job.gpus:
             return RC.GANG_FRAGMENTED
         return RC.NO_CAPACITY
+
+    def _free_for(self, job: Pending, ti: TypeIndex) -> int:
+        """Free GPUs of the type the job could use: on nodes with all its volumes."""
+        has = self._has_volumes(job)
+        if has is None:
+            return ti.total_free
+        return sum(len(free) for node, free in ti.free.items() if has(node))
 
     # ----- starting ----------------------------------------------------------------------------
 
@@ -358,6 +381,30 @@ class Admission:
         return not (self.index.track_cpus and job.cpus > cpus) and not (
             self.index.track_mem and job.memory_mib > mem
         )
+
+    def _has_volumes(self, job: Pending) -> Callable[[int], bool] | None:
+        """Whether a node has every volume of the job; None when the job mounts none."""
+        if not job.volumes:
+            return None
+        need = frozenset(job.volumes)
+        have = self.index.topo.volumes
+        return lambda node: need <= have[node]
+
+    def _volumes_possible(self, job: Pending, ti: TypeIndex) -> bool:
+        """Whether nodes of this type that have every volume of the job could ever hold it."""
+        most, total = self._volume_cap(ti, job.volumes)
+        return most >= job.gpus if job.gpus <= ti.max_node_cap else total >= job.gpus
+
+    def _volume_cap(self, ti: TypeIndex, volumes: tuple[str, ...]) -> tuple[int, int]:
+        """(most GPUs on one node, GPUs in all) of this type on nodes with all these volumes."""
+        key = (ti.gpu_type, volumes)
+        caps = self._volume_caps.get(key)
+        if caps is None:
+            need = frozenset(volumes)
+            have = self.index.topo.volumes
+            sizes = [cap for node, cap in ti.node_cap.items() if need <= have[node]]
+            caps = self._volume_caps[key] = (max(sizes, default=0), sum(sizes))
+        return caps
 
     # ----- preemption --------------------------------------------------------------------------
 
@@ -423,13 +470,17 @@ class Admission:
             node = ti.soon_best_fit(n, protected, self.index.fits_for(job))
             if node is None:
                 return False
-            self._set_aside(job, ti, book, node)
+            where = self._set_aside(job, ti, book, node)
         else:
-            if ti.total_free + ti.soon_total < n:
+            has = self._has_volumes(job)
+            if has is None:
+                if ti.total_free + ti.soon_total < n:
+                    return False
+            elif sum(ti.free_on(i) + ti.soon.get(i, 0) for i in ti.node_cap if has(i)) < n:
                 return False
-            self._set_aside(job, ti, book, None)
+            where = self._set_aside(job, ti, book, None)
         w = self._wait(job, RC.WAITING_FOR_PREEMPTION, ti.gpu_type, "stopping")
-        w.start_s = self.now_s
+        w.start_s = self._free_by(ti.gpu_type, where)
         return True
 
     def _preempt(self, job: Pending, ti: TypeIndex, book: Book, search: Search) -> bool:
@@ -447,9 +498,17 @@ class Admission:
             self.preempted,
             self.index.fits_for(job),
             protected,
+            self._has_volumes(job),
         )
+        if found is None and search.defer_until_s is not None:
+            # Nothing is set aside: the GPUs stay busy with useful work until then.
+            w = self._wait(job, RC.WAITING_FOR_PREEMPTION, t, "checkpoint")
+            w.start_s = search.defer_until_s
+            return True
         if found is None or not found[0]:
-            if only_cross:
+            # What a job restricted to nodes with its volumes did not find, a larger job that
+            # may go anywhere still might.
+            if only_cross and not job.volumes:
                 self.search_failed_at[t] = min(self.search_failed_at.get(t, n), n)
             return False
         pairs, target = found
@@ -458,10 +517,10 @@ class Admission:
             self.victims.evicted(c)
         if target is None and n <= ti.max_node_cap:
             target = search.free_node
-        self._set_aside(job, ti, book, target)
+        where = self._set_aside(job, ti, book, target)
         w = self._wait(job, RC.WAITING_FOR_PREEMPTION, t, "victims")
         w.count = len(pairs)
-        w.start_s = self.now_s
+        w.start_s = self._free_by(t, where)
         return True
 
     def _evict(self, r: Running, size: int, reason: str, for_job_id: int | None) -> None:
@@ -472,12 +531,51 @@ class Admission:
             )
         )
         self.index.add_soon(r)
+        if self._soon_until is not None:
+            self._note_soon(self._soon_until, r, self.now_s + r.grace_s)
         victim = self.books[r.tenant]
         victim.add(r.gpu_type, -size, total=False)
         fairness.refresh(victim, self.capacity)
 
-    def _set_aside(self, job: Pending, ti: TypeIndex, book: Book, node: int | None) -> None:
-        """Hold GPUs for a job that starts once attempts have stopped: soon-free ones first."""
+    def _soon_until_by_node(self) -> dict[tuple[str, int], float]:
+        """(type, node) -> when the last soon-free GPU there is free, at the end of its notice.
+
+        An attempt told to stop holds its GPUs until it leaves, at the latest when its grace
+        ends (stop_by_s); one preempted in this cycle, for its whole grace from now.
+        """
+        if self._soon_until is None:
+            until: dict[tuple[str, int], float] = {}
+            now_s = self.now_s
+            for r in self.snapshot.running:
+                if r.stopping:
+                    by_s = r.stop_by_s if r.stop_by_s is not None else now_s + r.grace_s
+                    self._note_soon(until, r, by_s)
+                elif r.attempt_id in self.preempted:
+                    self._note_soon(until, r, now_s + r.grace_s)
+            self._soon_until = until
+        return self._soon_until
+
+    def _note_soon(self, until: dict[tuple[str, int], float], r: Running, by_s: float) -> None:
+        by_s = max(by_s, self.now_s)
+        for node in self.index.nodes_of(r):
+            key = (r.gpu_type, node)
+            if by_s > until.get(key, -1.0):
+                until[key] = by_s
+
+    def _free_by(self, gpu_type: str, where: list[tuple[int, int]]) -> float:
+        """When GPUs set aside on these nodes are all free: the latest notice ending there."""
+        until = self._soon_until_by_node()
+        return max(
+            (until.get((gpu_type, node), self.now_s) for node, _ in where), default=self.now_s
+        )
+
+    def _set_aside(
+        self, job: Pending, ti: TypeIndex, book: Book, node: int | None
+    ) -> list[tuple[int, int]]:
+        """Hold GPUs for a job that starts once attempts have stopped: soon-free ones first.
+
+        Returns where, as (node ordinal, GPUs) pairs.
+        """
         n = job.gpus
         where: list[tuple[int, int]] = []
         if node is not None:
@@ -489,7 +587,11 @@ class Admission:
             where.append((node, n))
         else:
             need = n
+            has = self._has_volumes(job)
+            vol_fits: Fits | None = None if has is None else (lambda node, count: has(node))
             for node in sorted(ti.soon):
+                if has is not None and not has(node):
+                    continue
                 take = min(ti.soon[node], need)
                 ti.claim_soon(node, take)
                 where.append((node, take))
@@ -500,9 +602,9 @@ class Admission:
                 res = self.reservations.get(ti.gpu_type)
                 _, slack = res.limits(job.job_id, self._end(job)) if res else (False, None)
                 rest = (
-                    placement.find(ti, need, None, slack)
-                    or placement.multi_node(ti, need, None, slack)
-                    or placement.multi_node(ti, need, None)
+                    placement.find(ti, need, vol_fits, slack)
+                    or placement.multi_node(ti, need, vol_fits, slack)
+                    or placement.multi_node(ti, need, vol_fits)
                 )
                 for node, count in rest or ():
                     ti.take(node, count)
@@ -511,18 +613,24 @@ class Admission:
         if res is not None and res.node is None and res.job_id != job.job_id:
             res.consume(where)
         self._book(job, ti, book, where, self._end(job))
+        return where
 
     # ----- reservations ------------------------------------------------------------------------
 
     def _reserve(self, job: Pending, ti: TypeIndex) -> Reservation | None:
-        node_ok = None
+        has = self._has_volumes(job)
+        node_ok: Callable[[int], bool] | None = has
         if self._needs_resources(job):
             cpus, mem = self.index.topo.node_cpus, self.index.topo.node_mem
 
-            def node_ok(node: int) -> bool:
-                return (not cpus[node] or cpus[node] >= job.cpus) and (
-                    not mem[node] or mem[node] >= job.memory_mib
+            def roomy(node: int) -> bool:
+                return (
+                    (has is None or has(node))
+                    and (not cpus[node] or cpus[node] >= job.cpus)
+                    and (not mem[node] or mem[node] >= job.memory_mib)
                 )
+
+            node_ok = roomy
 
         return backfill.reserve(job.job_id, job.gpus, ti, self.now_s, self._releases(ti), node_ok)
 
@@ -535,7 +643,10 @@ class Admission:
         """When the GPUs of a type that are not free now will be: stopping ones first."""
         t = ti.gpu_type
         now_s = self.now_s
-        out: list[Release] = [(now_s, node, count) for node, count in ti.soon.items()]
+        out: list[Release] = []
+        if ti.soon:
+            until = self._soon_until_by_node()
+            out = [(until.get((t, node), now_s), node, count) for node, count in ti.soon.items()]
         default_s = self.config.default_duration_s
         for r in self.snapshot.running:
             if r.gpu_type != t or r.stopping or r.attempt_id in self.preempted:
@@ -561,6 +672,6 @@ class Admission:
         )
         ti = self.index.types.get(gpu_type)
         if ti is not None:
-            w.free = ti.total_free
+            w.free = self._free_for(job, ti)
         self.waiting.append(w)
         return w

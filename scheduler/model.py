@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 ANY_GPU_TYPE = ""
 
 
+class VictimOrder(enum.StrEnum):
+    """Which borrowed attempts a preemption takes first."""
+
+    LOST_WORK = "lost_work"  # the least work lost: GPU-seconds since the last checkpoint + restart
+    YOUNGEST = "youngest"  # the most recently started (the rule before checkpoints were known)
+
+
 class Ordering(enum.StrEnum):
     """How the queue is ordered; the baselines of the simulator are orderings plus switches."""
 
@@ -39,6 +46,7 @@ class ReasonCode(enum.StrEnum):
     BUDGET_HOLD = "budget_hold"  # the tenant's energy or GPU-hour budget is spent (hold)
     BUDGET_NO_BORROWING = "budget_no_borrowing"
     WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # GPUs are being reclaimed for it
+    MISSING_VOLUME = "missing_volume"  # no node it could use has every volume it asks for
     STATIC_PARTITION = "static_partition"  # baselines without borrowing
 
 
@@ -63,6 +71,7 @@ class Node:
     draining: bool = False
     cpus: float = 0.0  # 0 means "not tracked"
     memory_mib: int = 0
+    volumes: frozenset[str] = frozenset()  # names of the storage volumes the node has
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,14 @@ class Running:
     # What it holds besides GPUs, so a node's tracked CPUs and memory are not promised twice.
     cpus: float = 0.0
     memory_mib: int = 0
+    # Its notice before a stop: a preempted attempt holds its GPUs up to this long.
+    grace_s: float = 0.0
+    # For an attempt already stopping: when its grace ends (its GPUs are free by then at latest).
+    stop_by_s: float | None = None
+    # When the job last reported a checkpoint (over all its attempts; None: never), and how often
+    # it says it checkpoints (None: not said). A preemption loses the work since the last one.
+    last_checkpoint_s: float | None = None
+    checkpoint_interval_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +147,11 @@ class Pending:
     attained_service_s: float = 0.0  # GPU-seconds received in earlier attempts (for LAS)
     cpus: float = 0.0
     memory_mib: int = 0
+    volumes: tuple[str, ...] = ()  # storage volumes it mounts: only nodes with all of them
+    grace_s: float = 0.0  # its notice before a stop, once it runs
+    # Jobs submitted together as one sweep (a job array's id): their finished siblings predict
+    # their duration best. None: a job of its own.
+    group: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +181,7 @@ class HistoryRecord:
     name: str
     gpus: int
     duration_s: float
+    group: int | None = None  # as Pending.group
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +208,9 @@ class Config:
     preemption: bool = True  # reclaim borrowed GPUs for work within a guarantee
     backfill: bool = True
     min_runtime_s: float = 60.0  # never preempt an attempt younger than this (no thrashing)
+    victim_order: VictimOrder = VictimOrder.LOST_WORK
+    # What restarting a victim costs besides the work it loses (image, data, checkpoint load).
+    restart_cost_s: float = 60.0
     # Waiting raises a job's rank: every aging_period_s of waiting counts like one priority step.
     aging_period_s: float = 3600.0
     # Default when neither history nor the user gives a duration and there is no max runtime.

@@ -40,6 +40,7 @@ class Topology:
         "schedulable",
         "draining",
         "caps",
+        "volumes",
     )
 
     def __init__(self, nodes: tuple[Node, ...]):
@@ -55,6 +56,7 @@ class Topology:
         self.node_mem: list[int] = [n.memory_mib for n in ordered]
         self.schedulable: list[int] = [i for i, n in enumerate(ordered) if n.schedulable]
         self.draining: list[bool] = [n.draining for n in ordered]
+        self.volumes: list[frozenset[str]] = [n.volumes for n in ordered]
         gpu_node, usable, by_type = self.gpu_node, self.usable, self.by_type
         for i, node in enumerate(ordered):
             gpus = sorted(node.gpus, key=_GPU_ORDER)
@@ -333,7 +335,22 @@ class ClusterIndex:
         return out
 
     def fits_for(self, job: Pending) -> Fits | None:
-        """A check of a node's CPUs and memory for a share of the job, or None when untracked."""
+        """A check of a node for a share of the job, or None when any node would do.
+
+        A node fits when it has every volume the job mounts, and room in its CPUs and memory
+        where those are tracked.
+        """
+        fits = self._fits_resources(job)
+        if not job.volumes:
+            return fits
+        need = frozenset(job.volumes)
+        volumes = self.topo.volumes
+        if fits is None:
+            return lambda node, count: need <= volumes[node]
+        room = fits
+        return lambda node, count: need <= volumes[node] and room(node, count)
+
+    def _fits_resources(self, job: Pending) -> Fits | None:
         need_cpus = job.cpus if self.cpus_free is not None else 0.0
         need_mem = job.memory_mib if self.mem_free is not None else 0
         if not need_cpus and not need_mem:

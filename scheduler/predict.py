@@ -7,6 +7,10 @@ their own experiments far more reliably than their colleagues'. Without history 
 estimate is taken, then the job's runtime limit (it is killed there anyway), then the
 configured default. A prediction never exceeds the runtime limit.
 
+A job of a sweep (a job array: Pending.group) asks its finished siblings before anything else,
+once there are GROUP_MIN_RUNS of them: the same program on the same data with another
+parameter is the closest kind there is, closer than what the user ran last week.
+
 The median of the matching runs is used, not the mean: one run that crashed after a minute or
 hung for a day must not move the prediction much.
 """
@@ -24,6 +28,10 @@ _SUFFIX = re.compile(
     r"(?:[-_.\s]+(?:#|v#|r#|run#|try#|trial#|seed#|rep#|copy|retry|rerun|final|new|old|tmp|bak))+$"
 )
 _SEPARATORS = re.compile(r"[-_.\s]+$")
+
+# Siblings that must have finished before they are trusted over the user's and tenant's
+# history: the median of three is not moved by one that crashed at once.
+GROUP_MIN_RUNS = 3
 
 _normalised: dict[str, str] = {}
 _NORMALISED_MAX = 100_000
@@ -51,15 +59,19 @@ def _median(values: list[float]) -> float:
 
 
 class HistoryIndex:
-    """Durations of finished runs by (user, kind, GPUs) and by (tenant, kind, GPUs)."""
+    """Durations of finished runs by (user, kind, GPUs), by (tenant, kind, GPUs) and by group
+    and GPUs."""
 
-    __slots__ = ("by_user", "by_tenant")
+    __slots__ = ("by_user", "by_tenant", "by_group")
 
     def __init__(self, history: tuple[HistoryRecord, ...]):
         by_user: dict[tuple[str, str, int], list[float]] = {}
         by_tenant: dict[tuple[str, str, int], list[float]] = {}
+        by_group: dict[tuple[int, int], list[float]] = {}
         cache = _normalised
         for rec in history:
+            if rec.group is not None:
+                by_group.setdefault((rec.group, rec.gpus), []).append(rec.duration_s)
             kind = cache.get(rec.name)
             if kind is None:
                 kind = normalise_name(rec.name)
@@ -77,6 +89,7 @@ class HistoryIndex:
                 runs.append(rec.duration_s)
         self.by_user = by_user
         self.by_tenant = by_tenant
+        self.by_group = by_group
 
 
 def predict_durations(
@@ -104,8 +117,15 @@ def predict_durations(
                 kind = normalise_name(p.name)
             if index is None:
                 index = index_of(history)
-            runs = index.by_user.get((p.user, kind, p.gpus)) or index.by_tenant.get(
-                (p.tenant, kind, p.gpus)
+            runs = None
+            if p.group is not None:
+                siblings = index.by_group.get((p.group, p.gpus))
+                if siblings is not None and len(siblings) >= GROUP_MIN_RUNS:
+                    runs = siblings
+            runs = (
+                runs
+                or index.by_user.get((p.user, kind, p.gpus))
+                or index.by_tenant.get((p.tenant, kind, p.gpus))
             )
             if runs:
                 key = id(runs)

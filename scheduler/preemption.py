@@ -5,8 +5,11 @@ Who may be stopped, always only a preemptible attempt that has run at least
 already stopping:
 
 - for a job within its tenant's guarantee: borrowed attempts of other tenants that are still
-  over their own guarantee, youngest first (they lose the least work);
-- in FAIR, for any job: attempts of its own tenant with a lower priority, lowest first;
+  over their own guarantee, those that lose the least work per GPU first (Config.victim_order
+  LOST_WORK, see `lost_work_s`), or the youngest first (YOUNGEST, the rule from before jobs
+  reported checkpoints);
+- in FAIR, for any job: attempts of its own tenant with a lower priority, lowest first, then in
+  the same victim order;
 - under SRTF: attempts with a longer remaining time than the job's predicted duration; under
   LAS: attempts in a later attained-service queue than the job's. Other tenants' attempts only
   while they are borrowed, so a guarantee is never taken away by a baseline either.
@@ -15,8 +18,15 @@ The victims are chosen on one node the job fits on (a gang larger than any node:
 type), in the preference order above (other tenants' borrowed work first, unless the job must
 first win back some of its own tenant's quota, which only its own attempts can give), until
 enough GPUs and quota would be free; then every chosen victim that is not needed after all is
-given back, last chosen first, so no more is evicted than needed. A tenant brought back to its
-guarantee stays out of the searches for the rest of the cycle.
+given back, last chosen first, so no more is evicted than needed. Under LOST_WORK, a job on one
+node that only other tenants' borrowed work can make room for gets instead the set, over every
+node it fits on, that loses the least work in all (`_least_lost`): an order alone cannot weigh
+one large victim that loses little per GPU against a small one that loses more. When a
+candidate that alone makes room will save its next checkpoint soon, and waiting until it can
+do so within its notice costs the job fewer GPU-seconds than preempting now throws away, the
+job waits for it instead (Search.defer_until_s): the victim's GPUs keep doing useful work
+meanwhile. A tenant brought back to its guarantee stays out of the searches for the rest of
+the cycle.
 GPUs of attempts already stopping count as free soon and are used before anything new is
 evicted, so a job never causes a second preemption for GPUs it is already owed.
 """
@@ -24,9 +34,10 @@ evicted, so a job never causes a second preemption for GPUs it is already owed.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 
-from scheduler.model import Config, Ordering, Running
+from scheduler.model import Config, Ordering, Running, VictimOrder
 from scheduler.placement import ClusterIndex, Fits, TypeIndex
 from scheduler.priority import las_queue
 from scheduler.quota import Book
@@ -35,15 +46,38 @@ from scheduler.quota import Book
 class Candidate:
     """A running attempt that may be preempted, with where its GPUs are."""
 
-    __slots__ = ("run", "tenant", "size", "nodes", "remaining_s", "queue")
+    __slots__ = ("run", "tenant", "size", "nodes", "remaining_s", "queue", "lost_s")
 
-    def __init__(self, run: Running, nodes: dict[int, int], remaining_s: float):
+    def __init__(self, run: Running, nodes: dict[int, int], remaining_s: float, lost_s: float):
         self.run = run
         self.tenant = run.tenant
         self.size = len(run.gpus)
         self.nodes = nodes
         self.remaining_s = remaining_s
         self.queue = las_queue(run.attained_service_s)
+        # Seconds of run time per GPU a preemption now would cost it (see lost_work_s).
+        self.lost_s = lost_s
+
+
+def lost_work_s(r: Running, now_s: float, restart_cost_s: float) -> float:
+    """Seconds of run time, per GPU, that preempting the attempt now throws away.
+
+    The work since its last checkpoint (of this attempt: one from an earlier attempt is where
+    this one started from) plus the restart. A job that said how often it checkpoints and whose
+    next checkpoint, counted from the last one in whole intervals, falls within its notice
+    (grace_s) will save it before it stops: it loses only the restart. Times the attempt's GPU
+    count this is the GPU-seconds lost.
+    """
+    since_s = r.started_at_s
+    if r.last_checkpoint_s is not None and r.last_checkpoint_s > since_s:
+        since_s = r.last_checkpoint_s
+    elapsed_s = max(now_s - since_s, 0.0)
+    interval_s = r.checkpoint_interval_s
+    if interval_s is not None and interval_s > 0 and elapsed_s > 0:
+        next_s = since_s + math.ceil(elapsed_s / interval_s) * interval_s
+        if next_s <= now_s + r.grace_s:
+            elapsed_s = 0.0
+    return elapsed_s + restart_cost_s
 
 
 class Victims:
@@ -66,6 +100,9 @@ class Victims:
         self._borrowed = borrowed
         self._config = config
         self._now_s = now_s
+        self.by_lost_work = config.victim_order is not VictimOrder.YOUNGEST
+        self.now_s = now_s
+        self.restart_cost_s = config.restart_cost_s
         self._by_type: dict[str, list[Running]] | None = None
         self._by_owner: dict[tuple[str, str], list[Running]] = {}
         self._candidates: dict[int, Candidate] = {}
@@ -73,6 +110,8 @@ class Victims:
         self._own: dict[tuple[str, str], list[Candidate]] = {}
         self._baseline: dict[tuple[str, str | None], list[Candidate]] = {}
         self._cross_ids: set[int] = set()
+        self._cross_by_node: dict[str, dict[int, list[Candidate]]] = {}
+        self._cross_checkpointing: dict[str, list[Candidate]] = {}
         # (rule, type) -> index of the first candidate of that list still worth looking at
         self.start: dict[tuple[str, str], int] = {}
         # type -> max-heap of (-potential, node), stale entries dropped when met; see most()
@@ -104,11 +143,24 @@ class Victims:
                 remaining_s = max(
                     r.started_at_s + self._config.default_duration_s - self._now_s, 0.0
                 )
-            c = self._candidates[r.attempt_id] = Candidate(r, self._index.nodes_of(r), remaining_s)
+            c = self._candidates[r.attempt_id] = Candidate(
+                r,
+                self._index.nodes_of(r),
+                remaining_s,
+                lost_work_s(r, self._now_s, self._config.restart_cost_s),
+            )
         return c
 
+    def _order(self, c: Candidate) -> tuple[float, ...]:
+        """The victim order among equals (same rule, same priority): Config.victim_order."""
+        if self._config.victim_order is VictimOrder.YOUNGEST:
+            return _youngest(c)
+        # Least lost per GPU first: freeing GPUs then costs the least work for every GPU freed.
+        # Among equals, the smaller loses less in all; then the youngest (the former rule).
+        return (c.lost_s, c.size, -c.run.started_at_s, -c.run.attempt_id)
+
     def cross(self, gpu_type: str) -> list[Candidate]:
-        """Borrowed attempts of a type, youngest first."""
+        """Borrowed attempts of a type, in the victim order (see _order)."""
         found = self._cross.get(gpu_type)
         if found is None:
             borrowed = self._borrowed()
@@ -117,7 +169,7 @@ class Victims:
                 for r in self._group().get(gpu_type, ())
                 if r.attempt_id in borrowed
             ]
-            found.sort(key=_youngest)
+            found.sort(key=self._order)
             per_node: dict[int, int] = {}
             for c in found:
                 self._cross_ids.add(c.run.attempt_id)
@@ -127,14 +179,36 @@ class Victims:
             self._cross[gpu_type] = found
         return found
 
+    def cross_by_node(self, gpu_type: str) -> dict[int, list[Candidate]]:
+        """The borrowed attempts of a type by node they hold GPUs on, each list in the victim
+        order. Built once per cycle; victims taken stay listed (searches skip them)."""
+        found = self._cross_by_node.get(gpu_type)
+        if found is None:
+            found = {}
+            for c in self.cross(gpu_type):
+                for node in c.nodes:
+                    found.setdefault(node, []).append(c)
+            self._cross_by_node[gpu_type] = found
+        return found
+
+    def cross_checkpointing(self, gpu_type: str) -> list[Candidate]:
+        """The borrowed attempts of a type that said how often they checkpoint: the only ones
+        a job may wait for instead of preempting (see _least_lost)."""
+        found = self._cross_checkpointing.get(gpu_type)
+        if found is None:
+            found = [c for c in self.cross(gpu_type) if c.run.checkpoint_interval_s]
+            self._cross_checkpointing[gpu_type] = found
+        return found
+
     def own(self, tenant: str, gpu_type: str) -> list[Candidate]:
-        """A tenant's attempts of a type, lowest priority first, then youngest."""
+        """A tenant's attempts of a type, lowest priority first, then in the victim order."""
         key = (tenant, gpu_type)
         found = self._own.get(key)
         if found is None:
             self._group()
             found = [self._candidate(r) for r in self._by_owner.get(key, ())]
-            found.sort(key=lambda c: (c.run.priority, *_youngest(c)))
+            order = self._order
+            found.sort(key=lambda c: (c.run.priority, *order(c)))
             self._own[key] = found
         return found
 
@@ -214,6 +288,7 @@ class Search:
         "baseline",
         "need_quota",
         "free_node",
+        "defer_until_s",
     )
 
     def __init__(
@@ -236,6 +311,8 @@ class Search:
         self.baseline: Ordering | None = None  # SRTF / LAS rule
         self.need_quota = 0  # GPUs of its own tenant that must be given back first
         self.free_node: int | None = None  # a node it fits on already, when quota is the block
+        # Set when it is better to preempt later, once a victim has saved its next checkpoint.
+        self.defer_until_s: float | None = None
 
 
 def find_victims(
@@ -246,15 +323,29 @@ def find_victims(
     done: set[int],
     fits: Fits | None,
     protected: set[int],
+    nodes_ok: Callable[[int], bool] | None = None,
 ) -> tuple[list[tuple[Candidate, str]], int | None] | None:
     """The fewest victims, in preference order, that let the job start; None if none do.
 
     Returns (victim, rule) pairs, the rule naming why it goes (a key of `reason_for`), and the
-    node the job will go to (None for a gang over several nodes).
+    node the job will go to (None for a gang over several nodes). `nodes_ok`, when given, says
+    which nodes the job may use at all (those with its volumes): only GPUs there count.
     """
     n = s.gpus
     single = n <= ti.max_node_cap
     need_capacity = not (single and s.free_node is not None)
+    if (
+        single
+        and need_capacity
+        and s.cross
+        and not s.own
+        and s.baseline is None
+        and not s.need_quota
+        and victims.by_lost_work
+    ):
+        if not (victims.cross(s.gpu_type) and victims.most(ti) >= n):
+            return None
+        return _least_lost(s, victims, ti, books, done, fits, protected)
     chosen: list[tuple[Candidate, str]] = []
     seen: set[int] = set()
     tentative: dict[str, int] = {}
@@ -275,6 +366,17 @@ def find_victims(
 
     def potential(node: int) -> int:
         return ti.free_on(node) + ti.soon.get(node, 0) + cross_gpus.get(node, 0)
+
+    # What a gang has before any victim: free and soon-free GPUs on the nodes it may use.
+    if nodes_ok is None:
+        gang_base = ti.total_free + ti.soon_total
+    else:
+        gang_base = sum(ti.free_on(i) + ti.soon.get(i, 0) for i in ti.node_cap if nodes_ok(i))
+
+    def usable_gpus(c: Candidate) -> int:
+        if nodes_ok is None:
+            return sum(c.nodes.values())
+        return sum(count for node, count in c.nodes.items() if nodes_ok(node))
 
     sources = _sources(s, victims, ti, need_capacity)
     if s.need_quota:
@@ -321,6 +423,8 @@ def find_victims(
                     continue
                 if need_capacity and single and not any(potential(node) >= n for node in c.nodes):
                     continue
+                if need_capacity and nodes_ok is not None and not usable_gpus(c):
+                    continue
             seen.add(aid)
             chosen.append((c, source))
             tentative[c.tenant] = tentative.get(c.tenant, 0) + c.size
@@ -328,7 +432,7 @@ def find_victims(
                 own_given += c.size
             for node, count in c.nodes.items():
                 freed[node] = freed.get(node, 0) + count
-                freed_total += count
+            freed_total += usable_gpus(c)
             if need_capacity:
                 if single:
                     if target is None:
@@ -340,7 +444,7 @@ def find_victims(
                                 break
                     capacity_ok = target is not None
                 else:
-                    capacity_ok = ti.total_free + ti.soon_total + freed_total >= n
+                    capacity_ok = gang_base + freed_total >= n
             else:
                 capacity_ok = True
             if capacity_ok and own_given >= s.need_quota:
@@ -358,7 +462,9 @@ def find_victims(
             return True
         if not need_capacity:
             return False
-        return (not single) or (target in c.nodes)
+        if single:
+            return target in c.nodes
+        return nodes_ok is None or usable_gpus(c) > 0
 
     kept = [(c, source) for c, source in chosen if helps(c)]
 
@@ -373,7 +479,7 @@ def find_victims(
             got = ti.free_on(target) + ti.soon.get(target, 0)
             got += sum(c.nodes.get(target, 0) for c in rest)
         else:
-            got = ti.total_free + ti.soon_total + sum(sum(c.nodes.values()) for c in rest)
+            got = gang_base + sum(usable_gpus(c) for c in rest)
         return got >= n
 
     for pair in reversed(list(kept)):
@@ -381,6 +487,173 @@ def find_victims(
             kept.remove(pair)
     rules = {"cross": "cross", "own": "own", "baseline": str(s.baseline)}
     return [(c, rules[source]) for c, source in kept], (target if single else None)
+
+
+def _least_lost(
+    s: Search,
+    victims: Victims,
+    ti: TypeIndex,
+    books: dict[str, Book],
+    done: set[int],
+    fits: Fits | None,
+    protected: set[int],
+) -> tuple[list[tuple[Candidate, str]], int | None] | None:
+    """For a job on one node that only borrowed work may make room for: the victims that lose
+    the least work in all, over every node the job could go to.
+
+    Walking the victims in order of work lost per GPU and stopping at the first node with
+    enough is not that: it takes an 8-GPU attempt that checkpointed a minute ago for a 1-GPU
+    job when a 1-GPU attempt that started two minutes ago costs a quarter of it. Per node, the
+    cheapest set that frees what is missing there is a small knapsack (a node holds a few
+    attempts); nodes are tried in order of the least their set could cost, until none can beat
+    the best found.
+
+    A cycle runs this for many jobs over the same candidates, so the per-node lists are built
+    once per cycle (Victims.cross_by_node) and a node is first judged on what costs nothing to
+    know (its GPUs missing, the borrowed GPUs still there); only the nodes tried are filtered
+    for the victims this search may take.
+    """
+    n = s.gpus
+    t = s.gpu_type
+    by_node = victims.cross_by_node(t)
+    cross_gpus = victims.cross_gpus.get(t, {})
+
+    def may_take(c: Candidate) -> bool:
+        return c.run.attempt_id not in done and (
+            c.tenant == s.tenant or books[c.tenant].over_guarantee(t)
+        )
+
+    # node -> GPUs missing there, for every node that could take the job at all
+    eligible: dict[int, int] = {}
+    # (a lower bound of what the node's victims could lose, node): each list is in the victim
+    # order, the least lost per GPU first, so its head bounds any set of it from below
+    bounds: list[tuple[float, int]] = []
+    for node, on_node in by_node.items():
+        missing = n - ti.free_on(node) - ti.soon.get(node, 0)
+        if missing <= 0 or cross_gpus.get(node, 0) < missing:
+            continue
+        if ti.node_cap.get(node, 0) < n or node in protected:
+            continue
+        eligible[node] = missing
+        bounds.append((on_node[0].lost_s * missing, node))
+    bounds.sort()
+    best: tuple[float, int, int, list[Candidate]] | None = None
+    fitting: dict[int, bool] = {}
+
+    def fits_on(node: int) -> bool:
+        ok = fitting.get(node)
+        if ok is None:
+            ok = fitting[node] = fits is None or fits(node, n)
+        return ok
+
+    for bound, node in bounds:
+        if best is not None and bound >= best[0]:
+            break
+        missing = eligible[node]
+        live = [c for c in by_node[node] if may_take(c)]
+        if sum(c.nodes[node] for c in live) < missing or not fits_on(node):
+            continue
+        chosen = _cheapest_set(live, node, missing, s, books)
+        if chosen is None:
+            continue
+        cost = sum(c.lost_s * c.size for c in chosen)
+        if best is None or (cost, len(chosen), node) < best[:3]:
+            best = (cost, len(chosen), node, chosen)
+    if best is None:
+        return None
+    # Waiting for a victim's next checkpoint can beat preempting now: waiting costs the job its
+    # GPUs' worth of time (the victim's work goes on meanwhile), preempting now throws work away.
+    now_s = victims.now_s
+    restart_s = victims.restart_cost_s
+    defer: tuple[float, float] | None = None  # (net GPU-seconds saved, preempt at)
+    for c in victims.cross_checkpointing(t):
+        interval_s = c.run.checkpoint_interval_s
+        if not interval_s or interval_s <= 0 or not may_take(c):
+            continue
+        if not any(
+            node in eligible and count >= eligible[node] and fits_on(node)
+            for node, count in c.nodes.items()
+        ):
+            continue
+        since_s = max(c.run.started_at_s, c.run.last_checkpoint_s or c.run.started_at_s)
+        next_s = since_s + math.ceil(max(now_s - since_s, 1e-9) / interval_s) * interval_s
+        # Preempted then, it saves that checkpoint within its notice.
+        at_s = next_s - c.run.grace_s
+        if at_s <= now_s:
+            continue
+        net = best[0] - restart_s * c.size - (at_s - now_s) * n
+        if net > 0 and (defer is None or (net, -at_s) > (defer[0], -defer[1])):
+            defer = (net, at_s)
+    if defer is not None:
+        s.defer_until_s = defer[1]
+        return None
+    return [(c, "cross") for c in best[3]], best[2]
+
+
+def _cheapest_set(
+    on_node: list[Candidate], node: int, missing: int, s: Search, books: dict[str, Book]
+) -> list[Candidate] | None:
+    """The victims on a node that free `missing` GPUs there for the least lost work in all.
+
+    A knapsack over GPUs freed (capped at what is missing): dp[g] is the cheapest set found
+    that frees g. Every tenant must stay over its guarantee until its last victim is taken (so
+    the largest goes last); a cheapest set that breaks that gives way to the walk in order.
+    """
+    dp: list[tuple[float, int, tuple[int, ...]] | None] = [None] * (missing + 1)
+    dp[0] = (0.0, 0, ())
+    for i, c in enumerate(on_node):
+        gives = min(c.nodes[node], missing)
+        cost = c.lost_s * c.size
+        for got in range(missing, -1, -1):
+            entry = dp[got]
+            if entry is None:
+                continue
+            to = min(missing, got + gives)
+            new = (entry[0] + cost, entry[1] + 1, (*entry[2], i))
+            old = dp[to]
+            if old is None or new[:2] < old[:2]:
+                dp[to] = new
+    result = dp[missing]
+    if result is None:
+        return None
+    chosen = [on_node[i] for i in result[2]]
+    if _keeps_guarantees(chosen, s, books):
+        return chosen
+    # Rare: the walk in order, with the tenants' tentative losses, then the give-back.
+    taken: list[Candidate] = []
+    tentative: dict[str, int] = {}
+    got = 0
+    for c in on_node:
+        if c.tenant != s.tenant and not books[c.tenant].over_guarantee(
+            s.gpu_type, tentative.get(c.tenant, 0)
+        ):
+            continue
+        taken.append(c)
+        tentative[c.tenant] = tentative.get(c.tenant, 0) + c.size
+        got += c.nodes[node]
+        if got >= missing:
+            break
+    if got < missing:
+        return None
+    for c in reversed(list(taken)):
+        if got - c.nodes[node] >= missing:
+            taken.remove(c)
+            got -= c.nodes[node]
+    return taken
+
+
+def _keeps_guarantees(chosen: list[Candidate], s: Search, books: dict[str, Book]) -> bool:
+    """Whether every other tenant is still over its guarantee before its last victim goes."""
+    total: dict[str, int] = {}
+    largest: dict[str, int] = {}
+    for c in chosen:
+        if c.tenant != s.tenant:
+            total[c.tenant] = total.get(c.tenant, 0) + c.size
+            largest[c.tenant] = max(largest.get(c.tenant, 0), c.size)
+    return all(
+        books[tenant].over_guarantee(s.gpu_type, total[tenant] - largest[tenant])
+        for tenant in total
+    )
 
 
 # (rule, its candidates in walking order, the key of Victims.start its skipped prefix is kept

@@ -7,7 +7,8 @@ them into PendingDecisions. Sentences are built last, once, so the admission loo
 Admission sees only the nodes that take work now. A job it found no node for (NO_MATCHING_GPUS)
 is looked at once more here against every node of the snapshot, down, cordoned, draining or
 with unhealthy GPUs included: when those could hold it, it is not hopeless but waiting for them
-to come back (NODES_UNAVAILABLE), and its reason says so.
+to come back (NODES_UNAVAILABLE), and its reason says so. A job that mounts volumes no node
+that could hold it has (MISSING_VOLUME) waits for a node with them.
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ def sentence(w: Waiting, now_s: float) -> str:
             f"{head}: tenant {tenant} uses {w.used} of its limit of {w.limit} "
             f"{w.quota_type or 'GPUs'}"
         )
+    if code is RC.MISSING_VOLUME:
+        names = sorted(set(job.volumes))
+        return f"waiting for a node with volume{'s' if len(names) > 1 else ''} {', '.join(names)}"
     if code is RC.STATIC_PARTITION:
         return f"{head}: {usage}, and without borrowing it may not use more"
     if code is RC.BUDGET_NO_BORROWING:
@@ -165,6 +169,11 @@ def sentence(w: Waiting, now_s: float) -> str:
             return (
                 f"{head}: tenant {tenant}'s jobs that are stopping still count against its "
                 "quota; it can start once they have stopped"
+            )
+        if w.detail == "checkpoint":
+            return (
+                f"{head}: GPUs are reclaimed for it once a running job has saved its next "
+                f"checkpoint, {_when(w.start_s - now_s) if w.start_s is not None else 'soon'}"
             )
         if w.detail == "victims":
             jobs = "1 running job is" if w.count == 1 else f"{w.count} running jobs are"

@@ -150,6 +150,11 @@ class GpuBackend(abc.ABC):
         """
         return None
 
+    def host_shape(self) -> tuple[int, int] | None:
+        """(CPUs, memory in MiB) of the host these GPUs stand for, where that is not the machine
+        the agent runs on (a simulated node); None: report the real host's."""
+        return None
+
     def close(self) -> None:
         """Release the library (nvmlShutdown) or persist the model's state."""
         return None

@@ -46,6 +46,16 @@ MAX_SM_CLOCK_MHZ = {
     "P100-PCIE-16GB": 1329.0,
     "RTX6000": 1770.0,
 }
+# The host a node of these boards comes in, per GPU: (CPU threads, memory MiB), from the
+# vendors' 8-GPU servers (a DGX H100 has 224 threads and 2 TiB, a DGX A100 256 and 1 TiB). A
+# simulated node reports this shape, not the test machine's, so that a job's CPU and memory
+# requests meet what a real node of its GPUs would offer. The agent's --cpus / --memory-mib
+# still override it.
+HOST_SHAPE_PER_GPU = {
+    "H100-SXM-80GB": (28, 256 * 1024),
+    "A100-SXM4-80GB": (32, 128 * 1024),
+}
+DEFAULT_HOST_SHAPE_PER_GPU = (16, 128 * 1024)
 IDLE_SM_CLOCK_MHZ = 345.0
 IDLE_MEMORY_MIB = 4.0
 # Share of the board's memory a running job holds (enough to look like a training job).
@@ -289,6 +299,17 @@ class SimulatedBackend(GpuBackend):
             gpu = self._gpu(uuid)
             self._advance(gpu)
             gpu.lost = True
+
+    def host_shape(self) -> tuple[int, int] | None:
+        cpus = memory_mib = 0
+        for gpu in self._gpus.values():
+            per_cpus, per_memory_mib = HOST_SHAPE_PER_GPU.get(
+                gpu.info.model, DEFAULT_HOST_SHAPE_PER_GPU
+            )
+            cpus += per_cpus
+            memory_mib += per_memory_mib
+        # A node with no GPU (a CPU-only stand-in) keeps the shape of one.
+        return (cpus, memory_mib) if self._gpus else DEFAULT_HOST_SHAPE_PER_GPU
 
     def close(self) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ GPUs; the visible-devices variables are always set.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import docker
 import docker.errors
@@ -26,6 +27,7 @@ import requests
 
 from agents.runtime.base import (
     ATTEMPT_LABEL,
+    DEFAULT_STOP_SIGNAL,
     GPUS_LABEL,
     JOB_LABEL,
     NODE_LABEL,
@@ -34,8 +36,13 @@ from agents.runtime.base import (
     AttemptStatus,
     Runtime,
     StartError,
+    check_paths,
+    ensure_checkpoint_dir,
     read_file_range,
+    rendezvous_env,
+    stop_env,
     visible_devices_env,
+    write_json_atomic,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,10 @@ NOT_STARTED_STATES = {"created", "configured", "initialized"}
 API_VERSION = "1.41"
 # The container vanished (removed behind the agent's back): its exit code is unknown.
 LOST_EXIT_CODE = 255
+# The job's checkpoint dir is writable by any uid: the container's user may be any (an image's
+# USER, or rootless Podman's subordinate ids for it), and the agent cannot know which. Its
+# parents are the agent's alone, so no other user of the host reaches it.
+CHECKPOINT_DIR_MODE = 0o777
 
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?$")
 
@@ -78,6 +89,8 @@ class _Common(TypedDict):
     attempt_id: int
     job_id: int | None
     gpu_uuids: tuple[str, ...]
+    stop_signal_at: float | None
+    killed_after_grace: bool | None
 
 
 @dataclass(slots=True)
@@ -91,6 +104,7 @@ class _Entry:
     stopping: bool = False
     failed: str = ""  # why it could not start (reported as failed_to_start)
     finished_at: float | None = None
+    stop_record: dict[str, Any] | None = None
 
 
 class DockerRuntime(Runtime):
@@ -151,12 +165,65 @@ class DockerRuntime(Runtime):
             GPUS_LABEL: ",".join(spec.gpu_uuids),
         }
 
+    def _mounts(self, spec: AttemptSpec) -> list[docker.types.Mount]:
+        """The attempt's volumes as engine mounts; nothing is created on the host for them."""
+        check_paths(spec)
+        mounts = []
+        for mount in spec.mounts:
+            kind: Literal["bind", "volume"]
+            if mount.kind == "host_path":
+                # A bind mount of a missing folder would have the engine create it (as root):
+                # a node without the volume refuses instead.
+                if not os.path.isdir(mount.source):
+                    raise StartError(f"mount {mount.name!r}: {mount.source} is not on this node")
+                kind = "bind"
+            else:
+                if not self.has_volume(mount.source):
+                    # The engine would create an empty one, and the job would read nothing.
+                    raise StartError(
+                        f"mount {mount.name!r}: the engine has no volume {mount.source!r}"
+                    )
+                kind = "volume"
+            mounts.append(
+                docker.types.Mount(mount.target, mount.source, type=kind, read_only=mount.read_only)
+            )
+        if spec.checkpoint is not None:
+            ensure_checkpoint_dir(spec.checkpoint.host_path, CHECKPOINT_DIR_MODE)
+            mounts.append(
+                docker.types.Mount(
+                    spec.checkpoint.target,
+                    spec.checkpoint.host_path,
+                    type="bind",
+                    read_only=spec.checkpoint.read_only,
+                )
+            )
+        return mounts
+
+    def has_volume(self, name: str) -> bool:
+        try:
+            self._client.volumes.get(name)
+        except docker.errors.NotFound:
+            return False
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            log.warning("cannot look up volume %s: %s", name, exc)
+            return False
+        return True
+
     def start(self, spec: AttemptSpec, extra_env: dict[str, str] | None = None) -> AttemptStatus:
         if not spec.image:
             raise StartError("the docker runtime needs an image")
+        mounts = self._mounts(spec)
         env = dict(spec.env)
         env.update(visible_devices_env(spec.gpu_uuids))
+        env.update(rendezvous_env(spec))
         env.update(extra_env or {})
+        env.update(
+            stop_env(
+                spec,
+                spec.checkpoint.target if spec.checkpoint is not None else None,
+                {m.name: m.target for m in spec.mounts},
+            )
+        )
         env["GPUCP_ATTEMPT_ID"] = str(spec.attempt_id)
         if spec.job_id is not None:
             env["GPUCP_JOB_ID"] = str(spec.job_id)
@@ -166,7 +233,15 @@ class DockerRuntime(Runtime):
             "labels": self._labels(spec),
             "name": container_name(self._node, spec.attempt_id),
             "detach": True,
+            # The engine's own stop (docker stop) sends the job's signal too.
+            "stop_signal": spec.stop_signal,
         }
+        if mounts:
+            kwargs["mounts"] = mounts
+        if spec.rendezvous is not None and spec.rendezvous.num_nodes > 1:
+            # Its members reach each other at their nodes' addresses, on ports the job opens:
+            # the host's network, as for any multi-node job on bare hosts.
+            kwargs["network_mode"] = "host"
         if spec.cpus > 0:
             kwargs["nano_cpus"] = int(spec.cpus * 1e9)
         if spec.memory_mib > 0:
@@ -237,10 +312,13 @@ class DockerRuntime(Runtime):
     # -- observing -------------------------------------------------------------------------------
 
     def _status(self, entry: _Entry) -> AttemptStatus:
+        stop = entry.stop_record or {}
         common: _Common = {
             "attempt_id": entry.attempt_id,
             "job_id": entry.job_id,
             "gpu_uuids": entry.gpu_uuids,
+            "stop_signal_at": stop.get("at"),
+            "killed_after_grace": (stop.get("killed_at") is not None) if stop else None,
         }
         if entry.failed:
             return AttemptStatus(
@@ -329,34 +407,59 @@ class DockerRuntime(Runtime):
                 except docker.errors.DockerException as exc:
                     entry.failed = _explain(exc)
                     entry.finished_at = time.time()
+            entry.stop_record = _read_record(self._stop_path(attempt_id))
             with self._lock:
                 self._entries[attempt_id] = entry
             if not entry.failed:
                 self._follow_logs(entry)
+            stop = entry.stop_record
+            if stop is not None:
+                # Stopped by the agent before its restart: the grace ends when it was to.
+                entry.stopping = True
+                if stop.get("killed_at") is None:
+                    ends_at = float(stop.get("at") or 0) + float(stop.get("grace_s") or 0)
+                    self._escalate_after(entry, ends_at - time.time())
             log.info("adopted container %s (attempt %d)", container.name, attempt_id)
         return self.statuses()
 
     # -- stopping and removing -------------------------------------------------------------------
 
-    def stop(self, attempt_id: int, grace_s: float) -> None:
+    def _stop_path(self, attempt_id: int) -> Path:
+        return self._root / f"{attempt_id}.stop.json"
+
+    def stop(self, attempt_id: int, grace_s: float, signal: str = DEFAULT_STOP_SIGNAL) -> None:
         with self._lock:
             entry = self._entries.get(attempt_id)
             if entry is None or entry.stopping or entry.container is None:
                 return
             entry.stopping = True
-        log.info("attempt %d: SIGTERM, SIGKILL in %.0f s", attempt_id, grace_s)
-        self._kill(entry, "SIGTERM")
+        log.info("attempt %d: %s, SIGKILL in %.0f s", attempt_id, signal, grace_s)
+        self._save_stop(entry, {"signal": signal, "grace_s": grace_s, "at": time.time()})
+        self._kill(entry, signal)
+        self._escalate_after(entry, grace_s)
 
+    def _save_stop(self, entry: _Entry, record: dict[str, Any]) -> None:
+        entry.stop_record = record
+        try:
+            write_json_atomic(self._stop_path(entry.attempt_id), record)
+        except OSError as exc:
+            log.error("attempt %d: cannot record its stop: %s", entry.attempt_id, exc)
+
+    def _escalate_after(self, entry: _Entry, delay_s: float) -> None:
         def escalate() -> None:
             try:
                 entry.container.reload()
             except (docker.errors.DockerException, requests.RequestException):
                 pass
             if entry.container.status in RUNNING_STATES:
-                log.info("attempt %d: still running after %.0f s: SIGKILL", attempt_id, grace_s)
+                log.info(
+                    "attempt %d: still running at the end of its grace: SIGKILL", entry.attempt_id
+                )
+                self._save_stop(entry, {**(entry.stop_record or {}), "killed_at": time.time()})
                 self._kill(entry, "SIGKILL")
 
-        timer = threading.Timer(grace_s, escalate)
+        # A timer, not a wait: stop() returns at once, whatever the grace.
+        timer = threading.Timer(max(0.0, delay_s), escalate)
         timer.daemon = True
         timer.start()
 
@@ -407,13 +510,22 @@ class DockerRuntime(Runtime):
             entry = self._entries.pop(attempt_id, None)
         if entry is not None and entry.container is not None:
             self._remove_quietly(entry.container)
-        try:
-            self.log_path(attempt_id).unlink()
-        except FileNotFoundError:
-            pass
+        for path in (self.log_path(attempt_id), self._stop_path(attempt_id)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
     def close(self) -> None:
         self._client.close()
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record
 
 
 def _explain(exc: Exception) -> str:

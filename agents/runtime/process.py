@@ -3,8 +3,46 @@
 Each attempt gets a folder `<state-dir>/process/<attempt-id>/` with its record (the supervisor's
 pid and start time, which guard against a reused pid), the job's pid, its output and, once it
 ended, its exit code, so an agent restarted while jobs run re-adopts them and still learns the
-exit code of those that ended while it was down. The job runs under `supervise.py`, in a process
-group of its own, so a stop reaches everything it spawned.
+exit code of those that ended while it was down.
+
+The supervisor is `supervise.sh`, run by `bash -p` (no startup files, no functions from the
+environment): a fork and an exec of a small shell per attempt, where a Python interpreter cost
+tens of milliseconds of CPU per job. Between the agent and the job it is the one process that
+keeps every promise of the runtime:
+
+- it runs in a session of its own (a Ctrl-C or SIGTERM to the agent's group never reaches it),
+  and starts the job in a process group of its own (bash's job control, which makes the group
+  before it goes on), so a stop reaches everything the job spawned and nothing else;
+- it is the job's parent and outlives the agent: it writes the job's pid and start time to
+  `child.json` (as the former Python supervisor did, so that a fence of the former version,
+  which lives on through an upgrade while jobs run, still finds the new jobs) and, once the job
+  ended, its exit code to `exit` (128 + signal, like a shell), which a restarted agent reads;
+- it lives through SIGTERM, SIGINT and SIGHUP, which the job gets at their defaults: trapped
+  until the job is forked (a trap, unlike an ignore, is not inherited), ignored from then on
+  (a trapped signal would cut its `wait` short); where the agent itself ignores one of them,
+  which bash could then not trap, it is started with the defaults restored;
+- right before the job it checks the node's lease once more (`lease.deadline`, written by
+  agents.lease beside `lease.json` in a form bash compares without starting a process), and
+  refuses with a fenced record when it ran out;
+- it closes a pipe the agent waits on once the job runs (or was refused), so start() neither
+  polls nor sleeps; and it exits right after writing the exit record, which the agent hears
+  at once through a pidfd of it (notify_exits), instead of at its next poll: a flood of short
+  jobs turns over as fast as the agent reports them.
+
+A supervisor that vanished without an exit record (killed, host rebooted) is reported as lost,
+and its job is killed. Its records are one line each, written by one printf and read only whole
+(the exit record with its newline, the pid record as JSON that parses); bash cannot fsync, so the
+agent fsyncs the exit record when it first reads it, and until then the kernel's writeback (about
+30 s) keeps it: the record matters after a crash of the host only for a job that ended in those
+seconds while no agent ran.
+
+The job's environment is the supervisor's, which bash passes on unchanged but for what a shell
+keeps itself: PWD (the job's real folder), OLDPWD (dropped), SHLVL (one more), PS4 (`+ ` for
+root), and SHELLOPTS and BASHOPTS, which `bash -p` ignores: a job's own arrive as the
+supervisor's.
+
+Attempts started by the former Python supervisor (`supervise.py`, whose exit record is
+`exit.json`) are still adopted and read.
 """
 
 from __future__ import annotations
@@ -12,36 +50,55 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
+import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from agents.lease import LEASE_FILE
+from agents.lease import LEASE_DEADLINE_FILE, LEASE_FILE
 from agents.runtime.base import (
+    DEFAULT_STOP_SIGNAL,
+    STOP_SIGNAL_NAMES,
     AttemptSpec,
     AttemptState,
     AttemptStatus,
     Runtime,
     StartError,
+    check_paths,
+    ensure_checkpoint_dir,
     read_file_range,
+    rendezvous_env,
+    stop_env,
+    stop_signal_number,
     visible_devices_env,
     write_json_atomic,
 )
 
 log = logging.getLogger(__name__)
 
-SUPERVISOR = Path(__file__).with_name("supervise.py")
+SUPERVISOR = Path(__file__).with_name("supervise.sh")
 # How long start() waits for the supervisor to report that the job runs (or could not start).
 START_TIMEOUT_S = 15.0
 # The supervisor vanished without writing an exit code (killed, or the host rebooted).
 LOST_EXIT_CODE = 255
+# Signals the supervisor traps; the job must get them at their defaults.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Every signal a job may be stopped with: one the agent ignores would be ignored by the job
+# too (an ignore survives exec), so the supervisor starts with their defaults restored then.
+JOB_STOP_SIGNALS = tuple(stop_signal_number(name) for name in STOP_SIGNAL_NAMES)
+# The runtime's stop of an attempt: its signal, grace, when it went out, and when the job had
+# to be killed (written before the SIGKILL, so whoever sees the end sees why).
+STOP_RECORD = "stop.json"
+# record.json's "records" for attempts of supervise.sh, whose exit record is the line `exit`;
+# absent: supervise.py's attempts, whose exit record is `exit.json`.
+TEXT_RECORDS = "text"
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -77,6 +134,82 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return record
 
 
+def _read_line(path: Path) -> str | None:
+    """A record of supervise.sh without its newline; None while it is absent or not whole."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return text[:-1] if text.endswith("\n") else None
+
+
+def read_child(attempt_dir: Path) -> dict[str, Any] | None:
+    """The job's pid, start ticks and start time (`child.json`), once its supervisor wrote them.
+
+    Both supervisors write it in the same form, which a fence of the former version, still
+    running through an upgrade, reads too. A pid of None means the job ended before it was
+    looked at: nothing of it may be signalled. A file being written reads as not there yet.
+    """
+    try:
+        record: dict[str, Any] = json.loads((attempt_dir / "child.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return record
+
+
+def read_exit(attempt_dir: Path, text: bool) -> dict[str, Any] | None:
+    """The exit record (exit_code, finished_at, and error/fenced/message), once it is written."""
+    if not text:
+        return _read_json(attempt_dir / "exit.json")
+    line = _read_line(attempt_dir / "exit")
+    if line is None:
+        return None
+    kind, _, rest = line.partition(" ")
+    try:
+        if kind == "exit":
+            code, finished_at, *message = rest.split(" ", 2)
+            record: dict[str, Any] = {"exit_code": int(code), "finished_at": float(finished_at)}
+            if message:
+                record["message"] = message[0]
+            return record
+        if kind in ("failed", "refused"):
+            finished_at, _, error = rest.partition(" ")
+            return {
+                "exit_code": None,
+                "finished_at": float(finished_at),
+                "error": error or "the job could not start",
+                "fenced": kind == "refused",
+            }
+    except ValueError:
+        pass
+    log.warning("unreadable %s", attempt_dir / "exit")
+    return {"exit_code": None, "finished_at": None, "error": "its exit record is unreadable"}
+
+
+def _exit_written(attempt_dir: Path, text: bool) -> bool:
+    return (attempt_dir / ("exit" if text else "exit.json")).exists()
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _text_records(record: dict[str, Any]) -> bool:
+    return record.get("records") == TEXT_RECORDS
+
+
+def _restore_stop_signals() -> None:
+    for sig in (*STOP_SIGNALS, *JOB_STOP_SIGNALS):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class _Common(TypedDict):
     """The fields of an AttemptStatus that every state of one attempt reports alike."""
 
@@ -84,6 +217,8 @@ class _Common(TypedDict):
     job_id: int | None
     gpu_uuids: tuple[str, ...]
     started_at: float | None
+    stop_signal_at: float | None
+    killed_after_grace: bool | None
 
 
 @dataclass(slots=True)
@@ -93,7 +228,15 @@ class _Proc:
     record: dict[str, Any]
     popen: subprocess.Popen[bytes] | None = None  # only for supervisors this agent process started
     stopping: bool = False
-    lost_message: str = ""
+    # Kept once read: the job's pid never changes, nor does an ended attempt's status, so a
+    # look at a running attempt costs a waitpid (or one /proc read for an adopted one).
+    child: dict[str, Any] | None = None
+    final: AttemptStatus | None = None
+    stop_record: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> bool:
+        return _text_records(self.record)
 
 
 class ProcessRuntime(Runtime):
@@ -105,7 +248,6 @@ class ProcessRuntime(Runtime):
         self,
         state_dir: str | os.PathLike[str],
         *,
-        python: str = sys.executable,
         job_path_prepend: Sequence[str] = (),
     ) -> None:
         """Keep attempt folders under state_dir; job_path_prepend goes first on every job's PATH.
@@ -118,13 +260,37 @@ class ProcessRuntime(Runtime):
         relative = [d for d in job_path_prepend if not os.path.isabs(d)]
         if relative:
             raise ValueError(f"job PATH folders must be absolute, got {', '.join(relative)}")
+        bash = shutil.which("bash")
+        if bash is None:
+            raise RuntimeError("the process runtime needs bash on the agent's PATH")
+        self._bash = bash
         self._root = Path(state_dir) / "process"
         self._lease_path = Path(state_dir) / LEASE_FILE
+        self._deadline_path = Path(state_dir) / LEASE_DEADLINE_FILE
         self._root.mkdir(parents=True, exist_ok=True)
-        self._python = python
         self._job_path_prepend = tuple(job_path_prepend)
         self._procs: dict[int, _Proc] = {}
         self._lock = threading.Lock()
+        self._exits = _ExitWatch()
+
+    def notify_exits(self, callback: Callable[[], None]) -> None:
+        self._exits.start(callback)
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            self._watch_exit(proc)
+
+    def _watch_exit(self, proc: _Proc) -> None:
+        if proc.popen is not None:
+            self._exits.add(proc.popen.pid, None)
+        else:
+            record = proc.record
+            pid = record.get("supervisor_pid")
+            if pid:
+                self._exits.add(int(pid), record.get("supervisor_start_ticks"))
+
+    def close(self) -> None:
+        self._exits.stop()
 
     def _dir(self, attempt_id: int) -> Path:
         return self._root / str(attempt_id)
@@ -142,8 +308,20 @@ class ProcessRuntime(Runtime):
                 record = _read_json(entry / "record.json")
                 if record is None or attempt_id in self._procs:
                     continue
-                self._procs[attempt_id] = _Proc(attempt_id, entry, record)
+                self._procs[attempt_id] = proc = _Proc(attempt_id, entry, record)
+                proc.stop_record = _read_json(entry / STOP_RECORD)
+                self._watch_exit(proc)
         found = self.statuses()
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            stop = proc.stop_record
+            if stop is not None and not proc.stopping and proc.final is None:
+                # Stopped by the agent before its restart: the grace ends when it was to.
+                proc.stopping = True
+                if stop.get("killed_at") is None:
+                    ends_at = float(stop.get("at") or 0) + float(stop.get("grace_s") or 0)
+                    self._escalate_after(proc, ends_at - time.time())
         for status in found:
             log.info("adopted attempt %d (%s)", status.attempt_id, status.state)
         return found
@@ -151,6 +329,23 @@ class ProcessRuntime(Runtime):
     def start(self, spec: AttemptSpec, extra_env: dict[str, str] | None = None) -> AttemptStatus:
         if not spec.command:
             raise StartError("the process runtime needs a command (it does not run images)")
+        check_paths(spec)
+        mount_paths = {}
+        for mount in spec.mounts:
+            # A process sees the host as it is: the job finds the volume at its host path (in
+            # GPUCP_MOUNT_<NAME>), and read_only cannot be enforced.
+            if mount.kind != "host_path":
+                raise StartError(
+                    f"mount {mount.name!r}: the process runtime cannot mount engine volumes "
+                    "(a node with the docker runtime can)"
+                )
+            if not os.path.isdir(mount.source):
+                raise StartError(f"mount {mount.name!r}: {mount.source} is not on this node")
+            mount_paths[mount.name] = mount.source
+        checkpoint_dir = None
+        if spec.checkpoint is not None:
+            checkpoint_dir = spec.checkpoint.host_path
+            ensure_checkpoint_dir(checkpoint_dir, 0o700)  # the job runs as the agent's user
         attempt_dir = self._dir(spec.attempt_id)
         if attempt_dir.exists():
             # Left from an earlier run of this very attempt: never start one twice.
@@ -160,82 +355,120 @@ class ProcessRuntime(Runtime):
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCP_")}
         env.update(spec.env)
         env.update(visible_devices_env(spec.gpu_uuids))
+        env.update(rendezvous_env(spec))
         env.update(extra_env or {})
+        env.update(stop_env(spec, checkpoint_dir, mount_paths))
         if self._job_path_prepend:
             # An empty or missing PATH means the system default to exec, so that is what follows.
             env["PATH"] = os.pathsep.join([*self._job_path_prepend, env.get("PATH") or os.defpath])
         env["GPUCP_ATTEMPT_ID"] = str(spec.attempt_id)
         if spec.job_id is not None:
             env["GPUCP_JOB_ID"] = str(spec.job_id)
-        with open(self.log_path(spec.attempt_id), "ab") as output:
-            popen = subprocess.Popen(
-                [
-                    self._python,
-                    "-I",
-                    str(SUPERVISOR),
-                    str(attempt_dir),
-                    "--lease",
-                    str(self._lease_path),
-                    "--",
-                    *spec.command,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-                env=env,
-                # Its own session: a Ctrl-C or SIGTERM to the agent's group never reaches jobs.
-                start_new_session=True,
-                close_fds=True,
-            )
-        record = {
-            "attempt_id": spec.attempt_id,
-            "job_id": spec.job_id,
-            "gpu_uuids": list(spec.gpu_uuids),
-            "command": list(spec.command),
-            "supervisor_pid": popen.pid,
-            "supervisor_start_ticks": proc_start_ticks(popen.pid),
-            "created_at": time.time(),
-        }
-        write_json_atomic(attempt_dir / "record.json", record)
-        proc = _Proc(spec.attempt_id, attempt_dir, record, popen=popen)
-        with self._lock:
-            self._procs[spec.attempt_id] = proc
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if (attempt_dir / "child.json").exists() or (attempt_dir / "exit.json").exists():
-                break
-            if popen.poll() is not None:
-                break
-            time.sleep(0.005)
-        status = self._status(proc)
-        if status.state is AttemptState.RUNNING and status.started_at is None:
-            log.warning("attempt %d: supervisor slow to report the job", spec.attempt_id)
-        return status
+        # bash can neither trap nor reset a signal ignored when it started, and the job would
+        # inherit the ignore: an agent that ignores one (nohup) pays for a Python step instead.
+        inherited_ignore = any(
+            signal.getsignal(sig) == signal.SIG_IGN for sig in (*STOP_SIGNALS, *JOB_STOP_SIGNALS)
+        )
+        started_r, started_w = os.pipe()
+        try:
+            with open(self.log_path(spec.attempt_id), "ab") as output:
+                try:
+                    popen = subprocess.Popen(
+                        [
+                            self._bash,
+                            "-p",
+                            str(SUPERVISOR),
+                            str(attempt_dir),
+                            str(self._deadline_path),
+                            str(self._lease_path),
+                            str(started_w),
+                            "--",
+                            *spec.command,
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                        cwd=workdir,
+                        env=env,
+                        # Its own session: a Ctrl-C or SIGTERM to the agent's group never
+                        # reaches jobs.
+                        start_new_session=True,
+                        close_fds=True,
+                        pass_fds=(started_w,),
+                        preexec_fn=_restore_stop_signals if inherited_ignore else None,
+                    )
+                finally:
+                    os.close(started_w)
+            record = {
+                "attempt_id": spec.attempt_id,
+                "job_id": spec.job_id,
+                "gpu_uuids": list(spec.gpu_uuids),
+                "command": list(spec.command),
+                "supervisor_pid": popen.pid,
+                "supervisor_start_ticks": proc_start_ticks(popen.pid),
+                "records": TEXT_RECORDS,
+                "created_at": time.time(),
+            }
+            write_json_atomic(attempt_dir / "record.json", record)
+            proc = _Proc(spec.attempt_id, attempt_dir, record, popen=popen)
+            with self._lock:
+                self._procs[spec.attempt_id] = proc
+            self._watch_exit(proc)
+            # The supervisor closes its end once the job runs, or as it exits: the job was
+            # refused or could not start (or the supervisor was killed).
+            # poll, not select: an agent with more than FD_SETSIZE (1,024) descriptors open
+            # would have select refuse the pipe's number.
+            waiter = select.poll()
+            waiter.register(started_r, select.POLLIN)
+            if not waiter.poll(START_TIMEOUT_S * 1000):
+                log.warning("attempt %d: supervisor slow to report the job", spec.attempt_id)
+            elif read_child(attempt_dir) is None:
+                try:
+                    popen.wait(START_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    # It could not write the job's pid (a full disk) and runs on.
+                    log.warning("attempt %d: the job's pid was not recorded", spec.attempt_id)
+        finally:
+            os.close(started_r)
+        return self._status(proc)
+
+    def _child(self, proc: _Proc) -> dict[str, Any] | None:
+        if proc.child is None:
+            proc.child = read_child(proc.dir)
+        return proc.child
+
+    def _supervisor_running(self, proc: _Proc) -> bool:
+        if proc.popen is not None:
+            return proc.popen.poll() is None  # also reaps our own ended supervisor
+        record = proc.record
+        return _alive(record.get("supervisor_pid"), record.get("supervisor_start_ticks"))
 
     def _status(self, proc: _Proc) -> AttemptStatus:
+        if proc.final is not None:
+            return proc.final
         record = proc.record
-        child = _read_json(proc.dir / "child.json") or {}
+        child = self._child(proc) or {}
+        stop = proc.stop_record or {}
         common: _Common = {
             "attempt_id": proc.attempt_id,
             "job_id": record.get("job_id"),
             "gpu_uuids": tuple(record.get("gpu_uuids") or ()),
             "started_at": child.get("started_at"),
+            "stop_signal_at": stop.get("at"),
+            "killed_after_grace": (stop.get("killed_at") is not None) if stop else None,
         }
-        exit_record = _read_json(proc.dir / "exit.json")
+        if self._supervisor_running(proc):
+            return AttemptStatus(state=AttemptState.RUNNING, **common)
+        # It ended: whatever it wrote is all there will be.
+        exit_record = read_exit(proc.dir, proc.text)
         if exit_record is None:
-            if proc.popen is not None:
-                running = proc.popen.poll() is None  # also reaps our own ended supervisor
-            else:
-                running = _alive(record.get("supervisor_pid"), record.get("supervisor_start_ticks"))
-            if running:
-                return AttemptStatus(state=AttemptState.RUNNING, **common)
-            # It may have written the exit code between the two looks.
-            exit_record = _read_json(proc.dir / "exit.json")
-        if exit_record is None:
-            return self._lost(proc, child, common)
+            proc.final = self._lost(proc, child, common)
+            return proc.final
+        if proc.text:
+            _fsync(proc.dir / "exit")
         if exit_record.get("error"):
-            return AttemptStatus(
+            common["started_at"] = None  # the job never ran
+            proc.final = AttemptStatus(
                 state=AttemptState.FAILED_TO_START,
                 finished_at=exit_record.get("finished_at"),
                 message=exit_record["error"],
@@ -243,35 +476,40 @@ class ProcessRuntime(Runtime):
                 fenced=bool(exit_record.get("fenced")),
                 **common,
             )
-        return AttemptStatus(
-            state=AttemptState.EXITED,
-            exit_code=exit_record.get("exit_code"),
-            finished_at=exit_record.get("finished_at"),
-            message=exit_record.get("message", ""),
-            logs_complete=True,
-            **common,
-        )
+        else:
+            proc.final = AttemptStatus(
+                state=AttemptState.EXITED,
+                exit_code=exit_record.get("exit_code"),
+                finished_at=exit_record.get("finished_at"),
+                message=exit_record.get("message", ""),
+                logs_complete=True,
+                **common,
+            )
+        return proc.final
 
     def _lost(self, proc: _Proc, child: dict[str, Any], common: _Common) -> AttemptStatus:
         """The supervisor is gone and left no exit code: make sure the job is gone too."""
-        if not proc.lost_message:
-            if _alive(child.get("pid"), child.get("start_ticks")):
-                self._signal_group(child["pid"], signal.SIGKILL)
-            proc.lost_message = "the job's supervisor vanished (killed or host rebooted)"
+        if _alive(child.get("pid"), child.get("start_ticks")):
+            self._signal_group(child["pid"], signal.SIGKILL)
+        message = "the job's supervisor vanished (killed or host rebooted)"
+        finished_at = time.time()
+        if proc.text:
+            path = proc.dir / "exit"
+            tmp = path.with_name("exit.tmp")
+            tmp.write_text(f"exit {LOST_EXIT_CODE} {finished_at:.6f} {message}\n")
+            os.replace(tmp, path)
+            _fsync(path)
+        else:
             write_json_atomic(
                 proc.dir / "exit.json",
-                {
-                    "exit_code": LOST_EXIT_CODE,
-                    "finished_at": time.time(),
-                    "message": proc.lost_message,
-                },
+                {"exit_code": LOST_EXIT_CODE, "finished_at": finished_at, "message": message},
             )
-            log.warning("attempt %d: %s", proc.attempt_id, proc.lost_message)
+        log.warning("attempt %d: %s", proc.attempt_id, message)
         return AttemptStatus(
             state=AttemptState.EXITED,
             exit_code=LOST_EXIT_CODE,
-            finished_at=time.time(),
-            message=proc.lost_message,
+            finished_at=finished_at,
+            message=message,
             logs_complete=True,
             **common,
         )
@@ -292,14 +530,14 @@ class ProcessRuntime(Runtime):
 
     def _child_group(self, proc: _Proc) -> int | None:
         """The job's process group, or None once it has ended (so a reused pid is never hit)."""
-        if (proc.dir / "exit.json").exists():
+        if proc.final is not None or _exit_written(proc.dir, proc.text):
             return None
-        child = _read_json(proc.dir / "child.json")
+        child = self._child(proc)
         if child is None or not _alive(child.get("pid"), child.get("start_ticks")):
             return None
         return int(child["pid"])
 
-    def stop(self, attempt_id: int, grace_s: float) -> None:
+    def stop(self, attempt_id: int, grace_s: float, signal: str = DEFAULT_STOP_SIGNAL) -> None:
         with self._lock:
             proc = self._procs.get(attempt_id)
             if proc is None or proc.stopping:
@@ -308,45 +546,74 @@ class ProcessRuntime(Runtime):
         pgid = self._wait_for_child_group(proc)
         if pgid is None:
             return
-        log.info("attempt %d: SIGTERM to group %d, SIGKILL in %.0f s", attempt_id, pgid, grace_s)
-        self._signal_group(pgid, signal.SIGTERM)
+        number = stop_signal_number(signal)
+        record = {"signal": signal, "grace_s": grace_s, "at": time.time(), "killed_at": None}
+        # On disk before the signal: an agent restarted within the grace still kills at its
+        # end (adopt), and reports when the notice went out.
+        self._save_stop(proc, record)
+        log.info("attempt %d: %s to group %d, SIGKILL in %.0f s", attempt_id, signal, pgid, grace_s)
+        self._signal_group(pgid, number)
+        self._escalate_after(proc, grace_s)
 
+    def _save_stop(self, proc: _Proc, record: dict[str, Any]) -> None:
+        proc.stop_record = record
+        try:
+            write_json_atomic(proc.dir / STOP_RECORD, record)
+        except OSError as exc:
+            log.error("attempt %d: cannot record its stop: %s", proc.attempt_id, exc)
+
+    def _escalate_after(self, proc: _Proc, delay_s: float) -> None:
         def escalate() -> None:
             group = self._child_group(proc)
-            if group is not None:
-                log.info("attempt %d: still running after %.0f s: SIGKILL", attempt_id, grace_s)
-                self._signal_group(group, signal.SIGKILL)
+            if group is None:
+                return
+            record = dict(proc.stop_record or {})
+            log.info("attempt %d: still running at the end of its grace: SIGKILL", proc.attempt_id)
+            record["killed_at"] = time.time()
+            self._save_stop(proc, record)
+            self._signal_group(group, signal.SIGKILL)
 
-        timer = threading.Timer(grace_s, escalate)
+        timer = threading.Timer(max(0.0, delay_s), escalate)
         timer.daemon = True
         timer.start()
 
     def _wait_for_child_group(self, proc: _Proc) -> int | None:
-        # A stop right after start can come before the supervisor wrote the job's pid.
+        # An adopted attempt's supervisor may not have written the job's pid yet (start()
+        # waits for it, but the agent that started it may have died before it was written).
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             pgid = self._child_group(proc)
-            if pgid is not None or (proc.dir / "child.json").exists():
+            if pgid is not None or proc.child is not None:
                 return pgid
-            if (proc.dir / "exit.json").exists() or time.monotonic() > deadline:
+            if _exit_written(proc.dir, proc.text) or time.monotonic() > deadline:
+                return None
+            if not self._supervisor_running(proc):
                 return None
             time.sleep(0.01)
 
     def read_logs(self, attempt_id: int, offset: int, max_bytes: int) -> bytes:
         return read_file_range(self.log_path(attempt_id), offset, max_bytes)
 
+    @staticmethod
+    def _job_on_disk(entry: Path) -> dict[str, Any] | None:
+        """The job's pid record in an attempt folder, read afresh (for the fence); None once
+        the attempt ended (or before its job started)."""
+        if _exit_written(entry, True) or _exit_written(entry, False):
+            return None
+        return read_child(entry)
+
     def running_attempts(self) -> list[int]:
         running = []
         for entry in self._root.iterdir():
-            if not entry.name.isdigit() or (entry / "exit.json").exists():
+            if not entry.name.isdigit():
                 continue
-            child = _read_json(entry / "child.json")
+            child = self._job_on_disk(entry)
             if child is not None and _alive(child.get("pid"), child.get("start_ticks")):
                 running.append(int(entry.name))
         return sorted(running)
 
     def signal_attempt(self, attempt_id: int, sig: int) -> None:
-        child = _read_json(self._dir(attempt_id) / "child.json")
+        child = self._job_on_disk(self._dir(attempt_id))
         if child is not None and _alive(child.get("pid"), child.get("start_ticks")):
             self._signal_group(int(child["pid"]), sig)
 
@@ -356,3 +623,73 @@ class ProcessRuntime(Runtime):
         if proc is not None and proc.popen is not None:
             proc.popen.poll()
         shutil.rmtree(self._dir(attempt_id), ignore_errors=True)
+
+
+class _ExitWatch:
+    """One thread that calls back when a watched supervisor exits, through its pidfd.
+
+    A pidfd names one process (never a later one with its pid) and becomes readable when that
+    process ends, whether it is this agent's child or an adopted one. Where the kernel has no
+    pidfds (before Linux 5.3), nothing is watched and the agent's poll sees the exits.
+    """
+
+    def __init__(self) -> None:
+        self._selector: selectors.BaseSelector | None = None
+        self._callback: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def start(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if self._selector is not None:
+                return
+            self._callback = callback
+            self._selector = selectors.DefaultSelector()
+        threading.Thread(
+            target=self._run, args=(self._selector,), name="exit-watch", daemon=True
+        ).start()
+
+    def add(self, pid: int, start_ticks: int | None) -> None:
+        with self._lock:
+            selector = self._selector
+        if selector is None:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return  # gone already (the poll reports it), or no pidfds here
+        if start_ticks is not None and proc_start_ticks(pid) != start_ticks:
+            os.close(fd)  # the pid names another process now: the one watched is gone
+            self._notify()
+            return
+        with self._lock:
+            try:
+                selector.register(fd, selectors.EVENT_READ)
+            except (KeyError, ValueError, OSError):
+                os.close(fd)
+
+    def _notify(self) -> None:
+        callback = self._callback
+        if callback is not None:
+            callback()
+
+    def _run(self, selector: selectors.BaseSelector) -> None:
+        while not self._stopped.is_set():
+            # A bounded wait: pidfds registered meanwhile are seen by epoll at once, and stop()
+            # is noticed within a second.
+            ready = selector.select(timeout=1.0)
+            if not ready:
+                continue
+            with self._lock:
+                for key, _ in ready:
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+            self._notify()
+        with self._lock:
+            for key in list(selector.get_map().values()):
+                selector.unregister(key.fd)
+                os.close(key.fd)
+            selector.close()
+
+    def stop(self) -> None:
+        self._stopped.set()

@@ -135,6 +135,7 @@ def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
         "labels": data["labels"],
         "agent_version": data["agent_version"],
         "runtime": data["runtime"],
+        **data.get("address", {}),
         "heartbeat_interval_s": settings.AGENT_HEARTBEAT_INTERVAL_S,
         "last_heartbeat_at": now,
         "ready": True,
@@ -387,9 +388,24 @@ def lose_node_attempts(
         lost = []
         for attempt in attempts:
             try:
-                if job_actions.finish_attempt(
-                    attempt, exit_code=None, finished_at=ended_at, lost=True, message=message
-                ):
+                if len(attempt.node_addrs or ()) > 1:
+                    # A gang loses its member here alone; the others are told to stop, and
+                    # their GPUs free when their own nodes say so.
+                    gone = job_actions.record_member_report(
+                        job_actions.MemberReport(
+                            attempt.pk,
+                            node.pk,
+                            ended=True,
+                            finished_at=ended_at,
+                            lost=True,
+                            message=message,
+                        )
+                    )
+                else:
+                    gone = job_actions.finish_attempt(
+                        attempt, exit_code=None, finished_at=ended_at, lost=True, message=message
+                    )
+                if gone:
                     lost.append(attempt.pk)
             except (job_actions.IllegalTransition, job_actions.ConcurrentUpdate) as exc:
                 log.info("attempt %s not declared lost: %s", attempt.pk, exc)
@@ -405,6 +421,15 @@ def lose_node_attempts(
     if lost:
         log.warning("node %s lost: attempts %s declared lost", node.name, lost)
     return lost
+
+
+def record_node_address(node_id: int, address: dict) -> None:
+    """What a heartbeat says of where the node's jobs are reached (agent_api.node_address), when
+    it differs from what is stored: new attempts' members get it (running ones keep theirs)."""
+    differs = Q()
+    for key, value in address.items():
+        differs |= ~Q(**{key: value})
+    Node.objects.filter(differs, pk=node_id).update(**address)
 
 
 # --- pools ---------------------------------------------------------------------------------------

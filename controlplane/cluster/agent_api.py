@@ -14,13 +14,11 @@ import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable
 from functools import wraps
 
 from django.conf import settings
 from django.db import (
-    DatabaseError,
     IntegrityError,
     InterfaceError,
     OperationalError,
@@ -31,11 +29,10 @@ from django.db.models import F, Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from redis.exceptions import RedisError
 
 from agents import limits
 from controlplane.cluster import actions as cluster_actions
-from controlplane.cluster import gpu_claims, lease
+from controlplane.cluster import gpu_claims, lease, watch_hub
 from controlplane.cluster import heartbeat as hb_logic
 from controlplane.cluster.agent_auth import (
     AgentAuthError,
@@ -46,7 +43,9 @@ from controlplane.cluster.agent_auth import (
 from controlplane.cluster.heartbeat import AttemptReport, ConditionReport, Heartbeat
 from controlplane.cluster.models import NODE_NAME_RE, Node
 from controlplane.cluster.telemetry import GpuSample
-from controlplane.jobs.models import JobAttempt, LogChunk
+from controlplane.jobs.models import AttemptMember, JobAttempt, LogChunk
+from controlplane.storage import actions as storage_actions
+from controlplane.storage import queries as storage_queries
 from controlplane.validators import text_problem as unstorable_text
 
 log = logging.getLogger(__name__)
@@ -297,7 +296,33 @@ def parse_registration(body: dict) -> dict:
         "agent_version": string(body, "agent_version", max_length=64) or "",
         "runtime": string(body, "runtime", max_length=32) or "",
         "gpus": gpus,
+        "address": node_address(body),
     }
+
+
+# A host name or an IPv4/IPv6 address: what a job's peers connect to.
+_ADDRESS_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:%-]{0,253}[A-Za-z0-9])?$")
+
+
+def node_address(body: dict) -> dict:
+    """The node's advertise_address and job_port_range, as Node fields (those given)."""
+    fields: dict = {}
+    address = string(body, "advertise_address", max_length=255)
+    if address is not None:
+        if not _ADDRESS_RE.match(address):
+            raise Invalid("advertise_address", "Must be a host name or an IP address.")
+        fields["advertise_address"] = address
+    ports = _get(body, "job_port_range", "", required=False)
+    if ports is not MISSING:
+        if (
+            not isinstance(ports, list)
+            or len(ports) != 2
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports)
+            or not 1 <= ports[0] <= ports[1] <= 65535
+        ):
+            raise Invalid("job_port_range", "Must be [low, high], ports 1 to 65535, low <= high.")
+        fields["job_port_min"], fields["job_port_max"] = ports
+    return fields
 
 
 # --- the heartbeat: what is valid is applied, what is not is named -----------------------------
@@ -468,6 +493,7 @@ def _attempt_report(a, i: int, warnings: dict) -> tuple[int | None, AttemptRepor
         message=_lenient(warnings, "", string, a, "message", p, max_length=limits.MAX_MESSAGE_CHARS)
         or "",
         stop_cause=stop_cause,
+        **hb_logic.contract_report_fields(a, p, warnings),
     )
 
 
@@ -533,6 +559,7 @@ def parse_heartbeat(body: dict) -> Heartbeat:
         if condition is not None:
             conditions.append(condition)
     return Heartbeat(
+        address=_lenient(warnings, {}, node_address, body) or None,
         seq=seq,
         sent_at=sent_at,
         gpus=tuple(gpus),
@@ -679,14 +706,20 @@ def answer_heartbeat_request(
                 # lease if that can be recorded elsewhere, so that our outage stops no job.
                 return degraded_heartbeat(digest, exc)
         raise AssertionError("unreachable")
-    except AgentAuthError as exc:
+    except (AgentAuthError, Invalid) as exc:
+        return refusal(exc)
+
+
+def refusal(exc: AgentAuthError | Invalid) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """The answer of the agent requests answered past Django (heartbeat, watch) to a request
+    refused for its token (401) or its body (400, naming the field)."""
+    if isinstance(exc, AgentAuthError):
         return (
             401,
             json.dumps({"detail": str(exc)}).encode(),
             [("WWW-Authenticate", 'Bearer realm="agent"')],
         )
-    except Invalid as exc:
-        return 400, json.dumps({exc.field: [exc.message]}).encode(), []
+    return 400, json.dumps({exc.field: [exc.message]}).encode(), []
 
 
 def with_warnings(answer: bytes, warnings: dict, node_name: str) -> bytes:
@@ -775,78 +808,88 @@ class WatchSlots:
 watch_slots = WatchSlots()
 
 
-@agent_view()
-def watch(request: HttpRequest, node: Node) -> JsonResponse:
+@agent_view(node_auth=False)
+def watch(request: HttpRequest) -> HttpResponse:
     """Long-poll until this node's desired state changes, or timeout_s (at most 30 s)."""
-    body = parse_json(request)
-    timeout_s = number(body, "timeout_s", minimum=0)
-    timeout_s = min(WATCH_MAX_TIMEOUT_S, 20.0 if timeout_s is None else timeout_s)
-    if not watch_slots.try_acquire():
-        response = JsonResponse(
-            {"detail": "This server holds all the watches it may; heartbeat periodically."},
-            status=429,
-        )
-        response["Retry-After"] = str(int(WATCH_MAX_TIMEOUT_S))
-        return response
+    status, body, headers = answer_watch_request(request.headers.get("Authorization"), request.body)
+    response = HttpResponse(body, status=status, content_type="application/json")
+    for name, value in headers:
+        response[name] = value
+    return response
+
+
+WATCH_TURNED_AWAY = json.dumps(
+    {"detail": "This server holds all the watches it may; heartbeat periodically."}
+).encode()
+
+
+def answer_watch_request(
+    authorization: str | None, body: bytes
+) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """A watch, from its Authorization header and body to (status, JSON, extra headers).
+
+    Written like answer_heartbeat_request, without the request object, so that the WSGI
+    shortcut (controlplane.cluster.agent_wsgi) can answer watches past Django's middleware
+    as it does heartbeats: a watch is re-armed after every change, and Django's stack is most
+    of what one costs once it needs no Redis connection of its own.
+    """
     try:
-        return JsonResponse({"changed": wait_for_change(node, timeout_s)})
+        # The node with the generation of its desired state, by the heartbeat's prepared read.
+        read = hb_logic.read_node(node_token_digest(authorization))
+        if read is None:
+            raise AgentAuthError("Invalid node token.")
+        timeout_s = number(parse_body(body), "timeout_s", minimum=0)
+        timeout_s = min(WATCH_MAX_TIMEOUT_S, 20.0 if timeout_s is None else timeout_s)
+    except (AgentAuthError, Invalid) as exc:
+        return refusal(exc)
+    if not watch_slots.try_acquire():
+        return 429, WATCH_TURNED_AWAY, [("Retry-After", str(int(WATCH_MAX_TIMEOUT_S)))]
+    try:
+        changed = wait_for_change(read.node, timeout_s)
     finally:
         watch_slots.release()
+    return 200, b'{"changed": true}' if changed else b'{"changed": false}', []
 
 
-def wait_for_change(node: Node, timeout_s: float) -> bool:
+def wait_for_change(node: hb_logic.NodeInfo, timeout_s: float) -> bool:
     """True as soon as the node should be told something its last heartbeat did not say.
 
-    The signal (Redis pub/sub, or in-process without Redis) only says "look again"; whether
-    anything changed is decided by comparing the desired state with the last answer. That
-    comparison, made after subscribing, also catches a change that landed between the last
-    heartbeat and this watch, which a signal alone would miss.
+    The signal (Redis pub/sub through this process's one subscriber, or in-process without
+    Redis) only says "look again"; whether anything changed is decided by comparing the desired
+    state with the last answer. That comparison, made once the watch is listening, also catches
+    a change that landed between the last heartbeat and this watch, which a signal alone would
+    miss.
     """
     from controlplane import wakeups as notify
 
-    deadline = time.monotonic() + timeout_s
     if settings.REDIS_URL:
-        from controlplane.redis_client import get_redis
-
-        pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
-        try:
-            pubsub.subscribe(notify.node_channel(node.name))
-            if _differs_from_last_answer(node):
-                return True
-            while (remaining := deadline - time.monotonic()) > 0:
-                if pubsub.get_message(timeout=min(remaining, 1.0)) is not None:
-                    return True
-            return False
-        except (RedisError, OSError, ValueError) as exc:
-            # Redis went away (or its connection broke under us): look again once a second
-            # for what is left of the timeout instead of failing a request that only waits.
-            log.warning("watch of %s falls back to polling: %s", node.name, exc)
-            return _poll_for_change(node, deadline)
-        finally:
-            try:
-                pubsub.close()
-            except (RedisError, OSError, ValueError):
-                pass
+        return watch_hub.hub().wait(node.name, timeout_s, lambda: _differs_from_last_answer(node))
     seen = notify.node_version(node.name)
     if _differs_from_last_answer(node):
         return True
     return notify.wait_for_node_change(node.name, seen, timeout_s)
 
 
-def _poll_for_change(node: Node, deadline: float) -> bool:
-    while (remaining := deadline - time.monotonic()) > 0:
-        time.sleep(min(remaining, 1.0))
-        try:
-            if _differs_from_last_answer(node):
-                return True
-        except (DatabaseError, RedisError, OSError):
-            return False  # the agent's periodic heartbeat carries on regardless
-    return False
+def _differs_from_last_answer(node: hb_logic.NodeInfo) -> bool:
+    """Whether the desired state now differs from the last answer the node was given.
 
-
-def _differs_from_last_answer(node: Node) -> bool:
-    told = hb_logic.last_answer_digest(node)
-    return told is not None and told != hb_logic.digest(hb_logic.current_desired_state(node))
+    In PostgreSQL: one indexed read of the node's generation, then the answer this process
+    prepared for that generation (heartbeat.prepared_answer, shared with the heartbeats' steady
+    path); only a generation this process has not seen yet costs the work and caps reads. The
+    generation is read after the watch started listening, and the triggers count every change
+    in the writer's own transaction, so a change committed before this read is in the prepared
+    answer and one committed after it is signalled. Outside PostgreSQL (no generation), the
+    desired state is computed afresh.
+    """
+    told = hb_logic.last_answer_digest(node.as_node())
+    if told is None:
+        return False
+    read = hb_logic.read_node(node.token_hash)
+    if read is None:
+        return True  # its token was rotated or revoked: the heartbeat will say so
+    if read.generation is None:
+        return told != hb_logic.digest(hb_logic.current_desired_state(read.node.as_node()))
+    return told != hb_logic.prepared_answer(read).digest
 
 
 def log_chunk_bytes(body: dict) -> bytes:
@@ -888,16 +931,30 @@ def logs(request: HttpRequest, node: Node) -> JsonResponse:
     encoded = log_chunk_bytes(body)
     ours = Q(node_id=node.pk) | Q(allocations__gpu__node_id=node.pk)
     with transaction.atomic():
-        # The attempt row's lock serialises chunks of one attempt, so log_bytes stays exact.
-        attempt = (
-            JobAttempt.objects.select_for_update()
-            .filter(pk__in=JobAttempt.objects.filter(ours, pk=attempt_id).values("pk"))
-            .only("id", "log_bytes")
+        # Each node ships its own member's output, a byte stream of its own (a gang's members
+        # all write from offset 0). The member row's lock serialises its chunks, so its
+        # log_bytes stays exact; the attempt's counts them all.
+        member = (
+            AttemptMember.objects.select_for_update()
+            .filter(attempt_id=attempt_id, node_id=node.pk)
+            .only("id", "attempt_id", "log_bytes")
             .first()
         )
-        if attempt is None:
-            return JsonResponse({"detail": "No such attempt on this node."}, status=404)
-        stored_to = attempt.log_bytes
+        attempt = None
+        if member is None:  # an attempt admitted before members existed
+            attempt = (
+                JobAttempt.objects.select_for_update()
+                .filter(pk__in=JobAttempt.objects.filter(ours, pk=attempt_id).values("pk"))
+                .only("id", "log_bytes")
+                .first()
+            )
+            if attempt is None:
+                return JsonResponse({"detail": "No such attempt on this node."}, status=404)
+        if member is not None:
+            stored_to = member.log_bytes
+        else:
+            assert attempt is not None
+            stored_to = attempt.log_bytes
         end = offset + len(encoded)
         if offset > stored_to:
             # A gap: an earlier chunk was lost. Keep the stored output contiguous and say
@@ -909,10 +966,93 @@ def logs(request: HttpRequest, node: Node) -> JsonResponse:
         # inside a character, and the next one carries the rest.
         tail = encoded[stored_to - offset :]
         LogChunk.objects.bulk_create(
-            [LogChunk(attempt_id=attempt.pk, offset=stored_to, data=tail)],
+            [LogChunk(attempt_id=attempt_id, member=member, offset=stored_to, data=tail)],
             ignore_conflicts=True,
         )
-        JobAttempt.objects.filter(pk=attempt.pk).update(
+        if member is not None:
+            AttemptMember.objects.filter(pk=member.pk).update(
+                log_bytes=F("log_bytes") + (end - stored_to)
+            )
+        JobAttempt.objects.filter(pk=attempt_id).update(
             log_bytes=F("log_bytes") + (end - stored_to)
         )
     return JsonResponse({"next_offset": end})
+
+
+# --- volumes ---------------------------------------------------------------------------------
+
+# More names or ids than any node has volumes or any answer listed: a garbled body.
+VOLUME_REPORT_MAX_ITEMS = 1000
+
+
+def _name_list(body: dict, key: str) -> list[str] | None:
+    value = _get(body, key, "", required=False)
+    if value is MISSING:
+        return None
+    if not isinstance(value, list):
+        raise Invalid(key, "Must be a list of volume names.")
+    if len(value) > VOLUME_REPORT_MAX_ITEMS:
+        raise Invalid(key, f"At most {VOLUME_REPORT_MAX_ITEMS} entries.")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item or len(item) > 63:
+            raise Invalid(f"{key}[{i}]", "Must be a volume name (1 to 63 characters).")
+        if (problem := text_problem(item)) is not None:
+            raise Invalid(f"{key}[{i}]", problem)
+    return value
+
+
+def _id_list(body: dict, key: str) -> list[int]:
+    value = _get(body, key, "", required=False)
+    if value is MISSING:
+        return []
+    if not isinstance(value, list):
+        raise Invalid(key, "Must be a list of job ids.")
+    if len(value) > VOLUME_REPORT_MAX_ITEMS:
+        raise Invalid(key, f"At most {VOLUME_REPORT_MAX_ITEMS} entries.")
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 2**63 - 1:
+            raise Invalid(f"{key}[{i}]", "Must be a job id (a positive integer).")
+    return value
+
+
+def volumes_answer(node_id: int) -> dict:
+    """What a node should have, and the checkpoint directories it should delete: only those on
+    volumes of its pool that it reported having."""
+    stored = Node.objects.only("id", "pool_id", "volumes").get(pk=node_id)
+    volumes = list(storage_queries.volumes_for_pool(stored.pool_id))
+    applicable = {v.name for v in volumes}
+    has = sorted(applicable.intersection(stored.volumes or []))
+    deletions = storage_queries.due_checkpoint_deletions(volume_names=has) if has else []
+    return {
+        "volumes": [
+            {"name": v.name, "kind": v.kind, "source": v.source, "checkpoints": v.checkpoints}
+            for v in volumes
+        ],
+        "checkpoint_deletions": [{"job_id": d.job_id, "host_path": d.host_path} for d in deletions],
+    }
+
+
+@csrf_exempt
+def volumes(request: HttpRequest) -> JsonResponse:
+    """GET: the volumes of the node's pool and its due checkpoint deletions. POST: the volumes
+    it has ("present") and the checkpoint directories it deleted ("deleted_checkpoints")."""
+    if request.method not in ("GET", "POST"):
+        response = JsonResponse({"detail": "Method not allowed."}, status=405)
+        response["Allow"] = "GET, POST"
+        return response
+    try:
+        node = authenticate_node(request)
+        if request.method == "GET":
+            return JsonResponse(volumes_answer(node.pk))
+        body = parse_json(request)
+        present = _name_list(body, "present")
+        deleted = _id_list(body, "deleted_checkpoints")
+    except AgentAuthError as exc:
+        return unauthorized(str(exc))
+    except Invalid as exc:
+        return JsonResponse({exc.field: [exc.message]}, status=400)
+    if present is not None:
+        storage_actions.record_node_volumes(node.pk, present)
+    # After the report: a deletion counts only on a volume the node has now.
+    storage_actions.mark_checkpoints_deleted(node.pk, deleted)
+    return JsonResponse({"ok": True})

@@ -11,4 +11,5 @@ urlpatterns = [
     path("heartbeat", agent_api.heartbeat, name="heartbeat"),
     path("watch", agent_api.watch, name="watch"),
     path("logs", agent_api.logs, name="logs"),
+    path("volumes", agent_api.volumes, name="volumes"),
 ]

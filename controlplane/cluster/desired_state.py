@@ -30,10 +30,14 @@ from controlplane.cluster.models import GPU, Node
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
     Allocation,
+    AttemptMember,
     AttemptState,
     Job,
     JobAttempt,
 )
+from controlplane.storage.models import Volume
+from controlplane.storage.paths import CHECKPOINT_TARGET, checkpoint_host_path, mount_source
+from controlplane.tenancy.models import Tenant
 
 # The tables the statements read, by the alias every column reference is qualified with.
 TABLES: dict[str, type[models.Model]] = {
@@ -41,6 +45,10 @@ TABLES: dict[str, type[models.Model]] = {
     "j": Job,
     "al": Allocation,
     "g": GPU,
+    "t": Tenant,
+    "cv": Volume,  # the job's checkpoint volume
+    "v": Volume,  # the volumes its mounts name
+    "m": AttemptMember,  # the attempt's member on this node
 }
 
 
@@ -81,9 +89,32 @@ WORK_READS: tuple[Read, ...] = (
     Read("j", "cpus", "cpus"),
     Read("j", "memory_mib", "memory_mib"),
     Read("j", "max_runtime_s", "max_runtime_s"),
+    Read("j", "stop_signal", "stop_signal"),
+    Read("j", "preemption_grace_s", "grace_s"),
+    Read("j", "mounts", "mounts"),
+    Read("a", "checkpoint_read_only", "checkpoint_read_only"),
+    Read("t", "slug", "tenant_slug"),
+    Read("cv", "source", "checkpoint_source"),
+    # What the node last reported of its checkpoints, for the steady path to tell news from a
+    # repeat (heartbeat.is_steady): in no answer, and rewritten by every checkpoint.
+    Read("a", "last_checkpoint_at", "last_checkpoint_at", in_answer=False),
+    Read("j", "checkpoint_bytes", "checkpoint_bytes", in_answer=False),
+    # The rendezvous (docs/job-contract.md): fixed at admission, the member's rank here, and
+    # (full path only) how the member stands, for a gang whose members move one by one.
+    Read("a", "master_port", "master_port"),
+    Read("a", "node_addrs", "node_addrs"),
+    Read("m", "rank", "node_rank"),
+    Read("m", "state", "member_state", in_answer=False),
+    Read("m", "started_at", "member_started_at", in_answer=False),
     Read("g", "uuid", "gpu_uuids"),
+    Read("m", "attempt_id"),
+    Read("m", "node_id"),
     Read("a", "node_id"),
     Read("j", "id"),
+    Read("j", "tenant_id"),
+    Read("t", "id"),
+    Read("j", "checkpoint_volume_id"),
+    Read("cv", "id"),
     Read("al", "attempt_id"),
     Read("al", "gpu_id"),
     Read("al", "active"),
@@ -98,7 +129,16 @@ CAPS_READS: tuple[Read, ...] = (
     Read("g", "node_id"),
     Read("g", "index"),
 )
-READS: tuple[Read, ...] = WORK_READS + CAPS_READS
+# The volumes statement: every volume (an admin's short list), read only when some work here
+# mounts one.
+VOLUME_READS: tuple[Read, ...] = (
+    Read("v", "name"),
+    Read("v", "kind"),
+    Read("v", "source"),
+    Read("v", "read_only"),
+    Read("v", "per_tenant_subdir"),
+)
+READS: tuple[Read, ...] = WORK_READS + CAPS_READS + VOLUME_READS
 # The answer also carries the node's heartbeat interval: read with the node on every heartbeat,
 # it is part of the cache's key (heartbeat.prepared_answer), not of the generation.
 NODE_KEYED: tuple[tuple[type[models.Model], str], ...] = ((Node, "heartbeat_interval_s"),)
@@ -121,7 +161,22 @@ class Work:
     cpus: float
     memory_mib: int
     max_runtime_s: int
+    stop_signal: str
+    grace_s: int
+    mounts: list
+    checkpoint_read_only: bool
+    tenant_slug: str
+    checkpoint_source: str | None
+    last_checkpoint_at: dt.datetime | None
+    checkpoint_bytes: int
+    master_port: int | None = None
+    node_addrs: list[str] = field(default_factory=list)
+    node_rank: int | None = None
+    member_state: str | None = None
+    member_started_at: dt.datetime | None = None
     gpu_uuids: list[str] = field(default_factory=list)
+    # The mounts resolved against the volumes, as the answer gives them (load_work fills it).
+    resolved_mounts: list[dict] = field(default_factory=list)
 
     @property
     def stop_requested(self) -> bool:
@@ -130,6 +185,11 @@ class Work:
     @property
     def wanted(self) -> bool:
         return self.state in ACTIVE_ATTEMPT_STATES and not self.stop_requested
+
+    @property
+    def is_gang(self) -> bool:
+        """Its members are on several nodes, each reporting its own (record_member_report)."""
+        return len(self.node_addrs) > 1
 
     @property
     def all_gpus_here(self) -> bool:
@@ -148,6 +208,8 @@ def _converter(read: Read):
         return db_datetime
     if isinstance(kind, models.JSONField):
         return _json
+    if isinstance(kind, models.BooleanField):
+        return bool  # SQLite gives 0 and 1
     return None
 
 
@@ -171,7 +233,8 @@ _CONVERT: tuple[tuple[str, Callable | None], ...] = tuple(
 def work_sql() -> str:
     """The node's active attempts with their GPUs here, one row per attempt and allocation.
 
-    Parameters: node id, node id, the two active states, node id, the two active states.
+    Parameters: node id, node id, the two active states, node id, node id, the two active
+    states.
     """
     selected = ", ".join(_ref(r) for r in (*_SCALARS, _GPU_UUID))
     # The attempts holding a GPU of the node (found from its GPUs: node index, then the
@@ -190,6 +253,9 @@ def work_sql() -> str:
         FROM here
         JOIN {_table("a")} ON a.id = here.aid
         JOIN {_table("j")} ON j.id = a.job_id
+        JOIN {_table("t")} ON t.id = j.tenant_id
+        LEFT JOIN {_table("cv")} ON cv.id = j.checkpoint_volume_id
+        LEFT JOIN {_table("m")} ON m.attempt_id = a.id AND m.node_id = %s
         LEFT JOIN {_table("al")} ON al.attempt_id = a.id AND al.active
         LEFT JOIN {_table("g")} ON g.id = al.gpu_id AND g.node_id = %s
         WHERE a.state IN (%s, %s)
@@ -203,6 +269,11 @@ def caps_sql() -> str:
         f"SELECT g.uuid, g.desired_power_cap_w FROM {_table('g')} "
         'WHERE g.node_id = %s AND g.desired_power_cap_w IS NOT NULL ORDER BY g."index"'
     )
+
+
+def volumes_sql() -> str:
+    """Every volume, as a mount resolves it. No parameter."""
+    return f"SELECT {', '.join(_ref(r) for r in VOLUME_READS)} FROM {_table('v')} ORDER BY v.name"
 
 
 _sql: dict[str, str] = {}
@@ -226,7 +297,7 @@ def load_work(node_id: int) -> dict[int, Work]:
     with connection.cursor() as cursor:
         cursor.execute(
             _statement("work", work_sql),
-            [node_id, node_id, admitted, running, node_id, admitted, running],
+            [node_id, node_id, admitted, running, node_id, node_id, admitted, running],
         )
         rows = cursor.fetchall()
     work: dict[int, Work] = {}
@@ -242,7 +313,59 @@ def load_work(node_id: int) -> dict[int, Work]:
             )
         if uuid is not None:
             w.gpu_uuids.append(uuid)
-    return {aid: w for aid, w in work.items() if w.gpu_uuids or w.job_gpus == 0}
+    here = {aid: w for aid, w in work.items() if w.gpu_uuids or w.job_gpus == 0}
+    if any(w.mounts for w in here.values()):
+        _resolve_mounts(here.values())
+    return here
+
+
+def _resolve_mounts(work) -> None:
+    """Each attempt's mounts as the agent takes them. One more statement, only for a node whose
+    work mounts volumes. A mount whose volume is gone is left out: no node reports a volume that
+    does not exist, so no new attempt of such a job is placed; one already running keeps going
+    without it rather than be killed by a rename."""
+    with connection.cursor() as cursor:
+        cursor.execute(_statement("volumes", volumes_sql))
+        names = [r.column for r in VOLUME_READS]
+        volumes = {row[0]: Volume(**dict(zip(names, row, strict=True))) for row in cursor}
+    for w in work:
+        w.resolved_mounts = [
+            {
+                "name": volume.name,
+                "kind": volume.kind,
+                "source": mount_source(volume, w.tenant_slug),
+                "target": m["path"],
+                "read_only": bool(m.get("read_only") or volume.read_only),
+            }
+            for m in w.mounts
+            if isinstance(m, dict) and (volume := volumes.get(m.get("volume"))) is not None
+        ]
+
+
+def _checkpoint(w: Work) -> dict | None:
+    if w.checkpoint_source is None:
+        return None
+    volume = Volume(source=w.checkpoint_source)
+    return {
+        "host_path": checkpoint_host_path(volume, w.tenant_slug, w.job_id),
+        "target": CHECKPOINT_TARGET,
+        "read_only": w.checkpoint_read_only,
+    }
+
+
+def _rendezvous(w: Work) -> dict | None:
+    """Where the attempt's members meet, as this node's member sees it (None: an attempt
+    admitted before members existed)."""
+    if not w.node_addrs or w.node_rank is None:
+        return None
+    return {
+        "node_rank": w.node_rank,
+        "num_nodes": len(w.node_addrs),
+        "node_addrs": w.node_addrs,
+        "master_addr": w.node_addrs[0],
+        "master_port": w.master_port,
+        "gpus_per_node": len(w.gpu_uuids),
+    }
 
 
 def desired_caps(node_id: int) -> dict[str, float]:
@@ -267,6 +390,11 @@ def desired_state(
                 "cpus": w.cpus,
                 "memory_mib": w.memory_mib,
                 "max_runtime_s": w.max_runtime_s,
+                "stop_signal": w.stop_signal,
+                "grace_s": float(w.grace_s),
+                "mounts": w.resolved_mounts,
+                "checkpoint": _checkpoint(w),
+                "rendezvous": _rendezvous(w),
             }
             for w in work.values()
             if w.wanted

@@ -22,7 +22,9 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from agents import limits
 from controlplane import bulk
+from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster import lease, telemetry
 from controlplane.cluster.agent_auth import node_by_token_hash
 from controlplane.cluster.desired_state import (
@@ -37,6 +39,7 @@ from controlplane.cluster.models import Node, NodeGeneration
 from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs import actions
 from controlplane.jobs.models import (
+    ACTIVE_ATTEMPT_STATES,
     Allocation,
     AttemptState,
     JobAttempt,
@@ -53,7 +56,10 @@ ATTEMPT_REPORT_STATES = (RUNNING, EXITED, FAILED_TO_START)
 # Why an attempt's process ended when the agent ended it (absent: it ended by itself).
 FENCED = "fenced"  # its node's lease was running out: the agent's fence stopped it
 UNWANTED = "unwanted"  # the control plane's answer no longer listed it
-STOP_CAUSES = (FENCED, UNWANTED)
+# Never started: its master port (the rendezvous of docs/job-contract.md) was taken on the
+# rank-0 node. Not the job's doing: it is requeued, and its next attempt gets another port.
+PORT_BUSY = "port_busy"
+STOP_CAUSES = (FENCED, UNWANTED, PORT_BUSY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,63 @@ class AttemptReport:
     energy_estimated: bool = False
     message: str = ""
     stop_cause: str | None = None
+    # The job contract's (docs/agent-protocol.md): the latest checkpoint seen in this attempt
+    # and the size of the job's checkpoint directory; on an ended attempt the node stopped,
+    # when it sent the stop signal and whether it had to SIGKILL at the end of the grace.
+    last_checkpoint_at: float | None = None
+    checkpoint_bytes: int | None = None
+    stop_signal_at: float | None = None
+    killed_after_grace: bool | None = None
+
+
+# The report fields of the job contract, with what each must be (contract_report_fields).
+CONTRACT_TIMES = ("last_checkpoint_at", "stop_signal_at")
+
+
+def contract_report_fields(entry: dict, path: str, warnings: dict[str, list[str]]) -> dict:
+    """The job contract's optional fields of one `attempts[]` entry, for AttemptReport(**...).
+
+    Each is optional; one that is unreadable (a string, a negative, NaN, a time past
+    agents.limits.MAX_UNIX_TIME_S, a size past a 64-bit column) is left out and named in
+    `warnings` under `path` + its name, as the other optional report fields are, and the rest
+    of the report applies. A time ahead of the control plane's clock is clamped where it is
+    stored (from_unix), as a start or finish time is.
+    """
+    fields: dict = {}
+    for key in CONTRACT_TIMES:
+        value = entry.get(key)
+        if value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value <= limits.MAX_UNIX_TIME_S  # NaN fails this too
+        ):
+            warnings.setdefault(path + key, []).append(
+                f"Must be a Unix time between 0 and {limits.MAX_UNIX_TIME_S:g}. {LEFT_OUT}"
+            )
+            continue
+        fields[key] = float(value)
+    size = entry.get("checkpoint_bytes")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= limits.MAX_COUNT:
+            warnings.setdefault(path + "checkpoint_bytes", []).append(
+                f"Must be a whole number of bytes, 0 to {limits.MAX_COUNT}. {LEFT_OUT}"
+            )
+        else:
+            fields["checkpoint_bytes"] = size
+    killed = entry.get("killed_after_grace")
+    if killed is not None:
+        if not isinstance(killed, bool):
+            warnings.setdefault(path + "killed_after_grace", []).append(
+                f"Must be true or false. {LEFT_OUT}"
+            )
+        else:
+            fields["killed_after_grace"] = killed
+    return fields
+
+
+LEFT_OUT = "Left out; the rest of the heartbeat was applied."
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +154,8 @@ class Heartbeat:
     # False when a report could not even be tied to an attempt: then no attempt's absence from
     # this heartbeat proves anything.
     reports_complete: bool = True
+    # Where the node's jobs are reached, as Node fields (sent until a heartbeat is answered).
+    address: dict | None = None
 
     def may_have_reported(self, attempt_id: int) -> bool:
         """Whether this heartbeat may have spoken of the attempt, readably or not."""
@@ -303,7 +368,7 @@ def is_steady(node: NodeInfo, work: dict[int, Work], hb: Heartbeat, now: dt.date
     NODE_NOT_READY_AFTER_INTERVALS intervals cannot be judged lost while this heartbeat (and
     the batch carrying its liveness, at most LIVENESS_BACKLOG_MAX_S later) is in flight.
     """
-    if not node.ready or node.last_heartbeat_at is None:
+    if not node.ready or node.last_heartbeat_at is None or hb.address:
         return False
     if hb.unreadable_attempts or not hb.reports_complete:
         return False
@@ -314,14 +379,80 @@ def is_steady(node: NodeInfo, work: dict[int, Work], hb: Heartbeat, now: dt.date
         if _merge_conditions(node.conditions, hb.conditions, 0.0) != node.conditions:
             return False
     reports = {r.attempt_id: r for r in hb.attempts}
+    acked = _checkpoints_acked.get(node.pk, {})
     for aid, w in work.items():
         r = reports.get(aid)
         if r is None or r.state != RUNNING or w.state != AttemptState.RUNNING:
+            return False
+        if _checkpoint_news(w, r, now, acked.get(aid)):
             return False
     # A running report of an attempt that is not the node's active work changes nothing on the
     # full path either (it is left out of the answer, so the agent stops it); an exit report of
     # one may be a late report of an attempt declared lost, which the full path records.
     return all(r.state == RUNNING for r in hb.attempts if r.attempt_id not in work)
+
+
+# --- checkpoints as the node reports them ------------------------------------------------------
+#
+# An agent may repeat its checkpoint fields in every heartbeat. Those columns move no generation
+# (they are in no answer), so a node's cached work keeps the values of when it was read; what
+# this process itself stored since is remembered here, per node, so that a repeat of it is
+# steady and only news takes the full path (once per change and process).
+# Times are kept as the agent sent them (Unix seconds): one ahead of our clock is stored clamped
+# to now, and compared clamped it would be news again on every heartbeat.
+_checkpoints_acked: dict[int, dict[int, tuple[float | None, int]]] = {}
+
+
+def _checkpoint_news(
+    w: Work, r: AttemptReport, now: dt.datetime, acked: tuple[float | None, int] | None
+) -> bool:
+    """Whether the report says more of the attempt's checkpoints than is stored (`acked`: what
+    this process stored; None: compare with the work as read from the database)."""
+    if acked is None:
+        stored = w.last_checkpoint_at
+        last = None if stored is None else stored.timestamp()
+        size = w.checkpoint_bytes
+    else:
+        last, size = acked
+    if r.checkpoint_bytes is not None and r.checkpoint_bytes != size:
+        return True
+    if r.last_checkpoint_at is None:
+        return False
+    if acked is None:
+        reported = from_unix(r.last_checkpoint_at, not_after=now)
+        return reported is not None and (last is None or reported.timestamp() > last)
+    return last is None or r.last_checkpoint_at > last
+
+
+def _record_checkpoints(
+    node: Node, work: dict[int, Work], reports: dict[int, AttemptReport], now: dt.datetime
+) -> None:
+    """Store what the reports say of the attempts' checkpoints, where it is news, and remember
+    what is stored for the steady path."""
+    rows = [
+        actions.CheckpointReport(
+            attempt_id=aid,
+            job_id=w.job_id,
+            last_checkpoint_at=from_unix(r.last_checkpoint_at, not_after=now),
+            checkpoint_bytes=r.checkpoint_bytes,
+        )
+        for aid, r in reports.items()
+        if (w := work.get(aid)) is not None and _checkpoint_news(w, r, now, None)
+    ]
+    if rows:
+        _surviving_deadlocks(f"checkpoints of {node.name}", actions.record_checkpoints, rows)
+    acked: dict[int, tuple[float | None, int]] = {}
+    for aid, w in work.items():
+        last = None if w.last_checkpoint_at is None else w.last_checkpoint_at.timestamp()
+        size = w.checkpoint_bytes
+        r = reports.get(aid)
+        if r is not None:
+            if r.last_checkpoint_at is not None and (last is None or r.last_checkpoint_at > last):
+                last = r.last_checkpoint_at
+            if r.checkpoint_bytes is not None:
+                size = r.checkpoint_bytes
+        acked[aid] = (last, size)
+    _checkpoints_acked[node.pk] = acked
 
 
 def _reported_energy(
@@ -442,6 +573,9 @@ def _apply_report(
     node: Node, w: Work, r: AttemptReport, counters: dict[str, float], now: dt.datetime
 ) -> None:
     """Move one attempt on as its report says; the actions guard every write."""
+    if w.is_gang:
+        _apply_member_report(node, w, r, now)
+        return
     started_at = from_unix(r.started_at, not_after=now)
     if (
         w.state == AttemptState.ADMITTED
@@ -465,11 +599,7 @@ def _apply_report(
         # answer it had): not the job's doing, so the job is requeued (or fails, when it is
         # not restartable and had started) as for a lost node, and its GPUs are free: the
         # node says the process is gone.
-        why = (
-            f"its node {node.name} stopped it: no heartbeat had been answered for its lease"
-            if r.stop_cause == FENCED
-            else f"the agent on {node.name} stopped it: it was not in its desired state"
-        )
+        why = _node_stop(node, r)
         lost, message = True, why[0].upper() + why[1:]
     elif r.state == EXITED:
         # No code: the agent's was unreadable (the parse said so); the job fails, saying why.
@@ -487,8 +617,64 @@ def _apply_report(
         never_started=lost and r.state == FAILED_TO_START,
         reported=True,
         message=message,
+        notice=_notice(r, now),
     )
     w.state = AttemptState.FAILED  # no longer active: left out of the answer
+
+
+def _node_stop(node: Node, r: AttemptReport) -> str:
+    """Why the node stopped an attempt on its own, in words."""
+    if r.stop_cause == FENCED:
+        return f"its node {node.name} stopped it: no heartbeat had been answered for its lease"
+    if r.stop_cause == PORT_BUSY:
+        return f"it could not start on {node.name}: {r.message or 'its master port is taken'}"
+    return f"the agent on {node.name} stopped it: it was not in its desired state"
+
+
+def _apply_member_report(node: Node, w: Work, r: AttemptReport, now: dt.datetime) -> None:
+    """A gang's member on this node, as its report says (actions.record_member_report)."""
+    started_at = from_unix(r.started_at, not_after=now)
+    if r.state == RUNNING:
+        if w.member_state == AttemptState.ADMITTED:
+            actions.record_member_report(
+                actions.MemberReport(w.attempt_id, node.pk, started_at=started_at or now)
+            )
+        return
+    lost = r.stop_cause is not None and not w.stop_requested
+    if lost:
+        message = _node_stop(node, r)
+    elif r.state == FAILED_TO_START:
+        message = f"failed to start: {r.message or 'no reason given'}"
+    else:
+        message = "" if r.exit_code is not None else "exited, exit code unknown"
+    actions.record_member_report(
+        actions.MemberReport(
+            w.attempt_id,
+            node.pk,
+            ended=True,
+            exit_code=r.exit_code if r.state == EXITED else None,
+            finished_at=from_unix(r.finished_at, not_after=now) or now,
+            started_at=None if r.state == FAILED_TO_START else started_at,
+            lost=lost,
+            never_started=r.state == FAILED_TO_START,
+            message=message,
+            energy_j=r.energy_j,
+            energy_estimated=r.energy_estimated,
+            notice=_notice(r, now),
+        )
+    )
+    w.state = AttemptState.FAILED  # its member here is gone: left out of this node's answer
+
+
+def _notice(r: AttemptReport, now: dt.datetime) -> actions.StopNotice | None:
+    """How the node says a stop went, when it says (only of an ended attempt)."""
+    if r.state == RUNNING or (r.stop_signal_at is None and r.killed_after_grace is None):
+        return None
+    return actions.StopNotice(
+        signal_at=from_unix(r.stop_signal_at, not_after=now),
+        killed=r.killed_after_grace,
+        cause={FENCED: "fenced", UNWANTED: "unwanted"}.get(r.stop_cause or "", ""),
+    )
 
 
 def _apply_late_report(node: Node, r: AttemptReport, now: dt.datetime) -> None:
@@ -518,6 +704,7 @@ def _apply_late_report(node: Node, r: AttemptReport, now: dt.datetime) -> None:
         energy_j=r.energy_j,
         energy_estimated=r.energy_estimated,
         ended_by_itself=r.state == EXITED and r.stop_cause is None,
+        notice=_notice(r, now),
         message=(
             f"was stopped by its node {node.name} as its lease ran out"
             if r.stop_cause == FENCED
@@ -536,6 +723,23 @@ def _withdraw_unstarted(
     after the stop was asked (so its answers no longer list the attempt) and its next heartbeat
     does not report it, the agent never started it and never will: its GPUs are free.
     """
+    if w.is_gang:
+        if w.member_state != AttemptState.ADMITTED or w.stop_requested_at is None:
+            return
+        if previous_heard is None or previous_heard <= w.stop_requested_at:
+            return
+        actions.record_member_report(
+            actions.MemberReport(
+                w.attempt_id,
+                node.pk,
+                ended=True,
+                finished_at=now,
+                never_started=True,
+                message=f"stopped on {node.name} before it started",
+            )
+        )
+        w.state = AttemptState.STOPPED
+        return
     if w.state != AttemptState.ADMITTED or w.stop_requested_at is None or not w.all_gpus_here:
         return
     if previous_heard is None or previous_heard <= w.stop_requested_at:
@@ -558,8 +762,26 @@ def _forget_unreported(node: Node, w: Work, hb: Heartbeat, now: dt.datetime) -> 
 
     Only when the heartbeat was sent after the attempt started (a heartbeat overtaken in flight
     does not count), and only when all its GPUs are here (a gang's other nodes report for
-    themselves and may not have started their part yet).
+    themselves and may not have started their part yet); a gang's member here is lost alone.
     """
+    if w.is_gang:
+        started = w.member_started_at
+        if w.member_state != AttemptState.RUNNING or started is None:
+            return
+        if hb.sent_at <= started.timestamp():
+            return
+        actions.record_member_report(
+            actions.MemberReport(
+                w.attempt_id,
+                node.pk,
+                ended=True,
+                finished_at=now,
+                lost=True,
+                message=f"the agent on {node.name} no longer runs it",
+            )
+        )
+        w.state = AttemptState.LOST
+        return
     if w.state != AttemptState.RUNNING or w.started_at is None or not w.all_gpus_here:
         return
     if hb.sent_at <= w.started_at.timestamp():
@@ -617,16 +839,87 @@ def _surviving_deadlocks(what: str, action, *args) -> None:
             time.sleep(pause_s)
 
 
+def _common_report(
+    w: Work, r: AttemptReport, counters: dict[str, float], now: dt.datetime
+) -> actions.Report | None:
+    """The report as actions.record_reports takes it, when it is the common case: an attempt
+    not told to stop, which the node started, or whose process ended by itself with a code."""
+    if w.stop_requested or r.stop_cause is not None or w.state not in ACTIVE_ATTEMPT_STATES:
+        return None
+    if w.is_gang:
+        return None  # each member moves alone (record_member_report)
+    starting = w.state == AttemptState.ADMITTED
+    started_at = from_unix(r.started_at, not_after=now) if starting else None
+    start_j = {u: counters[u] for u in w.gpu_uuids if u in counters} if starting else None
+    if r.state == EXITED and r.exit_code is not None:
+        return actions.Report(
+            w.attempt_id,
+            started_at=started_at,
+            energy_start_j=start_j,
+            exit_code=r.exit_code,
+            finished_at=from_unix(r.finished_at, not_after=now) or now,
+            energy_j=r.energy_j,
+            energy_estimated=r.energy_estimated,
+            notice=_notice(r, now),
+        )
+    if starting and r.state == RUNNING:
+        return actions.Report(w.attempt_id, started_at=started_at or now, energy_start_j=start_j)
+    return None
+
+
+def _record_common_reports(
+    node: Node,
+    work: dict[int, Work],
+    reports: dict[int, AttemptReport],
+    counters: dict[str, float],
+    now: dt.datetime,
+) -> set[int]:
+    """Record the heartbeat's common starts and exits in one transaction; the ids recorded.
+
+    The rest (and any the batch found moved on) take the one-attempt path after it."""
+    batch = []
+    for aid, r in reports.items():
+        w = work.get(aid)
+        common = _common_report(w, r, counters, now) if w is not None else None
+        if common is not None:
+            batch.append(common)
+    if not batch:
+        return set()
+    recorded: set[int] = set()
+
+    def record() -> None:
+        recorded.clear()
+        recorded.update(actions.record_reports(batch))
+
+    try:
+        _surviving_deadlocks(f"{len(batch)} report(s) of {node.name}", record)
+    except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
+        log.info("reports of %s not applied as a batch: %s", node.name, exc)
+        return set()
+    for aid in recorded:
+        r, w = reports[aid], work[aid]
+        w.state = AttemptState.RUNNING if r.state == RUNNING else AttemptState.FAILED
+        if r.state == RUNNING:
+            w.started_at = from_unix(r.started_at, not_after=now) or now
+    return recorded
+
+
 def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = None) -> dict:
     """Apply one heartbeat of `node` and return the desired state to answer with."""
     now = now or timezone.now()
     # When this node was last answered, before this heartbeat: its answers since then left out
     # whatever had been told to stop by then.
     previous_heard = node.last_heartbeat_at
+    if hb.address:
+        cluster_actions.record_node_address(node.pk, hb.address)
     work, caps = _record(node, hb, now)
     counters = {s.uuid: s.energy_j for s in hb.gpus if s.energy_j is not None}
     reports = {r.attempt_id: r for r in hb.attempts}
+    _record_checkpoints(node, work, reports, now)
+    recorded = _record_common_reports(node, work, reports, counters, now)
     for aid, r in reports.items():
+        if aid in recorded:
+            continue
         w = work.get(aid)
         if w is None:
             # Finished, lost, or not this node's: left out of the answer, so the agent stops it

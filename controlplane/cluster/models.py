@@ -53,6 +53,16 @@ class Node(models.Model):
     runtime = models.CharField(max_length=32, blank=True, default="")
     # Problems the agent reported that need a person (a cap it could not apply, a lost GPU).
     conditions = models.JSONField(default=list, blank=True)
+    # The names of the volumes (controlplane.storage) the agent found on the host, as it last
+    # reported them: the scheduler places a job only where every volume it asks for is.
+    volumes = models.JSONField(default=list, blank=True)
+    volumes_reported_at = models.DateTimeField(null=True, blank=True)
+    # The address the node's jobs reach each other at (its agent's --advertise-address, by
+    # default the source address of its route to the control plane), and the ports it keeps
+    # for its jobs' rendezvous (--job-port-range): each as its agent last reported them.
+    advertise_address = models.CharField(max_length=255, blank=True, default="")
+    job_port_min = models.PositiveIntegerField(default=29500)
+    job_port_max = models.PositiveIntegerField(default=29999)
     token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
     token_prefix = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)

@@ -7,19 +7,23 @@ there first), writes a JobEvent, and asks for a scheduling cycle once the transa
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, OuterRef, Subquery
+from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from controlplane import bulk, wakeups
 from controlplane.cluster.models import GPU, Node
+from controlplane.jobs import array_slots, dependencies, holds
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
+    FINISHED_JOB_STATES,
     Allocation,
+    AttemptMember,
     AttemptState,
     Job,
     JobAttempt,
@@ -28,6 +32,7 @@ from controlplane.jobs.models import (
     SubmitKey,
 )
 from controlplane.jobs.transitions import fields_on_entering, is_allowed
+from controlplane.storage.models import Volume
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +96,30 @@ def transition(
             actor=actor,
             data=data or {},
         )
+        if to_state in FINISHED_JOB_STATES:
+            jobs_finished([holds.Finished(job.pk, to_state, job.array_id, job.has_dependents)])
     for key, value in updates.items():
         setattr(job, key, value)
     return job
+
+
+def jobs_finished(finished: Sequence[holds.Finished]) -> None:
+    """Release what these jobs' ends release (controlplane.jobs.holds). Called inside the
+    transaction that ended them, by every move to a finished state.
+
+    Free for the common job, with no array and no dependents: no statement at all.
+    """
+    relevant = [f for f in finished if f.has_dependents or f.array_id is not None]
+    if not relevant:
+        return
+    # Dependencies first: a task whose dependency hold is lifted joins its array's queue, and
+    # the array then fills its free slots in index order.
+    left = dependencies.jobs_finished(relevant)
+    if left.fill:
+        array_slots.fill(left.fill)
+    tasks = [f for f in relevant if f.array_id is not None] + left.ended
+    if tasks:
+        array_slots.jobs_finished(tasks)
 
 
 def record_event(
@@ -105,36 +131,166 @@ def record_event(
     )
 
 
-@transaction.atomic
+@dataclass(frozen=True)
+class Submitted:
+    """A job just submitted and its 'submitted' event, as written: all there is of a new job
+    (it has no attempt yet), so the API answers from them instead of reading the job back."""
+
+    job: Job
+    event: JobEvent
+
+
 def submit_job(*, tenant, user, **fields) -> Job:
-    job = Job.objects.create(tenant=tenant, submitted_by=user, state=JobState.PENDING, **fields)
-    JobEvent.objects.create(
+    return submit_one(tenant=tenant, user=user, **fields).job
+
+
+def _insertable(fields: dict) -> dict:
+    """The fields with the checkpoint volume as a subquery that is null if it is gone.
+
+    Validation names it from a per-process cache of the volumes (jobs.validation), which may
+    still hold a volume another process deleted a moment ago: the job then gets no checkpoint
+    directory, where the id itself would break the foreign key and the submit.
+    """
+    volume_id = fields.get("checkpoint_volume_id")
+    if volume_id is None:
+        return fields
+    guarded = Subquery(Volume.objects.filter(pk=volume_id, checkpoints=True).values("pk"))
+    return {**fields, "checkpoint_volume_id": guarded}
+
+
+@transaction.atomic
+def submit_one(*, tenant, user, depends_on: Sequence = (), **fields) -> Submitted:
+    """Submit one job; `depends_on` (validated DependencySpecs) holds it until they are met."""
+    job = Job.objects.create(
+        tenant=tenant, submitted_by=user, state=JobState.PENDING, **_insertable(fields)
+    )
+    job.checkpoint_volume_id = fields.get("checkpoint_volume_id")
+    event = JobEvent.objects.create(
         job=job,
         kind="submitted",
         to_state=JobState.PENDING,
         actor=user,
         message=f"Submitted by {user.username}",
     )
+    dependencies.attach([job], depends_on)
     request_cycle("submit")
-    return job
+    return Submitted(job, event)
+
+
+@transaction.atomic
+def submit_jobs(*, user, submissions: Sequence[tuple]) -> list[Submitted]:
+    """Submit many jobs at once, all or none: [(tenant, fields)] -> the jobs, in that order.
+
+    Two bulk INSERTs (the jobs, then their 'submitted' events) and one cycle request, whatever
+    the number. The jobs share one submitted_at, and each event's data says where the job was
+    in its batch ({"batch": {"first_job", "index", "size"}}), which is how a replayed
+    Idempotency-Key finds the batch again (batch_jobs).
+    """
+    now = timezone.now()
+    waits = [tuple(f.get("depends_on", ())) for _, f in submissions]
+    submissions = [(t, {k: v for k, v in f.items() if k != "depends_on"}) for t, f in submissions]
+    jobs = Job.objects.bulk_create(
+        [
+            Job(
+                tenant=tenant,
+                submitted_by=user,
+                state=JobState.PENDING,
+                submitted_at=now,
+                **_insertable(f),
+            )
+            for tenant, f in submissions
+        ]
+    )
+    for job, (_, f) in zip(jobs, submissions, strict=True):
+        job.checkpoint_volume_id = f.get("checkpoint_volume_id")
+    first, size = jobs[0].pk, len(jobs)
+    events = JobEvent.objects.bulk_create(
+        [
+            JobEvent(
+                job=job,
+                at=now,
+                kind="submitted",
+                to_state=JobState.PENDING,
+                actor=user,
+                message=f"Submitted by {user.username}",
+                data={"batch": {"first_job": first, "index": i, "size": size}},
+            )
+            for i, job in enumerate(jobs)
+        ]
+    )
+    # One attach per distinct set of dependencies: a batch that all waits for one job is one.
+    alike: dict[tuple, list[Job]] = {}
+    for job, wait in zip(jobs, waits, strict=True):
+        alike.setdefault(wait, []).append(job)
+    for wait, waiting in alike.items():
+        dependencies.attach(waiting, wait)
+    request_cycle("submit")
+    return [Submitted(job, event) for job, event in zip(jobs, events, strict=True)]
+
+
+def batch_jobs(first: Job, size: int) -> list[Job] | None:
+    """The jobs submit_jobs created together with `first` (their first), in their order; None
+    when those are not `size` jobs (it was not a batch of that size)."""
+    candidates = Job.objects.filter(
+        submitted_by_id=first.submitted_by_id, submitted_at=first.submitted_at, pk__gte=first.pk
+    ).prefetch_related("events")
+    found: dict[int, Job] = {}
+    for job in candidates:
+        for event in job.events.all():
+            batch = event.data.get("batch") if event.kind == "submitted" else None
+            if isinstance(batch, dict) and batch.get("first_job") == first.pk:
+                found[batch["index"]] = job
+    if sorted(found) != list(range(size)):
+        return None
+    return [found[i] for i in range(size)]
 
 
 def submit_job_once(
     *, tenant, user, key: str, request_sha256: str, **fields
-) -> tuple[SubmitKey, bool]:
-    """submit_job under the user's Idempotency-Key: the job and its key in one transaction.
+) -> tuple[SubmitKey, Submitted | None]:
+    """submit_one under the user's Idempotency-Key: the job and its key in one transaction.
 
-    Returns the key's row and True; or, when another submit with this user's key committed
-    first, that submit's row and False (the caller replays its job, or refuses a different
-    body). Two requests racing with one key may both get past any look-up the caller made: the
-    unique constraint on (user, key) makes the second insert wait for the first transaction,
-    then fail, which rolls back its job with it. So a key only ever creates one job.
+    Returns the key's row and the job submitted; or, when another submit with this user's key
+    committed first, that submit's row and None (the caller replays its job, or refuses a
+    different body). Two requests racing with one key may both get past any look-up the caller
+    made: the unique constraint on (user, key) makes the second insert wait for the first
+    transaction, then fail, which rolls back its job with it. So a key only ever creates one
+    job.
     """
+    done: list[Submitted] = []
+
+    def submit() -> Job:
+        done.append(submit_one(tenant=tenant, user=user, **fields))
+        return done[0].job
+
+    row, created = _once(user, key, request_sha256, submit)
+    return row, (done[0] if created else None)
+
+
+def submit_jobs_once(
+    *, user, key: str, request_sha256: str, submissions: Sequence[tuple]
+) -> tuple[SubmitKey, list[Submitted]]:
+    """submit_jobs under the user's Idempotency-Key, as submit_job_once: the key's row points
+    at the batch's first job (batch_jobs finds the rest). Returns the row and the jobs
+    submitted, none when another submit with the key committed first."""
+    done: list[Submitted] = []
+
+    def submit() -> Job:
+        done.extend(submit_jobs(user=user, submissions=submissions))
+        return done[0].job
+
+    row, created = _once(user, key, request_sha256, submit)
+    return row, (done if created else [])
+
+
+def _once(user, key: str, request_sha256: str, submit) -> tuple[SubmitKey, bool]:
+    """(the row of `key` for the job submit() returns, True), or (the row another submit with
+    the key committed first, False), in which case what submit() wrote is rolled back."""
     try:
         with transaction.atomic():
             # An expired key replays nothing: free it for this submit.
             SubmitKey.objects.expired().filter(user=user, key=key).delete()
-            job = submit_job(tenant=tenant, user=user, **fields)
+            job = submit()
             row = SubmitKey.objects.create(
                 user=user, key=key, request_sha256=request_sha256, job=job
             )
@@ -170,6 +326,16 @@ def _release_allocations(attempt: JobAttempt, now) -> None:
 @transaction.atomic
 def cancel_job(job: Job, *, actor=None, reason: str = "") -> Job:
     """Cancel a job. A running attempt is told to stop; its GPUs free up when the agent confirms."""
+    # Its active attempts first, then the job: the order in which a heartbeat's report locks
+    # them (its attempt, then the job it moves), so a cancel racing the start of a gang's
+    # members (or any report) waits instead of deadlocking. An attempt admitted in between is
+    # found again below, under the job's lock.
+    list(
+        JobAttempt.objects.select_for_update()
+        .filter(job_id=job.pk, state__in=ACTIVE_ATTEMPT_STATES)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
     job = Job.objects.select_for_update().get(pk=job.pk)
     reason = reason or (f"Cancelled by {actor.username}" if actor else "Cancelled")
     now = timezone.now()
@@ -205,8 +371,20 @@ def admit_job(
         log.info("job %s changed since the snapshot; not admitting it", job.pk)
         return None
     job.attempt_count = number
-    attempt = JobAttempt.objects.create(job=job, number=number, node=node, borrowed=borrowed)
+    gpus = list(gpus)
+    (plan,) = plan_rendezvous([(node, gpus)])
+    attempt = JobAttempt.objects.create(
+        job=job,
+        number=number,
+        node=node,
+        borrowed=borrowed,
+        master_port=plan.master_port,
+        node_addrs=plan.node_addrs,
+    )
     Allocation.objects.bulk_create([Allocation(attempt=attempt, gpu=gpu) for gpu in gpus])
+    AttemptMember.objects.bulk_create(
+        [AttemptMember(attempt=attempt, **member) for member in plan.members]
+    )
     transition(
         job,
         JobState.ADMITTED,
@@ -220,6 +398,77 @@ def admit_job(
         },
     )
     return attempt
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """Where an attempt's members meet (docs/job-contract.md): its members as AttemptMember
+    fields (node_id, rank, address, gpus), their addresses in rank order, and the master port."""
+
+    members: list[dict]
+    node_addrs: list[str]
+    master_port: int | None
+
+
+def plan_rendezvous(placements: Sequence[tuple[Node, Sequence[GPU]]]) -> list[Rendezvous]:
+    """The members and master port of each attempt about to be admitted, in two reads whatever
+    their number.
+
+    A member per node holding the attempt's GPUs (the attempt's own node when it holds none).
+    Rank 0 is the node with the most of them (ties: the attempt's own node, then name order),
+    so the master runs where most of the job's processes do. The master port is the lowest of
+    the rank-0 node's job port range that no other active member of rank 0 there holds (nor
+    one planned before it in this batch); a range all taken gives its lowest port, whose bind
+    the agent checks before it starts: a port taken fails the start and the job is requeued.
+    """
+    node_ids = {node.pk for node, _ in placements} | {
+        g.node_id for _, gpus in placements for g in gpus
+    }
+    nodes = {
+        row[0]: row
+        for row in Node.objects.filter(pk__in=node_ids).values_list(
+            "pk", "name", "advertise_address", "job_port_min", "job_port_max"
+        )
+    }
+    used: dict[int, set[int]] = {}
+    for node_id, port in AttemptMember.objects.filter(
+        node_id__in=node_ids,
+        rank=0,
+        state__in=ACTIVE_ATTEMPT_STATES,
+        attempt__master_port__isnull=False,
+    ).values_list("node_id", "attempt__master_port"):
+        if port is not None:
+            used.setdefault(node_id, set()).add(port)
+    plans = []
+    for node, gpus in placements:
+        counts: dict[int, int] = {}
+        for gpu in gpus:
+            counts[gpu.node_id] = counts.get(gpu.node_id, 0) + 1
+        if not counts:
+            counts[node.pk] = 0
+        ranked = sorted(
+            counts, key=lambda n: (-counts[n], n != node.pk, nodes[n][1] if n in nodes else "")
+        )
+        members: list[dict] = []
+        addrs: list[str] = []
+        for rank, node_id in enumerate(ranked):
+            _, name, address, _, _ = nodes.get(node_id, (node_id, "", "", 0, 0))
+            addrs.append(address or name)
+            members.append(
+                {
+                    "node_id": node_id,
+                    "rank": rank,
+                    "address": address or name,
+                    "gpus": counts[node_id],
+                }
+            )
+        master = ranked[0]
+        _, _, _, low, high = nodes.get(master, (master, "", "", 29500, 29999))
+        taken = used.setdefault(master, set())
+        port = next((p for p in range(low, high + 1) if p not in taken), low)
+        taken.add(port)
+        plans.append(Rendezvous(members, addrs, port))
+    return plans
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +550,7 @@ def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
 def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
     now = timezone.now()
     reasons = {a.job.pk: a.reason or f"Admitted to {a.node.name}" for a in accepted}
+    plans = plan_rendezvous([(a.node, a.gpus) for a in accepted])
     # One INSERT per table with the per-row values as one array per column (controlplane.bulk): at a
     # cold start's thousands of admissions, bulk_create's instance per row costs seconds.
     attempt_ids = bulk.insert_rows(
@@ -311,13 +561,15 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
                 "number": a.job.attempt_count + 1,
                 "node_id": a.node.pk,
                 "borrowed": a.borrowed,
+                "master_port": plan.master_port,
+                "node_addrs": plan.node_addrs,
             }
-            for a in accepted
+            for a, plan in zip(accepted, plans, strict=True)
         ],
         common={"created_at": now},
         returning="job_id",
     )
-    attempts = []
+    attempts: list[JobAttempt] = []
     for pk, a in zip(attempt_ids, accepted, strict=True):
         attempt = JobAttempt(
             pk=pk,
@@ -326,6 +578,8 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
             node=a.node,
             borrowed=a.borrowed,
             created_at=now,
+            master_port=plans[len(attempts)].master_port,
+            node_addrs=plans[len(attempts)].node_addrs,
         )
         attempt._state.adding = False
         attempt._state.db = JobAttempt.objects.db
@@ -338,6 +592,15 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
             for gpu in a.gpus
         ],
         common={"created_at": now},
+    )
+    bulk.insert_rows(
+        AttemptMember,
+        [
+            {"attempt_id": pk, **member}
+            for pk, plan in zip(attempt_ids, plans, strict=True)
+            for member in plan.members
+        ],
+        common={"state": AttemptState.ADMITTED, "message": ""},
     )
     bulk.insert_rows(
         JobEvent,
@@ -385,6 +648,38 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
         for key, value in cleared.items():
             setattr(a.job, key, value)
     return {a.job.pk: attempt for attempt, a in zip(attempts, accepted, strict=True)}
+
+
+CHECKPOINT_READ_ONLY_EVENT = "checkpoint_read_only"
+
+
+@transaction.atomic
+def make_checkpoints_read_only(attempts: Sequence[tuple[JobAttempt, str]]) -> int:
+    """Give these new attempts a read-only checkpoint directory, each event saying why.
+
+    For attempts admitted while their tenant is at or past its checkpoint storage limit: the job
+    still reads what earlier attempts wrote, but adds nothing. Only an attempt still active is
+    changed (one that ended meanwhile keeps what it had). Returns how many were changed.
+    """
+    ids = [attempt.pk for attempt, _ in attempts]
+    changed = set(
+        JobAttempt.objects.select_for_update()
+        .filter(pk__in=ids, state__in=ACTIVE_ATTEMPT_STATES, checkpoint_read_only=False)
+        .values_list("pk", flat=True)
+    )
+    if not changed:
+        return 0
+    JobAttempt.objects.filter(pk__in=changed).update(checkpoint_read_only=True)
+    bulk.insert_rows(
+        JobEvent,
+        [
+            {"job_id": attempt.job_id, "message": why, "data": {"attempt": attempt.pk}}
+            for attempt, why in attempts
+            if attempt.pk in changed
+        ],
+        common={"at": timezone.now(), "kind": CHECKPOINT_READ_ONLY_EVENT},
+    )
+    return len(changed)
 
 
 @transaction.atomic
@@ -444,6 +739,10 @@ def mark_attempt_running(
     )
     if not changed:
         return
+    # A one-node attempt's member runs with it (a gang's members each said so first).
+    AttemptMember.objects.filter(attempt_id=attempt.pk, state=AttemptState.ADMITTED).update(
+        state=AttemptState.RUNNING, started_at=started_at
+    )
     job = Job.objects.select_for_update().get(pk=attempt.job_id)
     if job.state == JobState.ADMITTED:
         transition(
@@ -512,6 +811,7 @@ def finish_attempt(
     never_started: bool = False,
     reported: bool = False,
     message: str = "",
+    notice: StopNotice | None = None,
 ) -> bool:
     """The agent says the attempt's container is gone (or the node is lost).
 
@@ -522,13 +822,19 @@ def finish_attempt(
     reported: this comes from the node's own report (not from the liveness sweep), which a
     later report must not apply a second time.
 
+    notice: how the node says the stop went (its signal's time, whether it had to kill):
+    stored on the attempt, and told on the job's timeline (stop_story).
+
     Books usage, frees the GPUs, and moves the job: to SUCCEEDED / FAILED when it ended by
     itself; PREEMPTED then PENDING when it was preempted; LOST then PENDING or FAILED when
     its node vanished. Idempotent: a repeated report changes nothing.
     """
     now = timezone.now()
     finished_at = finished_at or now
-    stopped_on_purpose = attempt.stop_requested_at is not None
+    # A gang told to stop because one of its members failed ends as that member did.
+    stopped_on_purpose = (
+        attempt.stop_requested_at is not None and attempt.stop_reason != MEMBER_FAILED
+    )
     if lost:
         new_state = AttemptState.LOST
     elif stopped_on_purpose:
@@ -542,11 +848,32 @@ def finish_attempt(
         exit_code=exit_code,
         exit_reported_at=now if reported else None,
         **usage,
+        **(
+            {"stop_signal_at": notice.signal_at, "killed_after_grace": notice.killed}
+            if notice is not None
+            else {}
+        ),
     )
     if not changed:
         return False
     _release_allocations(attempt, finished_at)
+    # A one-node attempt's member ends with it; a gang's have each ended already (but for the
+    # liveness sweep's or a withdrawal's members, which end here, as the attempt did).
+    AttemptMember.objects.filter(attempt=attempt, state__in=ACTIVE_ATTEMPT_STATES).update(
+        state=new_state, finished_at=finished_at, exit_code=exit_code, message=message
+    )
     job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if notice is not None:
+        story, data = stop_story(
+            attempt.number,
+            attempt.pk,
+            attempt.stop_reason if stopped_on_purpose else "",
+            notice,
+            finished_at,
+            job.stop_signal,
+            job.preemption_grace_s,
+        )
+        record_event(job, STOP_NOTICE_EVENT, story, data=data)
     if job.state in (JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED):
         record_event(
             job,
@@ -562,14 +889,19 @@ def finish_attempt(
             kind="lost",
             data={"attempt": attempt.pk},
         )
+        # A gang's member that failed (finish_gang) says its own reason: a kill, a loss, a fence.
+        gang = attempt.stop_reason == MEMBER_FAILED
         if job.restartable or never_started:
             why = "it never started" if never_started else "its node was lost"
+            if gang:
+                why = f"{why}: {message}" if never_started else message
             transition(job, JobState.PENDING, reason=f"Requeued: {why}", kind="requeued")
         else:
+            lost_how = "Not restartable" if gang else "Not restartable, and its node was lost"
             transition(
                 job,
                 JobState.FAILED,
-                reason=f"Not restartable, and its node was lost: {message}".rstrip(": "),
+                reason=f"{lost_how}: {message}".rstrip(": "),
                 kind="failed",
             )
     elif stopped_on_purpose and attempt.stop_reason in ("preempted", "drained"):
@@ -601,18 +933,553 @@ def finish_attempt(
             )
         if exit_code == 0:
             transition(
-                job, JobState.SUCCEEDED, reason="Exited with code 0", kind="succeeded", exit_code=0
+                job,
+                JobState.SUCCEEDED,
+                reason=message or "Exited with code 0",
+                kind="succeeded",
+                exit_code=0,
             )
         else:
             transition(
                 job,
                 JobState.FAILED,
-                reason=f"Exited with code {exit_code}",
+                reason=message or f"Exited with code {exit_code}",
                 kind="failed",
                 exit_code=exit_code,
             )
     request_cycle("job_end")
     return True
+
+
+# The stop_reason of a gang told to stop because one of its members failed: its other members
+# get their stop signal and grace, and the attempt ends as the failed member says (finish_gang).
+MEMBER_FAILED = "member_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberReport:
+    """What one node says of its member of a gang (an attempt over several nodes).
+
+    started_at: it runs since then (None: no news of its start). ended: its process is gone,
+    with exit_code when it exited by itself; lost: the node lost or stopped it on its own (its
+    fence, an answer that no longer listed it, a master port it could not bind, the liveness
+    sweep); never_started: it never ran."""
+
+    attempt_id: int
+    node_id: int
+    started_at: dt.datetime | None = None
+    ended: bool = False
+    exit_code: int | None = None
+    finished_at: dt.datetime | None = None
+    lost: bool = False
+    never_started: bool = False
+    message: str = ""
+    energy_j: float | None = None
+    energy_estimated: bool = False
+    notice: StopNotice | None = None
+
+
+def member_failure_requeues(state: str, exit_code: int | None) -> bool:
+    """The rule for a gang member that failed (docs/job-contract.md): a member lost (its node
+    lost it, fenced it, could not bind its port) or killed by a signal (an exit code past 128,
+    or negative) is not the job's doing, and the job is requeued when restartable; a member
+    that exited with 1..127 failed by itself, and the job fails. (A member that failed to start
+    for the job's own reasons, an image that cannot be pulled, fails the job as a one-node
+    job's would.)"""
+    if state == AttemptState.LOST:
+        return True
+    return exit_code is not None and (exit_code < 0 or exit_code > 128)
+
+
+@transaction.atomic
+def record_member_report(report: MemberReport) -> bool:
+    """Move one member of a gang as its node reports; False when there was nothing to move.
+
+    A member that runs: the attempt (and its job) is RUNNING once every member runs. A member
+    that ended frees its own GPUs, and only those: the other members' GPUs stay held until their
+    own nodes say their processes are gone, so no GPU ever holds two jobs. A member that failed
+    has the attempt told to stop (MEMBER_FAILED), so every other member gets its stop signal and
+    grace; a member that exited 0 leaves the others running. Once no member is left, the attempt
+    ends (finish_gang). Locks the attempt, then the member, then the job, as the other actions.
+    """
+    attempt = (
+        JobAttempt.objects.select_for_update(of=("self",))
+        .select_related("node", "job")
+        .filter(pk=report.attempt_id, state__in=ACTIVE_ATTEMPT_STATES)
+        .first()
+    )
+    if attempt is None:
+        return False
+    member = (
+        AttemptMember.objects.select_for_update(of=("self",))
+        .select_related("node")
+        .filter(attempt=attempt, node_id=report.node_id, state__in=ACTIVE_ATTEMPT_STATES)
+        .first()
+    )
+    if member is None:
+        return False
+    now = timezone.now()
+    starting = member.state == AttemptState.ADMITTED and report.started_at is not None
+    if not report.ended:
+        if not starting:
+            return False
+        AttemptMember.objects.filter(pk=member.pk).update(
+            state=AttemptState.RUNNING, started_at=report.started_at
+        )
+        # Every member has started (one may have ended already: exited 0 before the others;
+        # one that never started, failed to, keeps the attempt from running).
+        waiting = (
+            AttemptMember.objects.filter(attempt=attempt, started_at__isnull=True)
+            .exclude(pk=member.pk)
+            .exists()
+        )
+        if not waiting:
+            mark_attempt_running(attempt, started_at=report.started_at)
+        return True
+    finished_at = report.finished_at or now
+    if report.lost:
+        state = AttemptState.LOST
+    elif attempt.stop_requested_at is not None:
+        state = AttemptState.STOPPED
+    elif report.exit_code == 0:
+        state = AttemptState.SUCCEEDED
+    else:
+        state = AttemptState.FAILED
+    how = report.message or (
+        f"exited with code {report.exit_code}"
+        if report.exit_code is not None
+        else "ended, exit code unknown"
+    )
+    AttemptMember.objects.filter(pk=member.pk).update(
+        state=state,
+        started_at=member.started_at or report.started_at,
+        finished_at=finished_at,
+        exit_code=report.exit_code,
+        message=how,
+    )
+    Allocation.objects.filter(attempt=attempt, active=True, gpu__node_id=member.node_id).update(
+        active=False, released_at=finished_at
+    )
+    what = f"Rank {member.rank} on {member.node.name}"
+    failed = state in (AttemptState.FAILED, AttemptState.LOST)
+    if failed and attempt.stop_requested_at is None:
+        JobAttempt.objects.filter(pk=attempt.pk).update(
+            stop_requested_at=now, stop_reason=MEMBER_FAILED
+        )
+        attempt.stop_requested_at, attempt.stop_reason = now, MEMBER_FAILED
+        record_event(
+            attempt.job,
+            "member_failed",
+            f"{what}: {how}; stopping the other members of attempt {attempt.number}",
+            data={
+                "attempt": attempt.pk,
+                "rank": member.rank,
+                "node": member.node.name,
+                "exit_code": report.exit_code,
+                "lost": report.lost,
+            },
+        )
+        _notify_nodes_on_commit([attempt])
+    else:
+        record_event(
+            attempt.job,
+            "member_ended",
+            f"{what}: {how}",
+            data={"attempt": attempt.pk, "rank": member.rank, "node": member.node.name},
+        )
+    if AttemptMember.objects.filter(attempt=attempt, state__in=ACTIVE_ATTEMPT_STATES).exists():
+        request_cycle("member_end")  # its GPUs are free
+        return True
+    finish_gang(attempt, report)
+    return True
+
+
+def finish_gang(attempt: JobAttempt, last: MemberReport) -> None:
+    """End a gang whose members have all ended, as its members say (member_failure_requeues).
+
+    Stopped on purpose (a preemption, a cancel): as any stopped attempt. Every member exited 0:
+    the job succeeded. Else the first member that failed decides, named in the job's reason.
+    """
+    members = list(attempt.members.select_related("node").order_by("finished_at", "rank"))
+    culprit = next(
+        (m for m in members if m.state in (AttemptState.FAILED, AttemptState.LOST)), None
+    )
+    # The job never ran as a whole until every member ran (its attempt was RUNNING): a gang
+    # that fell apart before is requeued as one that never started, restartable or not.
+    never_started = attempt.started_at is None
+    ended_at = max(m.finished_at for m in members if m.finished_at is not None)
+
+    def end(exit_code: int | None, *, lost: bool = False, message: str = "") -> None:
+        finish_attempt(
+            attempt,
+            exit_code=exit_code,
+            finished_at=ended_at,
+            energy_j=last.energy_j,
+            energy_estimated=last.energy_estimated,
+            lost=lost,
+            never_started=never_started,
+            reported=True,
+            message=message,
+            notice=last.notice,
+        )
+
+    if attempt.stop_reason and attempt.stop_reason != MEMBER_FAILED:
+        end(last.exit_code)
+    elif culprit is None:
+        end(0, message="Every member exited with code 0")
+    else:
+        what = f"Rank {culprit.rank} on {culprit.node.name}: {culprit.message}"
+        if member_failure_requeues(culprit.state, culprit.exit_code):
+            end(None, lost=True, message=what)
+        else:
+            end(culprit.exit_code, message=what)
+
+
+@dataclass(frozen=True, slots=True)
+class StopNotice:
+    """How a stopped attempt left, as its node reports it."""
+
+    signal_at: dt.datetime | None  # when the node sent the job its stop signal
+    killed: bool | None  # True: SIGKILLed at the end of its grace; False: it left by itself
+    # The node's own reason, when it stopped the attempt unasked: "fenced" (its lease was
+    # running out) or "unwanted" (no longer in its answer); "": asked, or over its max runtime.
+    cause: str = ""
+
+
+STOP_NOTICE_EVENT = "stop_notice"
+# An attempt's stop_reason as the timeline says it.
+_STOPS = {
+    "preempted": "preempted",
+    "drained": "drained",
+    "cancelled": "cancelled",
+    "superseded": "withdrawn",
+    "fenced": "fenced",
+}
+_NODE_STOPS = {"fenced": "fenced by its node", "unwanted": "stopped by its agent"}
+
+
+def stop_story(
+    number: int,
+    attempt_id: int,
+    stop_reason: str,
+    notice: StopNotice,
+    finished_at: dt.datetime,
+    signal: str,
+    grace_s: int,
+) -> tuple[str, dict]:
+    """The timeline's words for how a stop went, and the event's data.
+
+    Which stop: the reason the control plane asked it for; else the node's own (its fence);
+    else the agent stopped it for running past its max runtime, the one stop it makes alone.
+    """
+    if stop_reason:
+        stop, key = _STOPS.get(stop_reason, stop_reason), stop_reason
+    elif notice.cause:
+        stop, key = _NODE_STOPS.get(notice.cause, notice.cause), notice.cause
+    else:
+        stop, key = "over its max runtime", "max_runtime"
+    left_after_s = (
+        max(0.0, (finished_at - notice.signal_at).total_seconds())
+        if notice.signal_at is not None
+        else None
+    )
+    if notice.killed:
+        how = f"did not leave within its {grace_s} s grace after {signal}: killed"
+    elif left_after_s is not None:
+        how = f"left {left_after_s:.1f} s after {signal} (grace {grace_s} s)"
+    else:
+        how = f"left within its grace after {signal} (grace {grace_s} s)"
+    data = {
+        "attempt": attempt_id,
+        "stop": key,
+        "signal": signal,
+        "grace_s": grace_s,
+        "left_after_s": None if left_after_s is None else round(left_after_s, 3),
+        "killed": notice.killed,
+    }
+    return f"Attempt {number} {stop}: {how}", data
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReport:
+    """What a node says of an attempt's checkpoints (None: nothing new)."""
+
+    attempt_id: int
+    job_id: int
+    last_checkpoint_at: dt.datetime | None
+    checkpoint_bytes: int | None
+
+
+@transaction.atomic
+def record_checkpoints(reports: Sequence[CheckpointReport]) -> None:
+    """Store the attempts' latest checkpoint times and their jobs' checkpoint sizes.
+
+    A checkpoint time never moves backwards (a late or reordered heartbeat cannot undo a newer
+    one); a size is what was measured last. Attempts are written before jobs, each in id order,
+    as the other actions lock them. Moves no job's state and asks for no cycle: the scheduler
+    reads these for its next decision, which nothing here makes urgent.
+    """
+    for r in sorted(reports, key=lambda r: r.attempt_id):
+        if r.last_checkpoint_at is not None:
+            JobAttempt.objects.filter(pk=r.attempt_id).filter(
+                Q(last_checkpoint_at__isnull=True) | Q(last_checkpoint_at__lt=r.last_checkpoint_at)
+            ).update(last_checkpoint_at=r.last_checkpoint_at)
+    sizes = {r.job_id: r.checkpoint_bytes for r in reports if r.checkpoint_bytes is not None}
+    for job_id in sorted(sizes):
+        Job.objects.filter(pk=job_id).exclude(checkpoint_bytes=sizes[job_id]).update(
+            checkpoint_bytes=sizes[job_id]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a node says of one attempt, for record_reports: it started at started_at (None: no
+    news of its start), and, with exit_code, its process then ended by itself at finished_at."""
+
+    attempt_id: int
+    started_at: dt.datetime | None = None
+    energy_start_j: dict | None = None
+    exit_code: int | None = None
+    finished_at: dt.datetime | None = None
+    energy_j: float | None = None
+    energy_estimated: bool = False
+    # How the agent stopped it, if it did (over its max runtime: the one stop that reaches here).
+    notice: StopNotice | None = None
+
+    @property
+    def exited(self) -> bool:
+        return self.exit_code is not None
+
+
+# What record_reports writes of a job, read under its lock and written back whole.
+_JOB_COLUMNS = ("state", "state_reason", "started_at", "finished_at", "exit_code")
+
+
+@transaction.atomic
+def record_reports(reports: Sequence[Report]) -> set[int]:
+    """mark_attempt_running and finish_attempt for the common reports of a heartbeat, set-based.
+
+    A flood of short jobs makes every heartbeat carry many starts and exits; one by one, each
+    costs a dozen statements and a transaction. Here a whole heartbeat's costs nine, whatever
+    their number. Only the common case is taken, and written exactly as the one-attempt actions
+    write it (states, reasons, events, usage, released GPUs): an attempt still active that was
+    not told to stop, of a job that is ADMITTED or RUNNING, which started, or whose process
+    ended by itself with an exit code after it started. Everything else (a stop requested
+    meanwhile, a job moved on by a cancel or a sweep, an exit without a known start, a gang's
+    member: record_member_report) is left alone for the caller to pass to those actions.
+    Returns the ids of the attempts recorded.
+
+    The attempts are locked before their jobs, in id order, as the one-attempt actions lock
+    them, and every decision is made on what is read under those locks, so a report applied
+    here is applied once.
+    """
+    by_id = {r.attempt_id: r for r in reports if r.started_at is not None or r.exited}
+    if not by_id:
+        return set()
+    attempts = {
+        row["pk"]: row
+        for row in JobAttempt.objects.select_for_update(of=("self",))
+        .filter(pk__in=by_id, state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True)
+        .order_by("pk")
+        .values(
+            "pk",
+            "job_id",
+            "number",
+            "state",
+            "started_at",
+            "created_at",
+            "energy_j",
+            "node__name",
+            "node_addrs",
+        )
+    }
+    jobs = {
+        row["pk"]: row
+        # NO KEY: the job's key is not written, and events inserted for it meanwhile (their
+        # foreign key takes a KEY SHARE lock) need not wait for this transaction.
+        for row in Job.objects.select_for_update(no_key=True)
+        .filter(pk__in={a["job_id"] for a in attempts.values()})
+        .order_by("pk")
+        .values(
+            "pk",
+            "stop_signal",
+            "preemption_grace_s",
+            "array_id",
+            "has_dependents",
+            *_JOB_COLUMNS,
+        )
+    }
+    max_power_w: dict[int, list[float]] = {}
+    for attempt_id, gpu_max_w in Allocation.objects.filter(
+        attempt_id__in=[a for a in attempts if by_id[a].exited]
+    ).values_list("attempt_id", "gpu__power_max_w"):
+        max_power_w.setdefault(attempt_id, []).append(gpu_max_w)
+    now = timezone.now()
+    started_rows, ended_rows, events = [], [], []
+    released: list[int] = []
+    job_writes: dict[int, dict] = {}
+    applied: set[int] = set()
+    for attempt_id, attempt in attempts.items():
+        r = by_id[attempt_id]
+        if len(attempt["node_addrs"] or ()) > 1:
+            continue  # a gang: each member moves alone (record_member_report)
+        job = job_writes.get(attempt["job_id"]) or dict(jobs[attempt["job_id"]])
+        if job["state"] not in (JobState.ADMITTED, JobState.RUNNING):
+            continue  # moved on meanwhile: the one-attempt actions say what that means
+        admitted = attempt["state"] == AttemptState.ADMITTED
+        if r.exited and admitted and r.started_at is None:
+            continue  # an exit with no start: finish_attempt's own rules apply
+        started_at = attempt["started_at"]
+        if admitted and r.started_at is not None:
+            started_at = r.started_at
+            started_rows.append(
+                (attempt_id, AttemptState.RUNNING, started_at, r.energy_start_j or {})
+            )
+            if job["state"] == JobState.ADMITTED:
+                events.append(
+                    _event(
+                        job,
+                        JobState.RUNNING,
+                        f"Running on {attempt['node__name']}",
+                        "running",
+                        now,
+                        data={"attempt": attempt_id},
+                    )
+                )
+                job.update(state=JobState.RUNNING, started_at=job["started_at"] or started_at)
+        if r.exited:
+            finished_at = r.finished_at or now
+            power_w = max_power_w.get(attempt_id, [])
+            seconds = max(
+                0.0, (finished_at - (started_at or attempt["created_at"])).total_seconds()
+            )
+            energy_j, estimated = bounded_energy(
+                attempt_id,
+                r.energy_j if r.energy_j is not None else attempt["energy_j"],
+                r.energy_estimated,
+                sum(power_w),
+                seconds,
+            )
+            ended_rows.append(
+                (
+                    attempt_id,
+                    AttemptState.SUCCEEDED if r.exit_code == 0 else AttemptState.FAILED,
+                    finished_at,
+                    r.exit_code,
+                    now,
+                    seconds * len(power_w),
+                    energy_j,
+                    estimated,
+                    r.notice.signal_at if r.notice else None,
+                    r.notice.killed if r.notice else None,
+                )
+            )
+            released.append(attempt_id)
+            if r.notice is not None:
+                story, data = stop_story(
+                    attempt["number"],
+                    attempt_id,
+                    "",
+                    r.notice,
+                    finished_at,
+                    job["stop_signal"],
+                    job["preemption_grace_s"],
+                )
+                events.append(
+                    {
+                        "job_id": job["pk"],
+                        "kind": STOP_NOTICE_EVENT,
+                        "from_state": "",
+                        "to_state": "",
+                        "message": story,
+                        "data": data,
+                    }
+                )
+            if job["state"] == JobState.ADMITTED:
+                # Started by an earlier report, of a job another of its attempts left ADMITTED.
+                events.append(_event(job, JobState.RUNNING, "Started", "running", now))
+                job.update(started_at=started_at or finished_at)
+            if r.exit_code == 0:
+                events.append(
+                    _event(job, JobState.SUCCEEDED, "Exited with code 0", "succeeded", now)
+                )
+            else:
+                events.append(
+                    _event(job, JobState.FAILED, f"Exited with code {r.exit_code}", "failed", now)
+                )
+            job.update(finished_at=now, exit_code=r.exit_code)
+        job_writes[attempt["job_id"]] = job
+        applied.add(attempt_id)
+    if not applied:
+        return applied
+    bulk.update_rows(JobAttempt, ("state", "started_at", "energy_start_j"), started_rows)
+    bulk.update_rows(
+        JobAttempt,
+        (
+            "state",
+            "finished_at",
+            "exit_code",
+            "exit_reported_at",
+            "gpu_seconds",
+            "energy_j",
+            "energy_estimated",
+            "stop_signal_at",
+            "killed_after_grace",
+        ),
+        ended_rows,
+    )
+    # Each attempt's GPUs are released when it ended, which its row now says: by attempt id,
+    # through its index (a join with the rows' array had PostgreSQL hash every active one).
+    Allocation.objects.filter(attempt_id__in=released, active=True).update(
+        active=False,
+        released_at=Subquery(
+            JobAttempt.objects.filter(pk=OuterRef("attempt_id")).values("finished_at")[:1]
+        ),
+    )
+    # Each one-node attempt's member moves with it: one statement, from the rows just written.
+    own = JobAttempt.objects.filter(pk=OuterRef("attempt_id"))
+    AttemptMember.objects.filter(attempt_id__in=applied).update(
+        state=Subquery(own.values("state")[:1]),
+        started_at=Subquery(own.values("started_at")[:1]),
+        finished_at=Subquery(own.values("finished_at")[:1]),
+        exit_code=Subquery(own.values("exit_code")[:1]),
+    )
+    cleared = fields_on_entering(JobState.RUNNING, now)
+    bulk.update_rows(
+        Job,
+        (*_JOB_COLUMNS, *cleared),
+        [
+            (pk, *(job[c] for c in _JOB_COLUMNS), *cleared.values())
+            for pk, job in job_writes.items()
+        ],
+    )
+    bulk.insert_rows(JobEvent, events, common={"at": now})
+    jobs_finished(
+        [
+            holds.Finished(pk, job["state"], job["array_id"], job["has_dependents"])
+            for pk, job in job_writes.items()
+            if job["state"] in FINISHED_JOB_STATES
+        ]
+    )
+    if ended_rows:
+        request_cycle("job_end")
+    return applied
+
+
+def _event(job: dict, to_state: str, reason: str, kind: str, now, *, data=None) -> dict:
+    """The JobEvent of a move record_reports makes, and the move itself on its row `job`."""
+    event = {
+        "job_id": job["pk"],
+        "kind": kind,
+        "from_state": job["state"],
+        "to_state": to_state,
+        "message": reason,
+        "data": data or {},
+    }
+    if not is_allowed(job["state"], to_state):
+        raise AssertionError(f"record_reports took a report it may not: {event}")
+    job.update(state=to_state, state_reason=reason)
+    return event
 
 
 @transaction.atomic
@@ -625,6 +1492,7 @@ def record_late_exit(
     energy_estimated: bool,
     ended_by_itself: bool,
     message: str = "",
+    notice: StopNotice | None = None,
 ) -> bool:
     """A node back from silence says how an attempt declared lost really ended. Counted once.
 
@@ -645,6 +1513,9 @@ def record_late_exit(
         return False
     ended_at = min(finished_at, locked.finished_at or finished_at)
     fields = {"exit_code": exit_code, "exit_reported_at": now, "finished_at": ended_at}
+    if notice is not None:
+        # How its fence's stop went (the timeline's story of it is the late report's own).
+        fields.update(stop_signal_at=notice.signal_at, killed_after_grace=notice.killed)
     fields.update(_book_usage(locked, ended_at, energy_j, energy_estimated))
     if ended_by_itself and exit_code is not None:
         fields["state"] = AttemptState.SUCCEEDED if exit_code == 0 else AttemptState.FAILED

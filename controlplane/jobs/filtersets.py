@@ -18,6 +18,9 @@ class JobFilterSet(FilterSet):
     name_contains = django_filters.CharFilter(
         field_name="name", lookup_expr="icontains", help_text="Part of the job name, any case"
     )
+    array = django_filters.NumberFilter(
+        field_name="array_id", help_text="Only the tasks of this job array (its id)"
+    )
     gpu_type = django_filters.CharFilter()
     priority = django_filters.ChoiceFilter(choices=PriorityClass.choices)
     submitted_after = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
@@ -25,4 +28,4 @@ class JobFilterSet(FilterSet):
 
     class Meta:
         model = Job
-        fields = ["state", "tenant", "user", "name", "gpu_type", "priority"]
+        fields = ["state", "tenant", "user", "name", "gpu_type", "priority", "array"]

@@ -50,6 +50,42 @@ PRIORITY_VALUE: dict[str, int] = {
 }
 
 
+class Hold(models.TextChoices):
+    """Why a PENDING job is kept from the scheduler (controlplane.jobs.holds): the scheduler
+    never reads held jobs, so thousands of them cost a cycle nothing."""
+
+    NONE = "", "Not held"
+    DEPENDENCY = "dependency", "Waiting for its dependencies"
+    ARRAY = "array", "Waiting for a slot of its array (max_parallel)"
+
+
+class JobArray(models.Model):
+    """One submission of many tasks (a sweep). Each task is an ordinary Job with its index."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="job_arrays")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="job_arrays"
+    )
+    name = models.CharField(max_length=200)
+    # The indexes as submitted ("0-99", "1,3,5-9", or a count N meaning 0..N-1), and how many.
+    spec = models.CharField(max_length=1000)
+    size = models.PositiveIntegerField()
+    # At most this many of its tasks hold GPUs or may be admitted at once (Slurm's `%`);
+    # null: no limit beyond the tenant's quotas.
+    max_parallel = models.PositiveIntegerField(null=True, blank=True)
+    submitted_at = models.DateTimeField(default=timezone.now, db_index=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    # Some job depends on the array as a whole: the end of its last task must resolve them.
+    has_dependents = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "submitted_at"])]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} {self.name} ({self.size} tasks)"
+
+
 class Job(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
     submitted_by = models.ForeignKey(
@@ -70,6 +106,31 @@ class Job(models.Model):
     restartable = models.BooleanField(default=True)
     max_runtime_s = models.PositiveIntegerField(default=86400)
     estimated_duration_s = models.PositiveIntegerField(null=True, blank=True)
+    # [{"volume": name, "path": container path, "read_only": bool}], validated at submit.
+    mounts = models.JSONField(default=list, blank=True)
+    # The notice it gets before it is stopped for any reason: this signal, then the grace, then
+    # SIGKILL. Stored as resolved at submit (the admin's default filled in).
+    stop_signal = models.CharField(max_length=16, default="SIGTERM")
+    preemption_grace_s = models.PositiveIntegerField(default=30)
+    # What the job says of itself: it checkpoints about this often (predicts the work a
+    # preemption would lose).
+    checkpoint_interval_s = models.PositiveIntegerField(null=True, blank=True)
+    # Where its GPUCP_CHECKPOINT_DIR lives (<source>/checkpoints/<tenant>/<job id>), fixed at
+    # submit so every attempt sees the same one; null: no checkpoint volume was defined.
+    checkpoint_volume = models.ForeignKey(
+        "storage.Volume", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    checkpoint_bytes = models.PositiveBigIntegerField(default=0)  # as last reported
+    checkpoint_deleted_at = models.DateTimeField(null=True, blank=True)
+    # A task of an array, with its index in it.
+    array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks"
+    )
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    # PENDING but kept from the scheduler, and why (Hold); "" for every other job.
+    hold = models.CharField(max_length=16, choices=Hold.choices, blank=True, default="")
+    # Some job depends on this one: its end must resolve them (no query for the others).
+    has_dependents = models.BooleanField(default=False)
 
     state = models.CharField(
         max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True
@@ -94,6 +155,20 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["tenant", "state"]),
             models.Index(fields=["state", "submitted_at"]),
+            # What the scheduler reads: pending jobs that are not held, in submit order.
+            models.Index(
+                fields=["submitted_at", "id"],
+                condition=Q(state="PENDING", hold=""),
+                name="job_schedulable",
+            ),
+            models.Index(fields=["array", "state"]),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["array", "array_index"],
+                condition=Q(array__isnull=False),
+                name="job_array_index_unique",
+            )
         ]
 
     def __str__(self) -> str:
@@ -102,6 +177,50 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.state in FINISHED_JOB_STATES
+
+
+class DependencyCondition(models.TextChoices):
+    SUCCEEDED = "succeeded"  # Slurm's afterok
+    FAILED = "failed"  # afternotok
+    FINISHED = "finished"  # afterany: succeeded, failed or cancelled
+
+
+class DependencyState(models.TextChoices):
+    WAITING = "waiting"
+    MET = "met"
+    NEVER = "never"  # can no longer be met: the dependent job is cancelled, saying so
+
+
+class JobDependency(models.Model):
+    """`job` may start only once `on_job` (or every task of `on_array`) ended as `condition` says."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    on_job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="dependents"
+    )
+    on_array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="dependents"
+    )
+    condition = models.CharField(max_length=16, choices=DependencyCondition.choices)
+    state = models.CharField(
+        max_length=16, choices=DependencyState.choices, default=DependencyState.WAITING
+    )
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(on_job__isnull=False, on_array__isnull=True)
+                | Q(on_job__isnull=True, on_array__isnull=False),
+                name="dependency_one_target",
+            )
+        ]
+        indexes = [models.Index(fields=["job", "state"])]
+
+    def __str__(self) -> str:
+        target = f"job {self.on_job_id}" if self.on_job_id else f"array {self.on_array_id}"
+        return f"job {self.job_id} after {target} {self.condition} ({self.state})"
 
 
 class AttemptState(models.TextChoices):
@@ -144,6 +263,21 @@ class JobAttempt(models.Model):
     energy_start_j = models.JSONField(default=dict, blank=True)
     energy_last_j = models.JSONField(default=dict, blank=True)
     log_bytes = models.PositiveBigIntegerField(default=0)
+    # The last checkpoint the job reported during this attempt (a marker file or a log line).
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    # How a stop went, as the node reports it: when the job got its signal, and whether it had to
+    # be killed at the end of its grace (null: not stopped by the node, or not known).
+    stop_signal_at = models.DateTimeField(null=True, blank=True)
+    killed_after_grace = models.BooleanField(null=True, blank=True)
+    # Admitted while its tenant was past its checkpoint storage limit: the attempt may read its
+    # checkpoint directory but not write to it.
+    checkpoint_read_only = models.BooleanField(default=False)
+    # The job contract's rendezvous (docs/job-contract.md), fixed at admission: the port its
+    # rank-0 node keeps for it (from that node's job port range), and every member's address in
+    # rank order (the first is the master address). Copied from its members so that a
+    # heartbeat's answer reads them with the attempt.
+    master_port = models.PositiveIntegerField(null=True, blank=True)
+    node_addrs = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["job", "number"]
@@ -154,6 +288,47 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.pk} of job {self.job_id} on {self.node_id} ({self.state})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_ATTEMPT_STATES
+
+
+class AttemptMember(models.Model):
+    """An attempt's part on one node: every attempt has one per node holding its GPUs (a one-node
+    attempt, one: rank 0). Each node reports its own member; the attempt ends once all have.
+
+    Rank 0 is the node holding the most of the attempt's GPUs (ties: the attempt's own node,
+    then node name): its address is the job's master address.
+    """
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="members")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="attempt_members")
+    rank = models.PositiveIntegerField()
+    # The node's advertised address at admission: what the other members reach it at.
+    address = models.CharField(max_length=255)
+    gpus = models.PositiveIntegerField(default=0)
+    state = models.CharField(
+        max_length=16, choices=AttemptState.choices, default=AttemptState.ADMITTED
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # How it ended, in words (a failure to start, a loss, the stop of its gang).
+    message = models.TextField(blank=True, default="")
+    # Bytes of its output stored (each node ships its member's own output: LogChunk.member).
+    log_bytes = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["attempt", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "rank"], name="member_unique_rank"),
+            models.UniqueConstraint(fields=["attempt", "node"], name="member_unique_node"),
+        ]
+        indexes = [models.Index(fields=["node", "state"])]
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of attempt {self.attempt_id} on {self.node_id} ({self.state})"
 
     @property
     def is_active(self) -> bool:
@@ -222,6 +397,10 @@ class LogChunk(models.Model):
     how they are shown)."""
 
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="log_chunks")
+    # Whose output: each member's is its own byte stream (null: stored before members existed).
+    member = models.ForeignKey(
+        AttemptMember, null=True, blank=True, on_delete=models.CASCADE, related_name="log_chunks"
+    )
     offset = models.PositiveBigIntegerField()
     data = OutputBytesField()
     received_at = models.DateTimeField(default=timezone.now)
@@ -229,7 +408,11 @@ class LogChunk(models.Model):
     class Meta:
         ordering = ["attempt", "offset"]
         constraints = [
-            models.UniqueConstraint(fields=["attempt", "offset"], name="log_chunk_unique_offset")
+            models.UniqueConstraint(
+                fields=["attempt", "member", "offset"],
+                name="log_chunk_unique_offset",
+                nulls_distinct=False,
+            )
         ]
 
 

@@ -51,6 +51,10 @@ def fields_on_entering(to_state: str, now) -> dict[str, object]:
     fields: dict[str, object] = {}
     if to_state != S.PENDING:
         fields.update(PENDING_ONLY_FIELDS)
+        # A held job cancelled while waiting is held no more. Not one of PENDING_ONLY_FIELDS:
+        # the scheduling applier writes those on every pending job it sees, and a hold is the
+        # dependencies' and arrays' to lift, never the cycle's.
+        fields["hold"] = ""
     if to_state in FINAL_STATES:
         fields["finished_at"] = now
     return fields

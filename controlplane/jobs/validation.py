@@ -19,16 +19,22 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import CharField, Count, Max
+from django.db import transaction
+from django.db.models import CharField, Count, Max, prefetch_related_objects
+from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from controlplane.cluster.models import GPU, Node, NodeState
+from controlplane.jobs import dependencies
 from controlplane.jobs.models import Job, PriorityClass
+from controlplane.storage.models import Volume
 from controlplane.tenancy.models import Role, Tenant
 from controlplane.validators import text_problem
 
@@ -98,6 +104,10 @@ class SubmissionDefaults(TypedDict):
     restartable: bool
     max_runtime_s: int
     estimated_duration_s: int | None
+    mounts: list[dict]
+    stop_signal: str
+    preemption_grace_s: int | None
+    checkpoint_interval_s: int | None
 
 
 # Every field a submission may carry, with its default when left out (None: required).
@@ -115,12 +125,47 @@ DEFAULTS: SubmissionDefaults = {
     "restartable": True,
     "max_runtime_s": 86400,
     "estimated_duration_s": None,
+    "mounts": [],
+    "stop_signal": "SIGTERM",
+    "preemption_grace_s": None,  # None: the admin's PREEMPTION_GRACE_DEFAULT_S, read when used
+    "checkpoint_interval_s": None,
 }
+# Fields that may be left out, or null, without being required.
+OPTIONAL = frozenset({"estimated_duration_s", "preemption_grace_s", "checkpoint_interval_s"})
+
+# The signals a job may ask to be warned with before it is stopped (then SIGKILL after grace).
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT")
+MAX_CHECKPOINT_INTERVAL_S = 30 * 86400
+MAX_MOUNTS = 32
+MAX_MOUNT_PATH_CHARS = 1024
+# Where the job's checkpoint directory is mounted: a mount of its own there would hide it.
+CHECKPOINT_ROOT = "/gpucp"
+# What a mount may not cover, nor be under: the container's own system, which a volume laid
+# over it would replace (a job could then shadow /etc/passwd or the dynamic loader's libraries
+# with files of its choosing, or lose /proc). "/" itself only exactly: everything is under it.
+SYSTEM_PATHS = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/boot",
+    "/run",
+    "/var/run",
+    CHECKPOINT_ROOT,
+)
+# One part of a mount path: what docker's --mount and podman's -v take without quoting, and
+# what the web form's "volume:/path:ro" lines can hold (no ':' or ',').
+_PATH_PART = re.compile(r"[A-Za-z0-9._@+-]+")
 
 
 @dataclass(frozen=True)
 class ClusterShape:
-    """What the cluster's registered nodes can hold, read once per submission.
+    """What the cluster's registered nodes can hold (a submit checks against recent()).
 
     Every registered node counts, ready or not, cordoned or not: a node that is down now may be
     back in a minute, so a job that waits for it is valid, and its pending reason (the
@@ -135,17 +180,43 @@ class ClusterShape:
     # model -> the most GPUs of that model on one node that takes work now (ready, and neither
     # cordoned nor draining): what the web form's hints say about now, never a reason to refuse
     largest_gpus_per_node_now: dict[str, int] = field(default_factory=dict)
+    # model -> every GPU of that model on a registered node: a job larger than one node runs
+    # over several (docs/job-contract.md), so only more than all of them is refused
+    total_gpus: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def recent(cls) -> ClusterShape:
+        """The shape as this process read it at most CLUSTER_SHAPE_CACHE_S ago.
+
+        Only for accepting: a submit it refuses is checked again against reload() (see
+        clean_submission), so a node registered on another web process a moment ago is never
+        the reason for a 400.
+        """
+        entry = _recent_shape
+        if entry is None or time.monotonic() - entry[0] > CLUSTER_SHAPE_CACHE_S:
+            return cls.reload()
+        return entry[1]
+
+    @classmethod
+    def reload(cls) -> ClusterShape:
+        """load(), and keep it as the recent shape."""
+        global _recent_shape
+        shape = cls.load()
+        _recent_shape = (time.monotonic(), shape)
+        return shape
 
     @classmethod
     def load(cls) -> ClusterShape:
         largest: dict[str, int] = defaultdict(int)
         largest_now: dict[str, int] = defaultdict(int)
+        total: dict[str, int] = defaultdict(int)
         rows = GPU.objects.values("model", "node_id", "node__ready", "node__state").annotate(
             count=Count("id")
         )
         for row in rows:
             model = row["model"]
             largest[model] = max(largest[model], row["count"])
+            total[model] += row["count"]
             if row["node__ready"] and row["node__state"] == NodeState.READY:
                 largest_now[model] = max(largest_now[model], row["count"])
         sizes = Node.objects.aggregate(memory_mib=Max("memory_mib"), cpus=Max("cpus"))
@@ -155,7 +226,190 @@ class ClusterShape:
             max_node_memory_mib=sizes["memory_mib"] or 0,
             max_node_cpus=sizes["cpus"] or 0,
             largest_gpus_per_node_now=dict(largest_now),
+            total_gpus=dict(total),
         )
+
+
+# How long a web process validates submits against the cluster shape it read last, instead of
+# two queries per submit. A refusal is never made on it (clean_submission reads the shape again
+# first), so the one effect of its age is that a job no registered node can hold any more (a
+# node removed or shrunk on another process within this time) is accepted: it waits PENDING
+# with the scheduler's reason, exactly as a job submitted a moment before the removal does.
+CLUSTER_SHAPE_CACHE_S = 5.0
+# (monotonic time read, shape), replaced whole: the threads of a process share it.
+_recent_shape: tuple[float, ClusterShape] | None = None
+
+
+def _forget_recent_shape(**_kwargs) -> None:
+    # This process's own writes are seen by its next submit (the web UI's node pages, tests);
+    # other processes' after CLUSTER_SHAPE_CACHE_S. Writes that send no signal (bulk_create,
+    # update()) are covered by the age limit and by the fresh read before any refusal.
+    global _recent_shape
+    _recent_shape = None
+
+
+for _model in (Node, GPU):
+    post_save.connect(_forget_recent_shape, sender=_model, dispatch_uid=f"shape-{_model.__name__}")
+    post_delete.connect(
+        _forget_recent_shape, sender=_model, dispatch_uid=f"shape-del-{_model.__name__}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeInfo:
+    pk: int
+    name: str
+    read_only: bool
+    checkpoints: bool
+    all_tenants: bool
+    tenant_ids: frozenset[int]
+
+    def usable_by(self, tenant: Tenant) -> bool:
+        return self.all_tenants or tenant.pk in self.tenant_ids
+
+
+@dataclass(frozen=True)
+class VolumeCatalog:
+    """Every volume, as a submit checks mounts against it (there are few: an admin's list).
+
+    Cached per process like ClusterShape, for the same reason (a submit costs no extra query),
+    and with the same rule: a mount it refuses is checked again against a fresh read. What the
+    age can let through: a volume deleted, or taken from the tenant, on another web process
+    within VOLUME_CATALOG_CACHE_S; the job then names a volume no node reports (it waits, with
+    the scheduler's reason) or one its tenant lost a moment before, as a job submitted a moment
+    earlier would. A checkpoint volume defined on another process within that time is missed by
+    jobs submitted meanwhile (they get no checkpoint directory, as jobs before it).
+    """
+
+    by_name: dict[str, VolumeInfo]
+    checkpoint: VolumeInfo | None
+
+    @classmethod
+    def recent(cls) -> VolumeCatalog:
+        entry = _recent_volumes
+        if (
+            entry is None
+            or time.monotonic() - entry[0] > VOLUME_CATALOG_CACHE_S
+            or not _visible_here(entry[2])
+        ):
+            return cls.reload()
+        return entry[1]
+
+    @classmethod
+    def reload(cls) -> VolumeCatalog:
+        """load(), kept as the recent catalog. Read inside a transaction, it may hold that
+        transaction's own uncommitted volumes: it is then kept for that transaction alone
+        until it commits (a rolled-back volume must not name a checkpoint volume to others)."""
+        global _recent_volumes
+        catalog = cls.load()
+        connection = transaction.get_connection()
+        block = connection.atomic_blocks[0] if connection.in_atomic_block else None
+        entry = (time.monotonic(), catalog, block)
+        _recent_volumes = entry
+        if block is not None:
+            transaction.on_commit(lambda: _committed(entry))
+        return catalog
+
+    @classmethod
+    def load(cls) -> VolumeCatalog:
+        tenants: dict[int, set[int]] = defaultdict(set)
+        for volume_id, tenant_id in Volume.tenants.through.objects.values_list(
+            "volume_id", "tenant_id"
+        ):
+            tenants[volume_id].add(tenant_id)
+        volumes = [
+            VolumeInfo(
+                pk=row["pk"],
+                name=row["name"],
+                read_only=row["read_only"],
+                checkpoints=row["checkpoints"],
+                all_tenants=row["all_tenants"],
+                tenant_ids=frozenset(tenants.get(row["pk"], ())),
+            )
+            for row in Volume.objects.values(
+                "pk", "name", "read_only", "checkpoints", "all_tenants"
+            )
+        ]
+        return cls(
+            by_name={v.name: v for v in volumes},
+            checkpoint=next((v for v in volumes if v.checkpoints), None),
+        )
+
+
+VOLUME_CATALOG_CACHE_S = 5.0
+# (monotonic time read, catalog, the outermost atomic block it was read in or None).
+_recent_volumes: tuple[float, VolumeCatalog, object] | None = None
+
+
+def _visible_here(block) -> bool:
+    """Whether a catalog read in `block` (None: committed data) may serve this thread now."""
+    if block is None:
+        return True
+    connection = transaction.get_connection()
+    return connection.in_atomic_block and connection.atomic_blocks[0] is block
+
+
+def _committed(entry: tuple[float, VolumeCatalog, object]) -> None:
+    global _recent_volumes
+    if _recent_volumes is entry:
+        _recent_volumes = (entry[0], entry[1], None)
+
+
+def _forget_recent_volumes(**_kwargs) -> None:
+    global _recent_volumes
+    _recent_volumes = None
+
+
+post_save.connect(_forget_recent_volumes, sender=Volume, dispatch_uid="volumes-save")
+post_delete.connect(_forget_recent_volumes, sender=Volume, dispatch_uid="volumes-delete")
+m2m_changed.connect(
+    _forget_recent_volumes, sender=Volume.tenants.through, dispatch_uid="volumes-tenants"
+)
+
+
+def _check_volumes(cleaned: dict, tenant: Tenant, catalog: VolumeCatalog) -> tuple[dict, dict]:
+    """(problems, resolved fields): each mount's volume must be one the tenant may use, and a
+    read-only volume is mounted read-only. Resolved: the mounts with read_only decided, and the
+    checkpoint volume the job's directory will live on.
+
+    A volume the tenant may not use is refused with the same words as one that does not exist,
+    so a submit cannot tell whether another tenant's volume is there.
+    """
+    problems: dict[str, list[str]] = {}
+    checkpoint = catalog.checkpoint
+    resolved: dict = {"checkpoint_volume_id": checkpoint.pk if checkpoint else None}
+    mounts = cleaned.get("mounts")
+    if mounts is None:
+        return problems, resolved
+    out = []
+    for i, mount in enumerate(mounts):
+        volume = catalog.by_name.get(mount["volume"])
+        if volume is None or not volume.usable_by(tenant):
+            problems[f"mounts[{i}].volume"] = [
+                f"No volume named {mount['volume']!r} that tenant {tenant.slug} may use."
+            ]
+            continue
+        if volume.checkpoints:
+            problems[f"mounts[{i}].volume"] = [
+                f"{volume.name} holds every job's checkpoint directory; a job gets its own at "
+                f"{CHECKPOINT_ROOT}/checkpoint and cannot mount the whole volume."
+            ]
+            continue
+        read_only = mount["read_only"]
+        if volume.read_only and read_only is False:
+            problems[f"mounts[{i}].read_only"] = [
+                f"Volume {volume.name} is read-only: it cannot be mounted read-write."
+            ]
+            continue
+        out.append(
+            {
+                "volume": volume.name,
+                "path": mount["path"],
+                "read_only": volume.read_only if read_only is None else read_only,
+            }
+        )
+    resolved["mounts"] = out
+    return problems, resolved
 
 
 @dataclass(frozen=True)
@@ -164,16 +418,31 @@ class Submission:
     fields: dict = field(default_factory=dict)
 
 
-def resolve_submit_tenant(user, slug, roles: dict[int, str] | None = None) -> Tenant:
-    """The tenant a job goes to. A user in exactly one tenant may leave it out."""
-    from controlplane.permissions import is_cluster_admin, tenant_for_write, tenant_roles
+def resolve_submit_tenant(
+    user, slug, roles: dict[int, str] | None = None, tenants: Mapping[int, Tenant] | None = None
+) -> Tenant:
+    """The tenant a job goes to. A user in exactly one tenant may leave it out.
+
+    `tenants`: the tenants of `roles`, when the caller read them with the roles (a user's
+    tenant is found there without another query; only a cluster admin's other tenants are not).
+    """
+    from controlplane.permissions import (
+        is_cluster_admin,
+        require_role,
+        tenant_for_write,
+        tenant_roles,
+    )
 
     roles = tenant_roles(user) if roles is None else roles
+    tenants = tenants or {}
     if slug in (None, ""):
         if len(roles) == 1:
-            tenant = Tenant.objects.get(pk=next(iter(roles)))
-            slug = tenant.slug
-        elif roles:
+            # The user's one tenant, by its id: looking it up again by slug finds the same row.
+            only = next(iter(roles))
+            tenant = tenants.get(only) or Tenant.objects.get(pk=only)
+            require_role(user, tenant, Role.MEMBER, roles)
+            return _taking_jobs(tenant)
+        if roles:
             slugs = ", ".join(
                 Tenant.objects.filter(pk__in=roles).order_by("slug").values_list("slug", flat=True)
             )
@@ -184,7 +453,15 @@ def resolve_submit_tenant(user, slug, roles: dict[int, str] | None = None) -> Te
             raise ValidationError({"tenant": ["Say which tenant the job belongs to."]})
         else:
             raise PermissionDenied("You belong to no tenant; ask a tenant admin to add you.")
-    tenant = tenant_for_write(user, slug, Role.MEMBER, roles)
+    known = next((t for t in tenants.values() if t.slug == slug), None)
+    if known is not None:
+        # What tenant_for_write would find: a tenant the user belongs to is visible to them.
+        require_role(user, known, Role.MEMBER, roles)
+        return _taking_jobs(known)
+    return _taking_jobs(tenant_for_write(user, slug, Role.MEMBER, roles))
+
+
+def _taking_jobs(tenant: Tenant) -> Tenant:
     if not tenant.active:
         raise PermissionDenied(f"Tenant {tenant.slug} is inactive: it takes no new jobs.")
     return tenant
@@ -197,24 +474,114 @@ def validate_submission(user, data: Mapping, roles: dict[int, str] | None = None
 
 
 def clean_submission(data: Mapping, tenant: Tenant, cluster: ClusterShape | None = None) -> dict:
-    """The job's fields, cleaned, or a ValidationError naming every field at fault."""
+    """The job's fields, cleaned, or a ValidationError naming every field at fault.
+
+    Without `cluster`, checked against the shape this process read recently; what that refuses
+    is checked again against a fresh read, so only a fresh shape ever refuses.
+    """
+    cleaned, errors = _clean_fields(data)
+    _clean_dependencies(data, tenant, cleaned, errors)
+    problems = _check_against_cluster(cleaned, tenant, cluster or ClusterShape.recent())
+    if problems and cluster is None:
+        problems = _check_against_cluster(cleaned, tenant, ClusterShape.reload())
+    problems.update(_volumes_checked(cleaned, tenant, VolumeCatalog.recent(), fresh_retry=True))
+    return _finished(cleaned, errors, problems)
+
+
+def _volumes_checked(
+    cleaned: dict, tenant: Tenant, catalog: VolumeCatalog, *, fresh_retry: bool
+) -> dict:
+    """_check_volumes, its resolved fields written into `cleaned`; a refusal on a recent
+    catalog is checked again on a fresh one when `fresh_retry`."""
+    problems, resolved = _check_volumes(cleaned, tenant, catalog)
+    if problems and fresh_retry:
+        problems, resolved = _check_volumes(cleaned, tenant, VolumeCatalog.reload())
+    if problems:
+        # Only field problems remain to report; mounts stay as given for _finished's errors.
+        resolved.pop("mounts", None)
+    cleaned.update(resolved)
+    return problems
+
+
+class InvalidItems(Exception):
+    """Items of a list of submissions that are refused: index -> field name -> messages."""
+
+    def __init__(self, errors: dict[int, dict[str, list[str]]]):
+        super().__init__(f"{len(errors)} items refused")
+        self.errors = errors
+
+
+def clean_submissions(items: Sequence[tuple[Mapping, Tenant]]) -> list[dict]:
+    """clean_submission for each (data, tenant), all against one shape, each tenant's quotas
+    read once; raises InvalidItems naming every item at fault, and every field of each."""
+    prefetch_related_objects(list({id(t): t for _, t in items}.values()), "quotas")
+    shape = ClusterShape.recent()
+    results = [(*_clean_fields(data), tenant) for data, tenant in items]
+    for (cleaned, errors, tenant), (data, _) in zip(results, items, strict=True):
+        _clean_dependencies(data, tenant, cleaned, errors)
+    problems = [_check_against_cluster(cleaned, t, shape) for cleaned, _, t in results]
+    if any(problems):
+        # Refused on the recent shape: only a fresh one may refuse (clean_submission).
+        shape = ClusterShape.reload()
+        problems = [
+            _check_against_cluster(cleaned, t, shape) if p else p
+            for (cleaned, _, t), p in zip(results, problems, strict=True)
+        ]
+    catalog = VolumeCatalog.recent()
+    volume_problems = [_volumes_checked(c, t, catalog, fresh_retry=False) for c, _, t in results]
+    if any(volume_problems):
+        catalog = VolumeCatalog.reload()
+        volume_problems = [
+            _volumes_checked(c, t, catalog, fresh_retry=False) if vp else vp
+            for (c, _, t), vp in zip(results, volume_problems, strict=True)
+        ]
+    for found, vp in zip(problems, volume_problems, strict=True):
+        found.update(vp)
+    jobs, refused = [], {}
+    for i, ((cleaned, errors, _), found) in enumerate(zip(results, problems, strict=True)):
+        try:
+            jobs.append(_finished(cleaned, errors, found))
+        except ValidationError as exc:
+            refused[i] = exc.message_dict
+    if refused:
+        raise InvalidItems(refused)
+    return jobs
+
+
+def _clean_dependencies(
+    data: Mapping, tenant: Tenant, cleaned: dict, errors: dict[str, list[str]]
+) -> None:
+    """`depends_on` (controlplane.jobs.dependencies): the jobs and arrays of the tenant this
+    job waits for. Cleaned into a list of DependencySpec, possibly empty."""
+    try:
+        cleaned["depends_on"] = dependencies.parse(data.get("depends_on"), tenant=tenant)
+    except ValidationError as exc:
+        errors.update(exc.message_dict)
+
+
+def _clean_fields(data: Mapping) -> tuple[dict, dict[str, list[str]]]:
     errors: dict[str, list[str]] = {}
-    unknown = sorted(set(data) - set(DEFAULTS) - {"tenant"})
+    unknown = sorted(set(data) - set(DEFAULTS) - {"tenant", "depends_on"})
     for key in unknown:
         errors[str(key)] = ["Unknown field."]
 
     cleaned: dict = {}
     for name, default in DEFAULTS.items():
         value = data.get(name, default)
-        if value is None and default is None and name != "estimated_duration_s":
+        if value is None and default is None and name not in OPTIONAL:
             errors[name] = ["This field is required."]
             continue
         try:
             cleaned[name] = FIELD_CLEANERS[name](value)
         except ValidationError as exc:
             errors[name] = exc.messages
-    cluster = cluster or ClusterShape.load()
-    for name, messages in _check_against_cluster(cleaned, tenant, cluster).items():
+        except FieldErrors as exc:
+            errors.update(exc.errors)
+    return cleaned, errors
+
+
+def _finished(cleaned: dict, errors: dict[str, list[str]], problems: dict) -> dict:
+    for name, messages in problems.items():
         errors.setdefault(name, messages)
     if errors:
         raise ValidationError(errors)
@@ -378,6 +745,130 @@ def clean_estimated_duration_s(value) -> int | None:
     return value
 
 
+def clean_stop_signal(value) -> str:
+    if value not in STOP_SIGNALS:
+        raise ValidationError(f"Must be one of {', '.join(STOP_SIGNALS)}.")
+    return value
+
+
+def grace_max_s() -> int:
+    """The longest notice a job may ask for, whole seconds (settings.PREEMPTION_GRACE_MAX_S)."""
+    return int(settings.PREEMPTION_GRACE_MAX_S)
+
+
+def clean_preemption_grace_s(value) -> int:
+    if value is None:
+        return min(int(settings.PREEMPTION_GRACE_DEFAULT_S), grace_max_s())
+    if not _is_int(value):
+        raise ValidationError("Must be a whole number of seconds.")
+    if not 0 <= value <= grace_max_s():
+        raise ValidationError(f"Must be between 0 and {grace_max_s()} seconds.")
+    return value
+
+
+def clean_checkpoint_interval_s(value) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise ValidationError("Must be a whole number of seconds.")
+    if not 1 <= value <= MAX_CHECKPOINT_INTERVAL_S:
+        raise ValidationError(
+            f"Must be between 1 and {MAX_CHECKPOINT_INTERVAL_S} seconds (30 days)."
+        )
+    return value
+
+
+class FieldErrors(Exception):
+    """Errors of a list's items, by their own field names (e.g. mounts[0].path)."""
+
+    def __init__(self, errors: dict[str, list[str]]):
+        super().__init__(errors)
+        self.errors = errors
+
+
+def _covers(outer: str, inner: str) -> bool:
+    """Whether a mount at `outer` is `inner` or lies over it."""
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def clean_mount_path(value) -> str:
+    """An absolute container path, normalised (no '//', no '.', no trailing '/'), outside the
+    container's system directories and the checkpoint mount."""
+    if not isinstance(value, str) or not value:
+        raise ValidationError("Must be an absolute path, e.g. /data.")
+    _refuse_unstorable(value)
+    if len(value) > MAX_MOUNT_PATH_CHARS:
+        raise ValidationError(f"At most {MAX_MOUNT_PATH_CHARS} characters.")
+    if not value.startswith("/"):
+        raise ValidationError("Must be an absolute path, starting with /.")
+    parts = [p for p in value.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValidationError("Must not contain '..'.")
+    bad = next((p for p in parts if not _PATH_PART.fullmatch(p)), None)
+    if bad is not None:
+        raise ValidationError(
+            f"{bad!r}: each part of the path may hold letters, digits and . _ @ + - only."
+        )
+    path = "/" + "/".join(parts)
+    if path == "/":
+        raise ValidationError("Cannot mount over the container's root directory.")
+    for system in SYSTEM_PATHS:
+        if _covers(system, path) or _covers(path, system):
+            what = (
+                "the job's checkpoint directory" if system == CHECKPOINT_ROOT else "a system path"
+            )
+            raise ValidationError(f"{path} is or covers {system}, {what}: choose another path.")
+    return path
+
+
+def clean_mounts(value) -> list[dict]:
+    """The mounts' shape: [{"volume", "path", "read_only"?}]. Whether the tenant may use each
+    volume is checked against the volumes (_check_volumes); read_only stays None when left
+    out (the volume's own setting decides)."""
+    if not isinstance(value, list):
+        raise ValidationError('Must be a list of {"volume": name, "path": "/data"} objects.')
+    if len(value) > MAX_MOUNTS:
+        raise ValidationError(f"At most {MAX_MOUNTS} mounts.")
+    errors: dict[str, list[str]] = {}
+    mounts: list[dict] = []
+    for i, item in enumerate(value):
+        at = f"mounts[{i}]"
+        if not isinstance(item, dict):
+            errors[at] = ['Must be an object: {"volume": name, "path": "/data"}.']
+            continue
+        for key in sorted(set(item) - {"volume", "path", "read_only"}, key=str):
+            errors[f"{at}.{key}"] = ["Unknown field."]
+        volume = item.get("volume")
+        if not isinstance(volume, str) or not volume:
+            errors[f"{at}.volume"] = ["Must be a volume's name."]
+        elif (problem := text_problem(volume)) is not None:
+            errors[f"{at}.volume"] = [f"It {problem}."]
+        try:
+            path = clean_mount_path(item.get("path"))
+        except ValidationError as exc:
+            errors[f"{at}.path"] = exc.messages
+            path = None
+        read_only = item.get("read_only")
+        if read_only is not None and not isinstance(read_only, bool):
+            errors[f"{at}.read_only"] = ["Must be true or false."]
+        mounts.append({"volume": volume, "path": path, "read_only": read_only})
+    for i, mount in enumerate(mounts):
+        if mount["path"] is None:
+            continue
+        for j, other in enumerate(mounts[:i]):
+            if other["path"] is not None and (
+                _covers(other["path"], mount["path"]) or _covers(mount["path"], other["path"])
+            ):
+                errors.setdefault(f"mounts[{i}].path", []).append(
+                    f"{mount['path']} is or lies over/under {other['path']} of mounts[{j}]: "
+                    "mounts may not share or nest paths."
+                )
+                break
+    if errors:
+        raise FieldErrors(errors)
+    return mounts
+
+
 FIELD_CLEANERS = {
     "name": clean_name,
     "image": clean_image,
@@ -392,6 +883,10 @@ FIELD_CLEANERS = {
     "restartable": clean_bool,
     "max_runtime_s": clean_max_runtime_s,
     "estimated_duration_s": clean_estimated_duration_s,
+    "mounts": clean_mounts,
+    "stop_signal": clean_stop_signal,
+    "preemption_grace_s": clean_preemption_grace_s,
+    "checkpoint_interval_s": clean_checkpoint_interval_s,
 }
 
 
@@ -447,10 +942,12 @@ def _gpu_count_problem(gpus: int, gpu_type: str, tenant: Tenant, cluster: Cluste
             f"Tenant {tenant.slug} may use at most {best} GPUs{of_type} at once "
             f"(its quota limit); asked for {gpus}."
         )
-    largest = max(cluster.largest_gpus_per_node.get(m, 0) for m in within_quota)
-    if gpus > largest:
+    # More GPUs than one node has run over several nodes; only more than the cluster has of one
+    # type cannot be given.
+    most = max(cluster.total_gpus.get(m, 0) for m in within_quota)
+    if gpus > most:
         of_type = f" of type {gpu_type}" if gpu_type else " of one type"
-        return f"No node has {gpus} GPUs{of_type}: the largest has {largest}."
+        return f"The cluster has {most} GPUs{of_type} in all: {gpus} cannot be given."
     return ""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import Q, Sum
+from django.db.models.functions import Coalesce
 
 from controlplane import bulk, wakeups
 from controlplane.cluster.models import GPU, Node
@@ -23,6 +25,7 @@ from controlplane.jobs import actions
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Job, JobAttempt, JobState
 from controlplane.jobs.transitions import PENDING_ONLY_FIELDS
 from controlplane.scheduling.loader import LoadedSnapshot, PendingRow, from_unix_s
+from controlplane.tenancy.models import Tenant
 from scheduler import model as m
 
 log = logging.getLogger(__name__)
@@ -129,7 +132,11 @@ def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: App
     # and whole rows (commands, environments) cost more to turn into objects than to fetch.
     jobs: dict[int, Job] = {}
     for chunk in _chunks([s.job_id for s in starts]):
-        jobs.update(Job.objects.only("id", "state", "attempt_count").in_bulk(chunk))
+        jobs.update(
+            Job.objects.only(
+                "id", "state", "attempt_count", "tenant_id", "checkpoint_volume_id"
+            ).in_bulk(chunk)
+        )
     node_names = sorted({name for s in starts for name, _ in s.placements})
     nodes: dict[str, Node] = {}
     for chunk in _chunks(node_names):
@@ -164,13 +171,72 @@ def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: App
     # One batch for the whole plan: per job it is guarded as admit_job is (a job that changed
     # is left alone, a GPU already held refuses that job only), at a few statements in all.
     outcome = actions.admit_jobs(admissions)
+    admitted: list[JobAttempt] = []
     for job_id, start in planned.items():
         attempt = outcome.get(job_id, actions.JOB_CHANGED)
         if isinstance(attempt, str):
             _skip(result, "start", job_id, attempt)
             continue
+        admitted.append(attempt)
         result.started.append(job_id)
         result.nodes_changed.update(name for name, _ in start.placements)
+    _limit_checkpoints(admitted, jobs)
+
+
+def _limit_checkpoints(admitted: list[JobAttempt], jobs: dict[int, Job]) -> None:
+    """New attempts of a tenant at or past its checkpoint storage limit get their checkpoint
+    directory read-only (nothing is deleted: the tenant frees space, or an admin raises the
+    limit). One query, and only when a started job has a checkpoint directory."""
+    with_checkpoints = [a for a in admitted if jobs[a.job_id].checkpoint_volume_id is not None]
+    if not with_checkpoints:
+        return
+    over = checkpoint_usage_over_limit({jobs[a.job_id].tenant_id for a in with_checkpoints})
+    limited = []
+    for attempt in with_checkpoints:
+        usage = over.get(jobs[attempt.job_id].tenant_id)
+        if usage is not None:
+            used, limit = usage
+            limited.append(
+                (
+                    attempt,
+                    f"Tenant over its checkpoint storage limit: {_size(used)} of {_size(limit)} "
+                    "used; this attempt's checkpoint directory is read-only",
+                )
+            )
+    if limited:
+        actions.make_checkpoints_read_only(limited)
+
+
+def checkpoint_usage_over_limit(tenant_ids: Iterable[int]) -> dict[int, tuple[int, int]]:
+    """Of these tenants, those whose checkpoint directories (not yet deleted) hold at least
+    their limit: tenant id -> (bytes used, limit in bytes)."""
+    rows = (
+        Tenant.objects.filter(pk__in=list(tenant_ids), checkpoint_limit_bytes__isnull=False)
+        .annotate(
+            used=Coalesce(
+                Sum(
+                    "jobs__checkpoint_bytes",
+                    filter=Q(
+                        jobs__checkpoint_volume__isnull=False,
+                        jobs__checkpoint_deleted_at__isnull=True,
+                    ),
+                ),
+                0,
+            )
+        )
+        .values_list("pk", "used", "checkpoint_limit_bytes")
+    )
+    return {pk: (used, limit) for pk, used, limit in rows if limit is not None and used >= limit}
+
+
+def _size(n_bytes: int) -> str:
+    """Bytes for a person: 1.5 GiB."""
+    size = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            return f"{n_bytes} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} PiB"
 
 
 def _why_not_startable(

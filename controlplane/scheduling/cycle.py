@@ -36,7 +36,8 @@ def scheduler_config() -> m.Config:
     unknown = set(overrides) - known
     if unknown:
         raise ValueError(f"SCHEDULER_POLICY has unknown keys: {sorted(unknown)}")
-    return m.Config(**overrides)
+    # The cost of a restart is the operator's setting; SCHEDULER_POLICY may still override it.
+    return m.Config(**{"restart_cost_s": settings.PREEMPTION_RESTART_COST_S, **overrides})
 
 
 # The loader hands out the same node and history tuples from cycle to cycle until they change

@@ -1,8 +1,11 @@
 """The scheduling loop of the embedded mode (`make run`): a thread instead of Celery and beat.
 
 It runs the very cycle the Celery worker runs, every SCHEDULER_CYCLE_INTERVAL_S, and sooner
-when a submit, cancel or job end sets wakeups.embedded_wakeup_event(). It also runs the node
-liveness sweep that beat runs in production, so a stopped agent's node goes down here too.
+when a submit, cancel or job end sets wakeups.embedded_wakeup_event(), by the rule the Celery
+path follows (controlplane/wakeups.py): at once when the loop is idle; requests that arrive
+while a requested cycle runs share one follow-up, SCHEDULER_DEBOUNCE_S after that cycle
+started. It also runs the node liveness sweep that beat runs in production, so a stopped
+agent's node goes down here too.
 """
 
 from __future__ import annotations
@@ -70,18 +73,24 @@ class SchedulingLoop:
 
     def _run(self) -> None:
         next_sweep = time.monotonic() + self.liveness_interval_s
+        # When the requests that arrived during the last requested cycle are due, if any did.
+        follow_up_at: float | None = None
         while not self._stop.is_set():
             requested = self._wakeup.wait(timeout=self.interval_s)
             if self._stop.is_set():
                 break
             if requested:
-                # Let the rest of a burst of submits land, so it costs one cycle, not one each.
-                self._stop.wait(self.debounce_s)
+                if follow_up_at is not None:
+                    # A burst of submits costs one cycle per debounce, not one each.
+                    self._stop.wait(max(0.0, follow_up_at - time.monotonic()))
                 # Cleared before the cycle: a request that arrives during it gets another one.
                 self._wakeup.clear()
+            started = time.monotonic()
             trigger = "request" if requested else "tick"
             self._step(functools.partial(run_scheduling_cycle, trigger=trigger))
             self.cycles += 1
+            busy = requested and self._wakeup.is_set()
+            follow_up_at = started + self.debounce_s if busy else None
             if time.monotonic() >= next_sweep:
                 if self._sweep is not None:
                     self._step(self._sweep)

@@ -7,13 +7,14 @@ Unix seconds, the clock scheduler.model asks for in production.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Sum
+from django.db.models import OuterRef, Subquery, Sum
 
 from controlplane.accounting.budgets import budget_states, scheduler_view
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
@@ -27,7 +28,7 @@ from controlplane.jobs.models import (
     JobState,
 )
 from controlplane.scheduling.profiles import with_learned_profiles
-from controlplane.scheduling.rows import from_unix_s, raw_rows, unix_s
+from controlplane.scheduling.rows import UnixSeconds, from_unix_s, raw_rows, unix_s
 from controlplane.tenancy.models import Quota, Tenant
 from scheduler import model as m
 
@@ -115,7 +116,7 @@ def load_nodes(
 ) -> tuple[m.Node, ...]:
     node_rows = list(
         Node.objects.order_by("name").values_list(
-            "id", "name", "pool_id", "ready", "state", "cpus", "memory_mib"
+            "id", "name", "pool_id", "ready", "state", "cpus", "memory_mib", "volumes"
         )
     )
     node_names = {row[0]: row[1] for row in node_rows}
@@ -142,7 +143,9 @@ def load_nodes(
     same = len(last_nodes) == len(node_rows)
     by_id = {}
     nodes = []
-    for i, (node_id, name, pool_id, ready, state, cpus, memory_mib) in enumerate(node_rows):
+    for i, (node_id, name, pool_id, ready, state, cpus, memory_mib, volumes) in enumerate(
+        node_rows
+    ):
         key = (
             name,
             pool_names.get(pool_id, ""),
@@ -151,6 +154,7 @@ def load_nodes(
             cpus,
             memory_mib,
             tuple(gpu_rows.get(node_id, ())),
+            frozenset(v for v in volumes or () if isinstance(v, str)),
         )
         last = last_by_id.get(node_id)
         node = last[1] if last is not None and last[0] == key else _node(key)
@@ -163,7 +167,7 @@ def load_nodes(
 
 
 def _node(key: tuple) -> m.Node:
-    name, pool, ready, state, cpus, memory_mib, gpu_rows = key
+    name, pool, ready, state, cpus, memory_mib, gpu_rows, volumes = key
     return m.Node(
         name=name,
         pool=pool,
@@ -194,6 +198,7 @@ def _node(key: tuple) -> m.Node:
         draining=state == NodeState.DRAINING,
         cpus=float(cpus),
         memory_mib=int(memory_mib),
+        volumes=volumes,
     )
 
 
@@ -221,6 +226,7 @@ def _without_gpus(node: m.Node, uuids: set[str]) -> m.Node:
         draining=node.draining,
         cpus=node.cpus,
         memory_mib=node.memory_mib,
+        volumes=node.volumes,
     )
 
 
@@ -263,6 +269,9 @@ def _load_running(
         max_runtime_s,
         cpus,
         memory_mib,
+        grace_s,
+        checkpoint_interval_s,
+        last_checkpoint_s,
     ) in raw_rows(
         JobAttempt.objects.filter(state__in=ACTIVE_ATTEMPT_STATES)
         .order_by("id")
@@ -282,6 +291,11 @@ def _load_running(
             "job__max_runtime_s",
             "job__cpus",
             "job__memory_mib",
+            "job__preemption_grace_s",
+            "job__checkpoint_interval_s",
+            # The job's latest checkpoint over all its attempts (it keeps one directory): a
+            # correlated subquery of the same statement, through the (job, number) index.
+            UnixSeconds(_latest_checkpoint_at()),
         )
     ):
         held_gpus = gpus_by_attempt.get(attempt_id, [])
@@ -310,9 +324,23 @@ def _load_running(
                 + max(0.0, now_s - started_s) * len(uuids),
                 cpus=float(cpus),
                 memory_mib=int(memory_mib),
+                grace_s=float(grace_s),
+                stop_by_s=stop_requested_at + grace_s if stop_requested_at is not None else None,
+                last_checkpoint_s=last_checkpoint_s,
+                checkpoint_interval_s=(
+                    float(checkpoint_interval_s) if checkpoint_interval_s else None
+                ),
             )
         )
     return tuple(running), running_gpus, held
+
+
+def _latest_checkpoint_at() -> Subquery:
+    return Subquery(
+        JobAttempt.objects.filter(job_id=OuterRef("job_id"), last_checkpoint_at__isnull=False)
+        .order_by("-last_checkpoint_at")
+        .values("last_checkpoint_at")[:1]
+    )
 
 
 # The pending jobs of the last load by id, with the columns they were built from: most of a long
@@ -327,8 +355,9 @@ def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dic
     pending = []
     rows: dict[int, PendingRow] = {}
     for row in raw_rows(
-        # A deactivated tenant's jobs stay queued but are not offered to the scheduler.
-        Job.objects.filter(state=JobState.PENDING, tenant__active=True)
+        # A deactivated tenant's jobs stay queued but are not offered to the scheduler, nor
+        # are held ones (controlplane.jobs.holds): the job_schedulable index skips them.
+        Job.objects.filter(state=JobState.PENDING, hold="", tenant__active=True)
         .order_by("submitted_at", "id")
         .values_list(
             "id",
@@ -344,17 +373,27 @@ def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dic
             "max_runtime_s",
             "cpus",
             "memory_mib",
+            "mounts",
+            "checkpoint_volume__name",
+            "preemption_grace_s",
             "attempt_count",
             "pending_reason_code",
             "pending_reason",
             "queue_position",
             unix_s("estimated_start_at"),
             "predicted_duration_s",
+            "array_id",
         )
     ):
         job_id = row[0]
-        job_key = (*row[:13], earlier.get(job_id, 0.0))
-        row_key = row[13:]
+        job_key = (
+            *row[:13],
+            _volumes(row[13], row[14]),
+            row[15],
+            earlier.get(job_id, 0.0),
+            row[22],
+        )
+        row_key = row[16:22]
         last = last_by_id.get(job_id)
         job = last[1] if last is not None and last[0] == job_key else _pending(job_key)
         stored = last[3] if last is not None and last[2] == row_key else PendingRow(*row_key)
@@ -380,7 +419,10 @@ def _pending(key: tuple) -> m.Pending:
         max_runtime_s,
         cpus,
         memory_mib,
+        volumes,
+        grace_s,
         attained_s,
+        array_id,
     ) = key
     return m.Pending(
         job_id=job_id,
@@ -397,7 +439,20 @@ def _pending(key: tuple) -> m.Pending:
         attained_service_s=attained_s,
         cpus=float(cpus),
         memory_mib=int(memory_mib),
+        volumes=volumes,
+        grace_s=float(grace_s),
+        group=array_id,
     )
+
+
+def _volumes(mounts, checkpoint_volume: str | None) -> tuple[str, ...]:
+    """The volumes a pending job needs on its node: its mounts' and its checkpoint volume."""
+    if isinstance(mounts, str | bytes):
+        mounts = json.loads(mounts)  # raw rows: jsonb may come as text
+    names = [mount.get("volume") for mount in mounts or () if isinstance(mount, dict)]
+    if checkpoint_volume:
+        names.append(checkpoint_volume)
+    return tuple(sorted({n for n in names if isinstance(n, str)}))
 
 
 def load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
@@ -453,6 +508,7 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
             "job__gpus",
             unix_s("started_at"),
             unix_s("finished_at"),
+            "job__array_id",
         )[:HISTORY_MAX_RECORDS]
     )
     # The same rows as last time give the same tuple, which the core's duration-prediction
@@ -466,8 +522,9 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
             name=name,
             gpus=gpus,
             duration_s=max(0.0, finished_at - started_at),
+            group=array_id,
         )
-        for tenant, user, name, gpus, started_at, finished_at in rows
+        for tenant, user, name, gpus, started_at, finished_at, array_id in rows
     )
     _last_history[:] = [rows, history]
     return history

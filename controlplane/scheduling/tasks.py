@@ -4,17 +4,30 @@ TICK = "tick"
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def run_cycle(trigger: str = TICK) -> dict:
+def run_cycle(trigger: str = TICK, queue: str | None = None) -> dict:
+    """One cycle; a requested one (trigger other than TICK) names the queue it was sent to."""
     from controlplane.scheduling.cycle import run_scheduling_cycle
-    from controlplane.wakeups import request_cycle, requested_cycle_starting
+    from controlplane.wakeups import (
+        request_cycle,
+        requested_cycle_finished,
+        requested_cycle_starting,
+    )
 
-    if trigger != TICK:
-        requested_cycle_starting()
-    result = run_scheduling_cycle(trigger=trigger)
-    if result.get("skipped") and trigger != TICK:
-        # The cycle that holds the lock may have read its snapshot before this request's change
-        # committed: ask again (debounced) rather than leave the change to the next tick.
-        request_cycle(trigger)
+    if trigger == TICK:
+        return run_scheduling_cycle(trigger=trigger)
+    # Before the snapshot: a change that commits from here on queues the next cycle.
+    requested_cycle_starting(queue)
+    result: dict = {}
+    try:
+        result = run_scheduling_cycle(trigger=trigger)
+        if result.get("skipped"):
+            # The cycle that holds the lock may have read its snapshot before this request's
+            # change committed: ask again rather than leave the change to the next tick. Asked
+            # while this one still counts as running, so the retry comes a debounce later
+            # instead of spinning against the lock.
+            request_cycle(trigger, queue)
+    finally:
+        requested_cycle_finished(queue, ran=bool(result) and not result.get("skipped"))
     return result
 
 

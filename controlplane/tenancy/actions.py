@@ -345,7 +345,7 @@ def revoke_token(token: ApiToken, *, actor=None) -> int:
 # Cluster admins' writes (the viewsets and pages that call these require it). `values` are the
 # fields being set, typed already; the rules check them against what is stored.
 
-TENANT_FIELDS = ("slug", "name", "weight", "active")
+TENANT_FIELDS = ("slug", "name", "weight", "active", "checkpoint_limit_bytes", "max_array_size")
 QUOTA_FIELDS = ("gpu_type", "guaranteed_gpus", "limit_gpus", "max_running_jobs")
 BUDGET_FIELDS = ("kind", "period", "amount", "action", "warn_at_fraction")
 # What the scheduler reads of a tenant: other changes (its display name) need no cycle.
@@ -401,6 +401,12 @@ def update_tenant(tenant: Tenant, *, actor, **values) -> Tenant:
     if any(name in after for name in TENANT_SCHEDULING_FIELDS):
         _cycle_on_commit("tenant_changed")
     return tenant
+
+
+def set_checkpoint_limit(tenant: Tenant, limit_bytes: int | None, *, actor) -> Tenant:
+    """The most the tenant's checkpoint directories may hold together (None: no limit). Past
+    it, attempts admitted from then on get their checkpoint directory read-only."""
+    return update_tenant(tenant, actor=actor, checkpoint_limit_bytes=limit_bytes)
 
 
 @transaction.atomic

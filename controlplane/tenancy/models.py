@@ -20,6 +20,12 @@ class Tenant(models.Model):
     # tenant with weight 1 when both want more than their guarantee.
     weight = models.FloatField(default=1.0)
     active = models.BooleanField(default=True)
+    # The most its jobs' checkpoint directories may hold together; past it, new attempts get
+    # theirs read-only (never deleted). Null: no limit.
+    checkpoint_limit_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # The most tasks one job array of this tenant may have (set by a cluster admin, at most
+    # settings.MAX_ARRAY_SIZE_CEILING): a sweep is one request and one transaction.
+    max_array_size = models.PositiveIntegerField(default=1000)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

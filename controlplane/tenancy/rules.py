@@ -25,6 +25,8 @@ from controlplane.tenancy.models import (
 
 MAX_TENANT_WEIGHT = 1000.0
 MAX_QUOTA_GPUS = 100_000
+# An exabyte of checkpoints is a typo, and the column holds no more than 2**63 - 1.
+MAX_CHECKPOINT_LIMIT_BYTES = 10**18
 # Larger than any cluster spends in a month (100 GWh, 100 million GPU-hours): a typo, not a plan.
 MAX_BUDGET_AMOUNT = {BudgetKind.ENERGY_KWH: 1e8, BudgetKind.GPU_HOURS: 1e8}
 
@@ -47,10 +49,35 @@ def weight_problem(value: float) -> str | None:
     return None
 
 
+def checkpoint_limit_problem(value: int | None) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "Must be a whole number of bytes, or null for no limit."
+    if not 0 <= value <= MAX_CHECKPOINT_LIMIT_BYTES:
+        return f"Must be between 0 and {MAX_CHECKPOINT_LIMIT_BYTES} bytes, or null for no limit."
+    return None
+
+
+def max_array_size_problem(value: int) -> str | None:
+    from django.conf import settings
+
+    ceiling = settings.MAX_ARRAY_SIZE_CEILING
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
+        return f"Must be a whole number of tasks from 1 to {ceiling} (MAX_ARRAY_SIZE_CEILING)."
+    return None
+
+
 def check_tenant(values: dict, instance: Tenant | None = None) -> None:
     errors: dict[str, list[str]] = {}
+    if "max_array_size" in values and (problem := max_array_size_problem(values["max_array_size"])):
+        errors["max_array_size"] = [problem]
     if "weight" in values and (problem := weight_problem(values["weight"])):
         errors["weight"] = [problem]
+    if "checkpoint_limit_bytes" in values and (
+        problem := checkpoint_limit_problem(values["checkpoint_limit_bytes"])
+    ):
+        errors["checkpoint_limit_bytes"] = [problem]
     slug = values.get("slug")
     if slug is not None:
         taken = Tenant.objects.filter(slug=slug)

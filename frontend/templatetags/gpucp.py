@@ -80,9 +80,10 @@ def _pct(part: float, whole: float) -> float:
 
 
 @register.inclusion_tag("frontend/partials/usage_bar.html")
-def usage_bar(in_use: int, borrowed: int, guaranteed: int, limit: int):
-    """GPUs held against guarantee and limit: the bar's width is the limit (or what is held)."""
-    whole = max(limit, in_use, 1)
+def usage_bar(in_use: int, borrowed: int, guaranteed: int, limit: int, scale: int | None = None):
+    """GPUs held against guarantee and limit. The bar's width is `scale` when bars share one
+    (the cluster overview), else the limit (or what is held, when more)."""
+    whole = max(scale if scale is not None else limit, in_use, 1)
     within = in_use - borrowed
     return {
         "within_pct": _pct(within, whole),

@@ -4,6 +4,7 @@
 command builds on it); ``python -m scheduler.simulator`` compares policy presets on a trace.
 """
 
+from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.engine import (
     JobOutcome,
     PlanError,
@@ -19,6 +20,7 @@ from scheduler.simulator.trace import Trace, TraceJob, TraceNode, TraceTenant, s
 
 __all__ = [
     "PRESETS",
+    "CheckpointIntervals",
     "JobOutcome",
     "Oracle",
     "PlanError",

@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.compare import compare
 from scheduler.simulator.engine import RestartCost, SimOptions
 from scheduler.simulator.loaders import TraceError, load_trace
@@ -53,6 +54,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=RestartCost(),
         help="seconds per restart for 1 GPU, up to 8, beyond (default 7,30,60)",
     )
+    parser.add_argument(
+        "--checkpoint-interval",
+        default="continuous",
+        help="how often jobs checkpoint: continuous (default: a preemption costs only the "
+        "restart), none (a preempted job starts over), fixed:<seconds>, uniform:<lo>-<hi> "
+        "(seconds, drawn per job)",
+    )
+    parser.add_argument(
+        "--checkpoint-seed", type=int, default=0, help="seed of the per-job interval draws"
+    )
+    parser.add_argument(
+        "--no-checkpoint-knowledge",
+        action="store_true",
+        help="do not tell the scheduler the jobs' checkpoint intervals and last checkpoints",
+    )
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        default=0.0,
+        help="notice before a preemption, with checkpoint intervals: a victim whose next "
+        "checkpoint falls within it saves it before its GPUs are freed",
+    )
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
     parser.add_argument("--out", default=None, help="folder for report.md and the plots")
@@ -69,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown policy {', '.join(unknown)}; known: {', '.join(PRESETS)}", file=sys.stderr)
         return 2
     try:
+        checkpoints = CheckpointIntervals.parse(args.checkpoint_interval, args.checkpoint_seed)
+    except ValueError as exc:
+        print(f"--checkpoint-interval: {exc}", file=sys.stderr)
+        return 2
+    try:
         trace = load_trace(args.trace, seed=args.seed).limited(args.limit)
     except TraceError as exc:
         print(f"cannot load the trace: {exc}", file=sys.stderr)
@@ -81,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         debounce_s=args.debounce_s,
         restart_cost=args.restart_cost,
         power_budget_w=args.power_budget,
+        checkpoints=checkpoints,
+        checkpoint_knowledge=not args.no_checkpoint_knowledge,
+        grace_s=args.grace_s,
     )
     result = compare(trace, names, options, load_factor=args.load_factor, progress=not args.quiet)
     power = args.power_budget is not None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TextIO
+from typing import Any, TextIO
 
 from scheduler.simulator.engine import (
     PlanFunction,
@@ -40,9 +40,14 @@ def run_preset(
     *,
     load_factor: float = 1.0,
     policy: PlanFunction | None = None,
+    config_changes: Mapping[str, Any] | None = None,
 ) -> Result:
-    """Replay ``trace`` (arrivals compressed by ``load_factor``) under the preset ``name``."""
+    """Replay ``trace`` (arrivals compressed by ``load_factor``) under the preset ``name``.
+
+    ``config_changes``: fields of the preset's Config to set otherwise (a variant of it).
+    """
     p = preset(name)
+    config = replace(p.config, **config_changes) if config_changes else p.config
     jobs, nodes, tenants = cluster_for(trace, p.sharing)
     jobs = compress_arrivals(jobs, load_factor)
     opts = replace(options, oracle=p.oracle, partitioned_tenants=independent(trace, p.sharing))
@@ -50,7 +55,7 @@ def run_preset(
         if policy is None:
             policy = planner_with_memo()
         policy = head_of_line(policy)
-    return replay(jobs, nodes, tenants, p.config, opts, policy=policy)
+    return replay(jobs, nodes, tenants, config, opts, policy=policy)
 
 
 def compare(

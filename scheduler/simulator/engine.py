@@ -5,16 +5,23 @@ Events: job arrivals, attempt completions, and scheduling cycles. A cycle builds
 Celery loop does, checks the plan against the contract (a start on a busy GPU, a job that is
 not pending, a tenant past its limit: :class:`PlanError`, never a silent fix) and applies it.
 
-When cycles run: like the control plane, an arrival or a completion requests a cycle (after
-``debounce_s``), and a periodic tick every ``cycle_s`` serves what only time changes (a victim
+When cycles run: like the control plane, an arrival or a completion requests a cycle (at once
+when none ran in the last ``debounce_s``, else ``debounce_s`` after the last one), and a periodic tick every ``cycle_s`` serves what only time changes (a victim
 passing its minimum run time, LAS ranks that move as running jobs attain service). ``plan`` is
 not called when it has nothing to decide: no job pending (and no power budget to hold), or
 nothing changed since its last call and nothing in the config depends on the passing of time.
 So quiet periods cost nothing.
 
-Preemption frees the GPUs at once; the job keeps its progress (checkpointed) and pays a restart
-cost when it starts again (Helios: 7 s on 1 GPU, 30 s up to 8, 60 s beyond), during which it
-holds its GPUs without progressing. Power caps from the plan stretch run time through
+Preemption frees the GPUs at once, unless jobs get a notice (SimOptions.grace_s): then a
+victim whose next checkpoint falls within it keeps its GPUs (stopping) until that checkpoint,
+saves it, and leaves; any other leaves at once, as a job does on a stop signal it does not
+handle. By default the job keeps
+its progress (as if checkpointed continuously) and pays a restart cost when it starts again
+(Helios: 7 s on 1 GPU, 30 s up to 8, 60 s beyond), during which it holds its GPUs without
+progressing. With checkpoint intervals (SimOptions.checkpoints, scheduler.simulator.checkpoints)
+a preempted job resumes from its last checkpoint instead, losing the work done since, and pays
+Config.restart_cost_s; the snapshot then tells the plan each attempt's interval and last
+checkpoint, unless SimOptions.checkpoint_knowledge hides them. Power caps from the plan stretch run time through
 ``scheduler.gpu_model.relative_throughput`` (a gang runs at the pace of its slowest GPU), and the
 pool's draw is integrated with ``scheduler.gpu_model.power_draw_w`` into energy.
 
@@ -61,6 +68,7 @@ from scheduler.model import (
     Tenant,
 )
 from scheduler.priority import las_queue
+from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.policies import Oracle
 from scheduler.simulator.trace import PARTITION_SEPARATOR, TraceJob
 
@@ -108,7 +116,7 @@ class SimOptions:
 
     cycle_s: float = 60.0  # periodic scheduling tick
     event_cycles: bool = True  # arrivals and completions request a cycle, as in the control plane
-    debounce_s: float = 0.0  # delay between such a request and its cycle
+    debounce_s: float = 0.0  # the least time between a cycle and the next requested one
     restart_cost: RestartCost = field(default_factory=RestartCost)
     oracle: Oracle = Oracle.NONE
     power_budget_w: float | None = None  # of every pool that has none of its own
@@ -126,6 +134,12 @@ class SimOptions:
     # work proportional to the partitions in play (ANCHORS' simulators run each VC on its own).
     # Ignored when power caps are planned: the cap planner weighs each pool as a whole.
     partitioned_tenants: bool = False
+    # How often jobs checkpoint (scheduler.simulator.checkpoints); by default continuously.
+    checkpoints: CheckpointIntervals = field(default_factory=CheckpointIntervals)
+    # Whether the plan is told each attempt's checkpoint interval and last checkpoint.
+    checkpoint_knowledge: bool = True
+    # The notice every job gets before a preemption stops it (with checkpoint intervals only).
+    grace_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +182,8 @@ class Result:
     power_budget_w: float | None
     over_budget_s: float
     preemptions: int
-    preempted_gpu_s_lost: float  # restart overhead x GPUs
+    # (restart overhead + progress since the last checkpoint thrown away) x GPUs
+    preempted_gpu_s_lost: float
     plan_calls: int
     cycles_skipped: int
     events: int
@@ -177,6 +192,9 @@ class Result:
     plan_wall_s: float
     power_wall_s: float
     first_submit_s: float
+    # The part of preempted_gpu_s_lost that is progress since the last checkpoint (the rest is
+    # restarts).
+    preempted_gpu_s_progress: float = 0.0
 
 
 class _Job:
@@ -190,11 +208,17 @@ class _Job:
         "first_start_s",
         "pending",
         "attempt",
+        "interval_s",
+        "saved_work_left_s",
+        "last_checkpoint_s",
     )
 
-    def __init__(self, trace: TraceJob):
+    def __init__(self, trace: TraceJob, interval_s: float | None):
         self.trace = trace
         self.work_left_s = trace.duration_s
+        self.interval_s = interval_s  # how often it checkpoints (None: never, or continuously)
+        self.saved_work_left_s = trace.duration_s  # the work left at its last checkpoint
+        self.last_checkpoint_s: float | None = None
         self.attained_gpu_s = 0.0
         self.preemptions = 0
         self.overhead_s = 0.0
@@ -220,6 +244,8 @@ class _Attempt:
         "running_at_s",
         "shielded",
         "pool_index",
+        "segments",
+        "stop_s",
     )
     attempt_id: int
     job: _Job
@@ -235,6 +261,10 @@ class _Attempt:
     running_at_s: float  # when ``running`` was made
     shielded: bool
     pool_index: int
+    # (from, work left then, speed since) each time its speed was set: its progress over time,
+    # to know what a checkpoint at an earlier moment saved.
+    segments: list[tuple[float, float, float]]
+    stop_s: float | None  # preempted with notice: when it leaves, at its checkpoint
 
 
 class _Engine:
@@ -343,6 +373,7 @@ class _Engine:
 
         # Cycle control.
         self.cycle_at = _INF
+        self.last_cycle_s = -_INF
         self.preempting_at_s = -_INF
         self.preempting_cycles = 0
         self.dirty = False
@@ -370,6 +401,12 @@ class _Engine:
 
         self.preemptions = 0
         self.lost_gpu_s = 0.0
+        self.lost_progress_gpu_s = 0.0
+        self.continuous = options.checkpoints.continuous
+        self.grace_s = 0.0 if self.continuous else options.grace_s
+        self.tell_checkpoints = options.checkpoint_knowledge and not self.continuous
+        # (time, attempt id) of every attempt's next checkpoint, for the snapshot to show it
+        self.checkpoint_due: list[tuple[float, int]] = []
         self.plan_calls = 0
         self.cycles_skipped = 0
         self.events = 0
@@ -445,7 +482,7 @@ class _Engine:
             # remaining time would preempt each other at every cycle and neither progress.
             predicted = job.work_left_s
             if job.preemptions:
-                predicted += self.options.restart_cost.for_gpus(t.gpus)
+                predicted += self._restart_s(t.gpus)
         else:
             predicted = None
         return Pending(
@@ -480,9 +517,26 @@ class _Engine:
             a.shielded = False
         return a.running
 
+    def _restart_s(self, gpus: int) -> float:
+        """Seconds a preempted job of this size spends restarting, not progressing."""
+        if self.continuous:
+            return self.options.restart_cost.for_gpus(gpus)
+        return self.config.restart_cost_s
+
+    def _last_checkpoint(self, a: _Attempt, now_s: float) -> float | None:
+        """The job's latest checkpoint as of now_s: of this attempt, or else of an earlier one."""
+        interval_s = a.job.interval_s
+        if interval_s is not None and now_s - a.start_s >= interval_s:
+            return a.start_s + math.floor((now_s - a.start_s) / interval_s) * interval_s
+        return a.job.last_checkpoint_s
+
     def _make_running(self, a: _Attempt, now_s: float, shielded: bool = False) -> Running:
         job = a.job
         t = job.trace
+        last_checkpoint_s = interval_s = None
+        if self.tell_checkpoints:
+            last_checkpoint_s = self._last_checkpoint(a, now_s)
+            interval_s = job.interval_s
         attained = job.attained_gpu_s
         remaining = None
         if self.time_dependent_order:
@@ -506,7 +560,29 @@ class _Engine:
             power_profile=_DEFAULT_PROFILE,
             cpus=t.cpus,
             memory_mib=t.memory_mib,
+            last_checkpoint_s=last_checkpoint_s,
+            checkpoint_interval_s=interval_s,
+            grace_s=self.grace_s,
+            stopping=a.stop_s is not None,
+            stop_by_s=a.stop_s,
         )
+
+    def _refresh_checkpoints(self, now_s: float) -> None:
+        """Rebuild the snapshot objects of attempts that checkpointed since they were made."""
+        due = self.checkpoint_due
+        while due and due[0][0] <= now_s:
+            _, attempt_id = heapq.heappop(due)
+            a = self.running.get(attempt_id)
+            if a is None:
+                continue  # it ended since
+            interval_s = a.job.interval_s
+            assert interval_s is not None, "only attempts of jobs that checkpoint are due"
+            last_s = self._last_checkpoint(a, now_s)
+            heapq.heappush(due, ((last_s or a.start_s) + interval_s, attempt_id))
+            a.running = self._make_running(a, now_s, a.shielded)
+            a.running_at_s = now_s
+            self.running_objs[attempt_id] = a.running
+            self.running_tuple = None
 
     def _power_asked_for(self) -> bool:
         return self.config.power_planning and (
@@ -600,6 +676,8 @@ class _Engine:
 
     def _snapshot(self, now_s: float, tenants: tuple[str, ...] | None = None) -> Snapshot:
         """The cluster as ``plan`` sees it; partitioned, only the partitions of ``tenants``."""
+        if self.checkpoint_due:
+            self._refresh_checkpoints(now_s)
         if self.partitioned:
             assert tenants is not None
             nodes = self._partition_nodes(tenants)
@@ -665,12 +743,14 @@ class _Engine:
             self.dirty_tenants.add(tenant)
         if self.pending or self.power_active:
             if self.options.event_cycles:
-                self._request_cycle(now_s + self.options.debounce_s)
+                # The control plane's rule (controlplane/wakeups.py): leading edge when quiet,
+                # one cycle per debounce when busy.
+                self._request_cycle(max(now_s, self.last_cycle_s + self.options.debounce_s))
             else:
                 self._request_cycle(self._next_tick(now_s, strictly_after=False))
 
     def _arrive(self, trace: TraceJob) -> None:
-        job = _Job(trace)
+        job = _Job(trace, self.options.checkpoints.interval_s(trace.job_id))
         self.state[trace.job_id] = job
         self._enqueue(job)
         self._changed(trace.submit_s, trace.tenant)
@@ -705,6 +785,12 @@ class _Engine:
         a = self.running.get(attempt_id)
         if a is None or a.version != version:
             return  # preempted or rescheduled since this event was queued
+        if a.stop_s is not None and now_s < a.end_s:
+            self._advance_power(now_s)
+            self._stop(a, now_s)
+            self._record(now_s)
+            self._changed(now_s, a.job.trace.tenant)
+            return
         self._advance_power(now_s)
         job = a.job
         job.work_left_s = 0.0
@@ -739,7 +825,8 @@ class _Engine:
 
     def _schedule_completion(self, a: _Attempt) -> None:
         self.seq += 1
-        heapq.heappush(self.completions, (a.end_s, self.seq, a.attempt_id, a.version))
+        at_s = a.end_s if a.stop_s is None else min(a.end_s, a.stop_s)
+        heapq.heappush(self.completions, (at_s, self.seq, a.attempt_id, a.version))
 
     def _progress_to(self, a: _Attempt, now_s: float) -> None:
         """Book the work an attempt did up to ``now_s`` at its current speed."""
@@ -755,12 +842,50 @@ class _Engine:
             raise PlanError(
                 f"t={now_s:.0f}: preemption of attempt {attempt_id}, which is not running"
             )
-        self._progress_to(a, now_s)
+        if a.stop_s is not None:
+            raise PlanError(f"t={now_s:.0f}: preemption of attempt {attempt_id}, already stopping")
         job = a.job
-        self._release(a, now_s)
         job.preemptions += 1
         self.preemptions += 1
+        interval_s = job.interval_s
+        if self.grace_s > 0 and interval_s is not None and now_s > a.start_s:
+            next_s = a.start_s + math.ceil((now_s - a.start_s) / interval_s) * interval_s
+            if now_s < next_s <= now_s + self.grace_s:
+                # It saves its next checkpoint within its notice, then leaves: its GPUs stay
+                # taken (stopping) until then.
+                a.stop_s = next_s
+                a.version += 1
+                a.running = self._make_running(a, now_s)
+                a.running_at_s = now_s
+                self.running_objs[attempt_id] = a.running
+                self.running_tuple = None
+                self._schedule_completion(a)
+                return
+        self._stop(a, now_s)
+
+    def _stop(self, a: _Attempt, now_s: float) -> None:
+        """A preempted attempt leaves: the job resumes later from its last checkpoint."""
+        self._progress_to(a, now_s)
+        job = a.job
+        if not self.continuous:
+            # It resumes from its last checkpoint: what it did since is lost, and redone.
+            last_s = a.stop_s if a.stop_s is not None else self._last_checkpoint(a, now_s)
+            if last_s is not None and last_s >= a.start_s:
+                job.saved_work_left_s = min(job.saved_work_left_s, self._work_left_at(a, last_s))
+                job.last_checkpoint_s = last_s
+            lost_s = max(job.saved_work_left_s - job.work_left_s, 0.0)
+            self.lost_gpu_s += lost_s * len(a.gpus)
+            self.lost_progress_gpu_s += lost_s * len(a.gpus)
+            job.work_left_s = job.saved_work_left_s
+        self._release(a, now_s)
         self._enqueue(job)
+
+    def _work_left_at(self, a: _Attempt, at_s: float) -> float:
+        """The job's work left at a moment of this attempt (before the moment's progress)."""
+        for from_s, left_s, speed in reversed(a.segments):
+            if from_s <= at_s:
+                return max(left_s - (at_s - from_s) * speed, 0.0)
+        return a.segments[0][1]
 
     def _start(self, start: Start, predicted: dict[int, float], now_s: float) -> None:
         job = self.pending.get(start.job_id)
@@ -816,12 +941,14 @@ class _Engine:
         a.gpus = gpus
         a.gpu_type = gpu_type
         a.start_s = now_s
-        overhead = self.options.restart_cost.for_gpus(n) if job.preemptions else 0.0
+        overhead = self._restart_s(n) if job.preemptions else 0.0
         job.overhead_s += overhead
         self.lost_gpu_s += overhead * n
         a.progress_from_s = now_s + overhead
         a.speed = self._speed(gpus)
         a.end_s = a.progress_from_s + job.work_left_s / a.speed
+        a.segments = [(a.progress_from_s, job.work_left_s, a.speed)]
+        a.stop_s = None
         a.version = 0
         a.pool_index = self.gpu_pool[gpus[0]]
         if self.options.oracle is Oracle.NONE:
@@ -844,6 +971,8 @@ class _Engine:
         self.tenant_running[t.tenant][a.attempt_id] = a
         self.running_tuple = None
         self.last_start_s = now_s
+        if self.tell_checkpoints and job.interval_s is not None:
+            heapq.heappush(self.checkpoint_due, (now_s + job.interval_s, a.attempt_id))
         self._schedule_completion(a)
 
     def _apply_caps(self, caps: dict[str, float], now_s: float) -> None:
@@ -865,6 +994,7 @@ class _Engine:
             speed = self._speed(a.gpus)
             if speed != a.speed:
                 a.speed = speed
+                a.segments.append((max(a.progress_from_s, now_s), a.job.work_left_s, speed))
                 a.end_s = max(a.progress_from_s, now_s) + a.job.work_left_s / speed
                 a.version += 1
                 if self.options.oracle is not Oracle.NONE:
@@ -898,6 +1028,7 @@ class _Engine:
 
     def _cycle(self, now_s: float) -> None:
         self.cycle_at = _INF
+        self.last_cycle_s = now_s
         plan_power = self.power_active and self.config.power_planning
         if not self.pending and not plan_power:
             self.dirty = False
@@ -1055,6 +1186,7 @@ class _Engine:
             plan_wall_s=self.plan_wall_s,
             power_wall_s=self.power_wall_s,
             first_submit_s=jobs[0].submit_s if jobs else 0.0,
+            preempted_gpu_s_progress=self.lost_progress_gpu_s,
         )
 
     def _total_budget(self) -> float | None:

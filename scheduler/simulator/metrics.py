@@ -6,8 +6,9 @@ Definitions (what the tables mean):
   preemption) = JCT - time holding GPUs. A job "waited" when its queue is above zero.
 - Percentiles interpolate linearly between order statistics (numpy's default).
 - Utilization = GPU-seconds held / (GPUs x makespan), makespan = last finish - first submit.
-- GPU-hours lost to preemption = restart cost x GPUs, summed over restarts (progress is
-  checkpointed, so the restart is what a preemption costs).
+- GPU-hours lost to preemption = (restart cost + run time since the job's last checkpoint) x
+  GPUs, summed over preemptions. With the default continuous checkpoints nothing is lost but
+  the restart (see scheduler.simulator.checkpoints).
 - Finish-time fairness rho of a tenant = its mean JCT under the policy / its mean JCT under
   FIFO on its own static partition (the reference run), over the jobs finished in both;
   rho <= 1: the tenant is no worse off than alone on its partition. ``rho_job_mean`` is the

@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 from scheduler import priority
 from scheduler.model import ANY_GPU_TYPE, Config, Node, Ordering, Plan, Quota, Snapshot, Tenant
@@ -51,7 +52,13 @@ class Preset:
     strict: bool = False  # head-of-line blocking per tenant (see the module's docstring)
 
 
-_STATIC = dict(borrowing=False, preemption=False, backfill=False)
+class _Switches(TypedDict):
+    borrowing: bool
+    preemption: bool
+    backfill: bool
+
+
+_STATIC = _Switches(borrowing=False, preemption=False, backfill=False)
 
 PRESETS: dict[str, Preset] = {
     p.name: p

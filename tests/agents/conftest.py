@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests import ports
+from tests.engine import docker_host
 
 REPO = Path(__file__).resolve().parents[2]
 # This suite's share of the ports the helpers of this project may use.
@@ -67,6 +67,10 @@ class TinyControlPlane:
         self.fail_next_log_posts = 0
         self.version = 0
         self.watches = 0
+        # The volumes endpoint: None answers 404, like a control plane from before volumes.
+        self.volumes: list[dict] | None = None
+        self.checkpoint_deletions: list[dict] = []
+        self.volume_reports: list[dict] = []
         self._server: ThreadingHTTPServer | None = None
         self._connections: set[socket.socket] = set()
         self.start()
@@ -130,6 +134,22 @@ class TinyControlPlane:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_GET(self) -> None:
+                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                path = self.path.removeprefix("/api/agent/v1")
+                if token not in cp.node_tokens:
+                    return self._answer(401, {"detail": "bad node token"})
+                if path == "/volumes" and cp.volumes is not None:
+                    with cp.lock:
+                        return self._answer(
+                            200,
+                            {
+                                "volumes": list(cp.volumes),
+                                "checkpoint_deletions": list(cp.checkpoint_deletions),
+                            },
+                        )
+                return self._answer(404, {"detail": "no such endpoint"})
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
@@ -148,6 +168,14 @@ class TinyControlPlane:
                     return self._answer(200, cp._watch(body))
                 if path == "/logs":
                     return self._answer(*cp._logs(body))
+                if path == "/volumes" and cp.volumes is not None:
+                    with cp.lock:
+                        cp.volume_reports.append(body)
+                        done = set(body["deleted_checkpoints"])
+                        cp.checkpoint_deletions = [
+                            d for d in cp.checkpoint_deletions if d["job_id"] not in done
+                        ]
+                    return self._answer(200, {"ok": True})
                 return self._answer(404, {"detail": "no such endpoint"})
 
         class Server(ThreadingHTTPServer):
@@ -245,20 +273,8 @@ def control_plane():
 
 @pytest.fixture(scope="session")
 def engine_url() -> str:
-    """DOCKER_HOST of a real engine: Podman's Docker API, set up by scripts/podman-setup.sh."""
-    script = REPO / "scripts" / "podman-setup.sh"
-    try:
-        result = subprocess.run(
-            ["bash", str(script)], capture_output=True, text=True, timeout=180, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"no container engine: {script} could not run ({exc})")
-    if result.returncode != 0:
-        pytest.skip(f"no container engine: {script.name} failed: {result.stderr.strip()[-500:]}")
-    lines = [line for line in result.stdout.splitlines() if line.startswith("DOCKER_HOST=")]
-    if not lines:
-        pytest.skip(f"no container engine: {script.name} printed no DOCKER_HOST")
-    return lines[-1].removeprefix("DOCKER_HOST=")
+    """DOCKER_HOST of a real engine (Podman's Docker API)."""
+    return docker_host()
 
 
 @pytest.fixture
@@ -268,15 +284,9 @@ def state_dir(tmp_path) -> Path:
     path.mkdir()
     os.chmod(path, 0o700)
     yield path
-    from agents.runtime.process import proc_start_ticks
+    from agents.runtime.process import ProcessRuntime
 
-    for child_file in path.glob("**/process/*/child.json"):
-        try:
-            child = json.loads(child_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if proc_start_ticks(child["pid"]) == child.get("start_ticks"):
-            try:
-                os.killpg(child["pid"], signal.SIGKILL)
-            except OSError:
-                pass
+    for process_dir in path.glob("**/process"):
+        runtime = ProcessRuntime(process_dir.parent)
+        for attempt_id in runtime.running_attempts():
+            runtime.signal_attempt(attempt_id, signal.SIGKILL)

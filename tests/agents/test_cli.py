@@ -1,6 +1,5 @@
 """`python -m agents`: flags and environment, and a real agent process stopped and started again."""
 
-import json
 import os
 import signal
 import subprocess
@@ -9,7 +8,7 @@ import sys
 import pytest
 
 from agents.__main__ import build_parser, main
-from agents.runtime.process import proc_start_ticks
+from agents.runtime.process import proc_start_ticks, read_child
 from tests.agents.conftest import REPO, wait_until
 
 
@@ -197,7 +196,7 @@ def test_sigterm_stops_the_agent_and_leaves_its_job_running_for_the_next_start(
     finally:
         if agent.poll() is None:
             agent.kill()
-    child = json.loads((state_dir / "process" / "31" / "child.json").read_text())
+    child = read_child(state_dir / "process" / "31")
     assert proc_start_ticks(child["pid"]) == child["start_ticks"], "the job died with the agent"
 
     reports_before = len(control_plane.reported(31))
@@ -225,3 +224,19 @@ def test_sigterm_stops_the_agent_and_leaves_its_job_running_for_the_next_start(
         except subprocess.TimeoutExpired:
             again.kill()
     assert again.returncode == 0
+
+
+def test_the_advertise_address_and_job_ports_come_from_flags_or_the_environment(monkeypatch):
+    monkeypatch.setenv("GPUCP_ADVERTISE_ADDRESS", "10.1.2.3")
+    monkeypatch.setenv("GPUCP_JOB_PORT_RANGE", "31000-31010")
+    args = build_parser().parse_args([])
+    assert (args.advertise_address, args.job_port_range) == ("10.1.2.3", (31000, 31010))
+    args = build_parser().parse_args(["--job-port-range", "29500-29999"])
+    assert args.job_port_range == (29500, 29999)
+
+
+@pytest.mark.parametrize("value", ["29999-29500", "0-10", "29500", "a-b", "29500-70000"])
+def test_a_job_port_range_that_is_not_low_high_ports_is_refused(capsys, value):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--job-port-range", value])
+    assert "--job-port-range" in capsys.readouterr().err

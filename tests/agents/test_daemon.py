@@ -8,14 +8,16 @@ import json
 import os
 import sys
 import threading
+import time
 
 import pytest
 
+from agents import daemon
 from agents.client import ControlPlaneClient
 from agents.daemon import Agent, AgentConfig
 from agents.gpu.simulated import SimulatedBackend, parse_spec
 from agents.runtime.base import AttemptState
-from agents.runtime.process import ProcessRuntime
+from agents.runtime.process import ProcessRuntime, read_child
 from tests.agents.conftest import wait_until
 
 NODE = "node-t"
@@ -125,7 +127,9 @@ def test_the_agent_registers_its_inventory_once_and_reuses_its_node_token(contro
     (registered,) = control_plane.registrations
     assert registered["name"] == NODE and registered["runtime"] == "process"
     assert [g["power_max_w"] for g in registered["gpus"]] == [400.0, 400.0]
-    assert registered["cpus"] > 0 and registered["memory_mib"] > 0
+    # A simulated node of two A100s has the host of two A100s (a DGX A100's share), whatever
+    # machine the test runs on.
+    assert (registered["cpus"], registered["memory_mib"]) == (64, 2 * 128 * 1024)
 
     again = make_agent(control_plane, state_dir)
     assert again.cycle()
@@ -333,7 +337,7 @@ def test_an_attempt_past_its_max_runtime_is_stopped_and_says_so(control_plane, s
     agent = make_agent(control_plane, state_dir, clock=clock)
     control_plane.set_desired([attempt(8, "sleep", "300", max_runtime_s=60)])
     agent.cycle()
-    started_at = json.loads((state_dir / "process/8/child.json").read_text())["started_at"]
+    started_at = read_child(state_dir / "process/8")["started_at"]
     clock.now_s = started_at + 61
     agent.cycle()
     ended(agent, 8)
@@ -385,6 +389,51 @@ def test_new_work_is_picked_up_through_the_watch_not_the_next_periodic_heartbeat
         )
         assert len(control_plane.heartbeats) > heartbeats_before
     finally:
+        agent.stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("flush_s", [0.5, 0.0])
+def test_a_running_jobs_output_reaches_the_control_plane_between_heartbeats(
+    control_plane, state_dir, tmp_path, flush_s
+):
+    """Someone following a log sees a line soon after it is printed, not a heartbeat later;
+    with the flush turned off (0), output goes with the heartbeats only."""
+    control_plane.heartbeat_interval_s = 300.0
+    go, end = tmp_path / "go", tmp_path / "end"
+    script = (
+        f"echo first; while [ ! -e {go} ]; do sleep 0.05; done; echo second; "
+        f"while [ ! -e {end} ]; do sleep 0.05; done"
+    )
+    agent = make_agent(control_plane, state_dir, log_flush_interval_s=flush_s)
+    thread = run_in_thread(agent)
+    try:
+        wait_until(lambda: control_plane.heartbeats and control_plane.watches, what="a watch")
+        control_plane.set_desired([attempt(12, "sh", "-c", script)])
+        # Its start is reported (a heartbeat of its own), and its first line shipped with it.
+        wait_until(
+            lambda: any(r["state"] == "running" for r in control_plane.reported(12)),
+            what="the start report",
+        )
+        wait_until(lambda: control_plane.logs.get(12) == b"first\n", what="the first line")
+        heartbeats = len(control_plane.heartbeats)
+        go.touch()
+        wait_until(
+            lambda: agent.runtime.read_logs(12, 0, 100) == b"first\nsecond\n", what="line two"
+        )
+        if flush_s:
+            wait_until(
+                lambda: control_plane.logs.get(12) == b"first\nsecond\n", what="line two shipped"
+            )
+        else:
+            time.sleep(2.0)
+            assert control_plane.logs.get(12) == b"first\n"
+        # Either way no heartbeat went meanwhile: the line went on its own, or not at all.
+        assert len(control_plane.heartbeats) == heartbeats
+    finally:
+        end.touch()
+        go.touch()
         agent.stop()
         thread.join(timeout=20)
     assert not thread.is_alive()
@@ -461,3 +510,67 @@ def test_after_registering_anew_an_attempt_id_seen_before_can_run(control_plane,
     ended(agent, 1)
     agent.cycle()
     assert [r["state"] for r in control_plane.reported(1)] == ["exited", "exited"]
+
+
+@pytest.mark.parametrize("compact_at", [1000, 2])
+def test_attempts_forgotten_together_are_never_started_again_by_a_restarted_agent(
+    control_plane, state_dir, tmp_path, monkeypatch, compact_at
+):
+    # compact_at 2: the tombstone log is folded into its snapshot along the way.
+    monkeypatch.setattr(daemon, "TOMBSTONE_LOG_COMPACT_AT", compact_at)
+    runs = tmp_path / "runs"
+    agent = make_agent(control_plane, state_dir)
+    wanted = [attempt(a, "sh", "-c", f"echo {a} >> {runs}") for a in range(1, 6)]
+    control_plane.set_desired(wanted)
+    agent.cycle()
+    for a in range(1, 6):
+        ended(agent, a)
+    agent.cycle()  # reported, acknowledged, forgotten in one go
+    assert list((state_dir / "attempts").glob("*.json")) == []
+    control_plane.set_desired([*wanted, attempt(6, "sh", "-c", f"echo 6 >> {runs}")])
+    agent.cycle()
+    ended(agent, 6)
+    agent.cycle()
+
+    # A restarted agent given a stale answer that still lists them all starts none again.
+    again = make_agent(control_plane, state_dir)
+    again.cycle()
+    again.cycle()
+    assert sorted(runs.read_text().split()) == [str(a) for a in range(1, 7)]
+    assert again.runtime.statuses() == []
+
+
+def test_a_tombstone_log_cut_by_a_crash_keeps_every_whole_line(control_plane, state_dir):
+    make_agent(control_plane, state_dir)  # registered: the node token is kept
+    (state_dir / "finished.json").write_text(json.dumps({"1": time.time()}))
+    (state_dir / "finished.log").write_text(f"2 {time.time():.3f}\n3 17")  # 3: never synced
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(a, "true") for a in (1, 2, 4)])
+    agent.cycle()
+    assert runtime_state(agent, 1) is None and runtime_state(agent, 2) is None
+    assert runtime_state(agent, 4) is not None
+    ended(agent, 4)
+    agent.cycle()
+    # The next append starts on a line of its own: 4 is remembered after a restart.
+    again = make_agent(control_plane, state_dir)
+    again.cycle()
+    assert again.runtime.statuses() == []
+    assert len(control_plane.reported(4)) == 1
+
+
+@pytest.mark.parametrize(
+    "spec,overrides,shape",
+    [
+        ("simulated:H100-SXM-80GB:8", {}, (224, 8 * 256 * 1024)),
+        ("simulated:H100-SXM-80GB:8", {"cpus": 96, "memory_mib": 512 * 1024}, (96, 512 * 1024)),
+        ("simulated:A40:2", {}, (32, 2 * 128 * 1024)),
+    ],
+)
+def test_a_simulated_node_reports_the_host_shape_of_its_gpus_unless_told(
+    control_plane, state_dir, spec, overrides, shape
+):
+    gpu_type, count = parse_spec(spec)
+    gpu = SimulatedBackend(gpu_type, count, node_name=NODE)
+    agent = make_agent(control_plane, state_dir, gpu=gpu, **overrides)
+    registration = agent.registration()
+    assert (registration["cpus"], registration["memory_mib"]) == shape

@@ -5,7 +5,16 @@ import uuid
 import docker
 import pytest
 
-from agents.runtime.base import ATTEMPT_LABEL, NODE_LABEL, AttemptSpec, AttemptState, StartError
+from agents.runtime.base import (
+    ATTEMPT_LABEL,
+    NODE_LABEL,
+    AttemptSpec,
+    AttemptState,
+    CheckpointSpec,
+    MountSpec,
+    RendezvousSpec,
+    StartError,
+)
 from agents.runtime.docker import API_VERSION, DockerRuntime, parse_engine_time
 from tests.agents.conftest import wait_until
 
@@ -199,3 +208,162 @@ def test_the_agent_runs_a_desired_container_reports_its_exit_and_then_removes_it
 
 def registered_runtime(control_plane):
     return control_plane.registrations[-1]["runtime"]
+
+
+# -- the job contract: mounts, checkpoint dir, stop signal and grace ------------------------------
+
+
+def test_a_host_path_is_bind_mounted_at_its_target_and_named_in_the_environment(runtime, tmp_path):
+    data = tmp_path / "datasets"
+    data.mkdir()
+    (data / "train.txt").write_text("cats and dogs\n")
+    runtime.start(
+        spec(
+            41,
+            "sh",
+            "-c",
+            'echo "at=$GPUCP_MOUNT_DATA_SETS"; cat "$GPUCP_MOUNT_DATA_SETS/train.txt"; '
+            'echo written > /data/out.txt; echo "sig=$GPUCP_STOP_SIGNAL grace=$GPUCP_GRACE_S"',
+            mounts=(MountSpec("data-sets", "host_path", str(data), "/data"),),
+            stop_signal="SIGINT",
+            grace_s=12.0,
+        )
+    )
+    assert ended(runtime, 41).exit_code == 0
+    output = runtime.read_logs(41, 0, 10_000).decode()
+    assert "at=/data\ncats and dogs\n" in output
+    assert "sig=SIGINT grace=12" in output
+    assert (data / "out.txt").read_text() == "written\n"
+
+
+def test_a_read_only_mount_cannot_be_written(runtime, tmp_path):
+    data = tmp_path / "datasets"
+    data.mkdir()
+    (data / "train.txt").write_text("keep\n")
+    runtime.start(
+        spec(
+            42,
+            "sh",
+            "-c",
+            "cat /data/train.txt && echo x > /data/train.txt; echo y > /data/new.txt",
+            mounts=(MountSpec("datasets", "host_path", str(data), "/data", read_only=True),),
+        )
+    )
+    status = ended(runtime, 42)
+    assert status.exit_code != 0
+    assert (data / "train.txt").read_text() == "keep\n"
+    assert not (data / "new.txt").exists()
+    assert "keep" in runtime.read_logs(42, 0, 10_000).decode()  # readable all the same
+
+
+def test_a_missing_host_path_or_engine_volume_fails_to_start_and_nothing_is_created(
+    runtime, engine, tmp_path
+):
+    missing = tmp_path / "not-here"
+    with pytest.raises(StartError, match="not on this node"):
+        runtime.start(spec(43, "true", mounts=(MountSpec("d", "host_path", str(missing), "/d"),)))
+    assert not missing.exists()
+    name = f"gpucp-test-missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(StartError, match="has no volume"):
+        runtime.start(spec(44, "true", mounts=(MountSpec("v", "engine_volume", name, "/v"),)))
+    with pytest.raises(docker.errors.NotFound):
+        engine.volumes.get(name)
+
+
+def test_an_engine_volume_is_mounted_by_name(runtime, engine):
+    name = f"gpucp-test-{uuid.uuid4().hex[:8]}"
+    volume = engine.volumes.create(name)
+    try:
+        assert runtime.has_volume(name)
+        runtime.start(
+            spec(
+                45,
+                "sh",
+                "-c",
+                'echo hi > "$GPUCP_MOUNT_CACHE/f" && cat /cache/f',
+                mounts=(MountSpec("cache", "engine_volume", name, "/cache"),),
+            )
+        )
+        assert ended(runtime, 45).exit_code == 0
+        assert b"hi" in runtime.read_logs(45, 0, 100)
+        runtime.remove(45)
+    finally:
+        volume.remove(force=True)
+
+
+def test_the_checkpoint_dir_is_mounted_writable_and_outlives_the_container(runtime, tmp_path):
+    host_dir = tmp_path / "ckpt" / "checkpoints" / "vision" / "7"
+    checkpoint = CheckpointSpec(str(host_dir))
+    runtime.start(
+        spec(
+            46,
+            "sh",
+            "-c",
+            'echo "dir=$GPUCP_CHECKPOINT_DIR"; echo epoch-3 > "$GPUCP_CHECKPOINT_DIR/state" '
+            '&& touch "$GPUCP_CHECKPOINT_DIR/.checkpoint"',
+            job_id=7,
+            checkpoint=checkpoint,
+        )
+    )
+    assert ended(runtime, 46).exit_code == 0
+    assert "dir=/gpucp/checkpoint" in runtime.read_logs(46, 0, 1000).decode()
+    runtime.remove(46)
+    assert (host_dir / "state").read_text() == "epoch-3\n" and (host_dir / ".checkpoint").exists()
+    # The job's next attempt finds it; read-only when the control plane says so.
+    runtime.start(
+        spec(
+            47,
+            "sh",
+            "-c",
+            "cat /gpucp/checkpoint/state; echo x > /gpucp/checkpoint/state",
+            job_id=7,
+            checkpoint=CheckpointSpec(str(host_dir), read_only=True),
+        )
+    )
+    status = ended(runtime, 47)
+    assert b"epoch-3" in runtime.read_logs(47, 0, 1000)
+    assert status.exit_code != 0 and (host_dir / "state").read_text() == "epoch-3\n"
+
+
+def test_a_container_gets_its_own_stop_signal_and_leaves_by_itself(runtime):
+    runtime.start(
+        spec(48, "sh", "-c", "trap 'echo got-usr1; exit 0' USR1; while :; do sleep 0.1; done")
+    )
+    wait_until(lambda: runtime.statuses()[0].started_at, what="the container to start")
+    runtime.stop(48, grace_s=60, signal="SIGUSR1")
+    status = ended(runtime, 48)
+    assert status.exit_code == 0 and status.killed_after_grace is False
+    assert b"got-usr1" in runtime.read_logs(48, 0, 1000)
+
+
+def test_a_container_that_ignores_its_signal_is_killed_at_the_end_of_its_grace(runtime):
+    # busybox sleep as PID 1 ignores SIGTERM (no handler): only the SIGKILL ends it.
+    runtime.start(spec(49, "sleep", "300"))
+    wait_until(lambda: runtime.statuses()[0].started_at, what="the container to start")
+    runtime.stop(49, grace_s=1.5)
+    status = ended(runtime, 49)
+    assert status.exit_code == 137 and status.killed_after_grace is True
+    assert status.finished_at - status.stop_signal_at >= 1.5
+
+
+@pytest.mark.parametrize(("nodes", "host_network"), [(2, True), (1, False)])
+def test_a_job_over_several_nodes_uses_the_hosts_network_and_a_one_node_job_does_not(
+    runtime, engine, nodes, host_network
+):
+    attempt_id = 40 + nodes
+    addrs = tuple(f"10.0.0.{i + 1}" for i in range(nodes))
+    runtime.start(
+        spec(
+            attempt_id,
+            "sh",
+            "-c",
+            'echo "nodes=$GPUCP_NUM_NODES master=$PET_MASTER_ADDR:$PET_MASTER_PORT"',
+            rendezvous=RendezvousSpec(0, addrs, 29600, 1),
+        )
+    )
+    assert ended(runtime, attempt_id).exit_code == 0
+    assert f"nodes={nodes} master=10.0.0.1:29600" in runtime.read_logs(attempt_id, 0, 1000).decode()
+    (container,) = engine.containers.list(
+        all=True, filters={"label": [f"{ATTEMPT_LABEL}={attempt_id}"]}
+    )
+    assert (container.attrs["HostConfig"]["NetworkMode"] == "host") is host_network

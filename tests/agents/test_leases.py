@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -112,17 +113,72 @@ def test_nothing_starts_when_the_lease_would_run_out_before_it_could_be_stopped(
     assert runtime_state(agent, 2) is not None
 
 
-def test_the_supervisor_refuses_a_start_under_a_lease_that_ran_out(state_dir):
-    write_lease(state_dir, kill_in_s=-1.0)
+def _lease_of_another_boot(state_dir):
+    leases.write_lease(state_dir, replace(write_lease(state_dir, kill_in_s=60.0), boot_id="other"))
+
+
+def _lease_json_only(state_dir):
+    write_lease(state_dir, kill_in_s=60.0)
+    (state_dir / leases.LEASE_DEADLINE_FILE).unlink()
+
+
+def _own_grace_too_long(state_dir):
+    # The lease holds for 10 s more, but this attempt's own grace is 30 s.
+    lease = write_lease(state_dir, kill_in_s=10.0, grace_s=5.0)
+    leases.write_lease(state_dir, replace(lease, graces={"3": 30.0}))
+
+
+@pytest.mark.parametrize(
+    "lease, why",
+    [
+        (lambda state_dir: write_lease(state_dir, kill_in_s=-1.0), "lease ran out"),
+        (lambda state_dir: write_lease(state_dir, kill_in_s=3.0, grace_s=5.0), "lease ran out"),
+        (_own_grace_too_long, "lease ran out"),
+        (_lease_of_another_boot, "before a reboot"),
+        (_lease_json_only, "cannot be read"),
+    ],
+)
+def test_the_supervisor_refuses_a_start_under_a_lease_that_ran_out(state_dir, tmp_path, lease, why):
+    lease(state_dir)
+    ran = tmp_path / "ran"
     runtime = ProcessRuntime(state_dir)
-    status = runtime.start(AttemptSpec(attempt_id=3, command=("sh", "-c", "echo job-output")))
-    status = wait_until(
-        lambda: next((s for s in runtime.statuses() if s.state is not AttemptState.RUNNING), None),
-        what="the refusal",
+    status = runtime.start(
+        AttemptSpec(attempt_id=3, command=("sh", "-c", f"echo job-output; touch {ran}"))
     )
     assert status.state is AttemptState.FAILED_TO_START and status.fenced
-    assert "lease ran out" in status.message
+    assert why in status.message
     assert b"job-output" not in runtime.read_logs(3, 0, 1000)
+    assert not ran.exists()
+    (adopted,) = ProcessRuntime(state_dir).adopt()
+    assert adopted.state is AttemptState.FAILED_TO_START and adopted.fenced
+
+
+@pytest.mark.parametrize(
+    "lease",
+    [
+        lambda state_dir: None,  # no lease yet: a control plane without leases
+        lambda state_dir: write_lease(state_dir, kill_in_s=60.0, grace_s=5.0),
+        lambda state_dir: leases.write_lease(
+            state_dir, replace(write_lease(state_dir, kill_in_s=60.0), graces={"3": 30.0})
+        ),
+    ],
+)
+def test_the_supervisor_starts_the_job_under_a_lease_that_holds(state_dir, lease):
+    lease(state_dir)
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(AttemptSpec(attempt_id=3, command=("sh", "-c", "exit 7")))
+    status = wait_until(
+        lambda: next((s for s in runtime.statuses() if s.state is not AttemptState.RUNNING), None),
+        what="the job to end",
+    )
+    assert (status.state, status.exit_code, status.fenced) == (AttemptState.EXITED, 7, False)
+
+
+def test_the_supervisors_clock_is_the_leases_clock():
+    # The supervisor reads CLOCK_BOOTTIME from /proc/uptime (a shell has no clock_gettime).
+    with open("/proc/uptime") as f:
+        uptime_s = float(f.read().split()[0])
+    assert abs(uptime_s - leases.boottime()) < 1.0
 
 
 def test_a_gpu_of_an_attempt_being_stopped_goes_to_the_next_one_only_once_it_is_gone(

@@ -3,17 +3,33 @@
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
 
 from agents.runtime.base import AttemptSpec, AttemptState, StartError
-from agents.runtime.process import LOST_EXIT_CODE, ProcessRuntime, proc_start_ticks
+from agents.runtime.process import (
+    LOST_EXIT_CODE,
+    ProcessRuntime,
+    proc_start_ticks,
+    read_child,
+    read_exit,
+)
 from tests.agents.conftest import wait_until
 
 
 def spec(attempt_id, *command, **kwargs):
     return AttemptSpec(attempt_id=attempt_id, command=tuple(command), **kwargs)
+
+
+def job_pid(state_dir, attempt_id):
+    """The job's pid (its process group) once its supervisor wrote it."""
+    child = wait_until(
+        lambda: read_child(state_dir / "process" / str(attempt_id)),
+        what="the job's pid",
+    )
+    return child["pid"]
 
 
 def ended(runtime, attempt_id):
@@ -154,11 +170,7 @@ def _group_members(pgid):
 def test_stop_terminates_the_whole_process_group(state_dir):
     runtime = ProcessRuntime(state_dir)
     runtime.start(spec(1, "sh", "-c", "sleep 300 & sleep 300 & wait"))
-    child = wait_until(
-        lambda: json.loads((state_dir / "process/1/child.json").read_text()),
-        what="the job's pid",
-    )
-    pgid = child["pid"]
+    pgid = job_pid(state_dir, 1)
     wait_until(lambda: len(_group_members(pgid)) >= 3, what="the job and its two sleeps")
     runtime.stop(1, grace_s=30)
     status = ended(runtime, 1)
@@ -168,8 +180,10 @@ def test_stop_terminates_the_whole_process_group(state_dir):
 
 def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(state_dir):
     runtime = ProcessRuntime(state_dir)
-    runtime.start(spec(1, "sh", "-c", "trap 'echo got TERM' TERM; while :; do sleep 0.1; done"))
-    wait_until(lambda: (state_dir / "process/1/child.json").exists(), what="the job's pid")
+    runtime.start(
+        spec(1, "sh", "-c", "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.1; done")
+    )
+    wait_until(lambda: b"ready" in runtime.read_logs(1, 0, 1000), what="the job's trap")
     runtime.stop(1, grace_s=0.5)
     status = ended(runtime, 1)
     assert status.exit_code == 137
@@ -201,10 +215,55 @@ def test_a_restarted_runtime_adopts_a_live_process_and_reports_its_exit(state_di
     assert second.read_logs(7, 0, 100) == b"started\n"
 
 
+def test_the_runtime_says_at_once_that_an_attempt_ended_started_or_adopted(state_dir):
+    # The agent reports an exit when the runtime calls back, not at its next poll: nobody
+    # polls here, and each callback must come by itself once its job ended.
+    import threading
+
+    release = state_dir / "go"
+    waiting = f"while [ ! -e {release} ]; do sleep 0.05; done"
+    first = ProcessRuntime(state_dir)
+    first.start(spec(21, "sh", "-c", f"{waiting}; exit 3"))
+    del first  # the agent died; the job's supervisor did not
+
+    runtime = ProcessRuntime(state_dir)
+    ended_event = threading.Event()
+    runtime.notify_exits(ended_event.set)
+    runtime.adopt()
+    runtime.start(spec(22, "sh", "-c", "exit 4"))
+    assert ended_event.wait(30), "no callback for a started attempt's exit"
+    ended_event.clear()
+    release.touch()
+    assert ended_event.wait(30), "no callback for an adopted attempt's exit"
+    codes = {s.attempt_id: s.exit_code for s in runtime.statuses()}
+    assert codes == {21: 3, 22: 4}
+    runtime.close()
+
+
+def test_an_agent_holding_more_than_a_thousand_descriptors_still_starts_attempts(state_dir):
+    # A long-lived agent (or a test process) may hold more descriptors than select() takes.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"the descriptor limit ({hard}) is below what this test needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        runtime = ProcessRuntime(state_dir)
+        started = runtime.start(spec(31, "sh", "-c", "exit 5"))
+        assert started.state is not AttemptState.FAILED_TO_START
+        assert ended(runtime, 31).exit_code == 5
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_an_exit_while_no_agent_was_running_is_still_reported_with_its_code(state_dir):
     first = ProcessRuntime(state_dir)
     first.start(spec(8, "sh", "-c", "exit 9"))
-    wait_until(lambda: (state_dir / "process/8/exit.json").exists(), what="the exit file")
+    wait_until(lambda: read_exit(state_dir / "process/8", text=True), what="the exit record")
     del first
 
     (adopted,) = ProcessRuntime(state_dir).adopt()
@@ -238,3 +297,193 @@ def test_remove_forgets_the_attempt_and_its_files(state_dir):
     assert runtime.statuses() == []
     assert not (state_dir / "process" / "1").exists()
     assert ProcessRuntime(state_dir).adopt() == []
+
+
+# --- the supervisor's promises ---------------------------------------------------------------
+
+AGENT_THEN_KILL9 = """
+import os, signal, sys
+from agents.runtime.base import AttemptSpec
+from agents.runtime.process import ProcessRuntime
+runtime = ProcessRuntime(sys.argv[1])
+runtime.start(AttemptSpec(attempt_id=1, job_id=3, gpu_uuids=("GPU-x",), command=(
+    "sh", "-c", f"echo started; while [ ! -e {sys.argv[2]} ]; do sleep 0.05; done; exit 42")))
+runtime.start(AttemptSpec(attempt_id=2, command=("sh", "-c", "sleep 0.3; kill -USR1 $$")))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_jobs_outlive_an_agent_killed_with_sigkill_and_a_new_one_learns_every_exit_code(
+    state_dir, tmp_path
+):
+    marker = tmp_path / "go"
+    agent = subprocess.run(
+        [sys.executable, "-c", AGENT_THEN_KILL9, str(state_dir), str(marker)], check=False
+    )
+    assert agent.returncode == -signal.SIGKILL
+    # Attempt 2 ends (by a signal) while no agent runs at all.
+    wait_until(lambda: read_exit(state_dir / "process/2", text=True), what="attempt 2 to end")
+
+    runtime = ProcessRuntime(state_dir)
+    adopted = {s.attempt_id: s for s in runtime.adopt()}
+    assert adopted[1].state is AttemptState.RUNNING
+    assert (adopted[1].job_id, adopted[1].gpu_uuids) == (3, ("GPU-x",))
+    assert adopted[2].state is AttemptState.EXITED
+    assert adopted[2].exit_code == 128 + signal.SIGUSR1
+    marker.touch()
+    assert ended(runtime, 1).exit_code == 42
+    assert runtime.read_logs(1, 0, 100) == b"started\n"
+
+
+def test_a_stop_right_after_the_start_reaches_the_job(state_dir):
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(spec(1, "sleep", "300"))
+    runtime.stop(1, grace_s=30)
+    assert ended(runtime, 1).exit_code == 128 + signal.SIGTERM
+
+
+def _handled_signals(pid):
+    """The stop signals the process ignores or catches (instead of their default action)."""
+    with open(f"/proc/{pid}/status") as f:
+        masks = dict(line.split(":\t") for line in f.read().splitlines() if line.startswith("Sig"))
+    changed = int(masks["SigIgn"], 16) | int(masks["SigCgt"], 16)
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    return [s.name for s in stops if changed & (1 << (s - 1))]
+
+
+@pytest.mark.parametrize("agent_ignores", [(), (signal.SIGHUP,), (signal.SIGTERM, signal.SIGINT)])
+def test_the_job_gets_default_stop_signals_while_its_supervisor_lives_through_them(
+    state_dir, agent_ignores
+):
+    # An agent under nohup ignores SIGHUP; what the job gets must not depend on that.
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in agent_ignores}
+    try:
+        runtime = ProcessRuntime(state_dir)
+        runtime.start(spec(1, "sleep", "300"))
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    pid = job_pid(state_dir, 1)
+    wait_until(lambda: os.readlink(f"/proc/{pid}/exe").endswith("/sleep"), what="the exec")
+    assert _handled_signals(pid) == []
+    supervisor = json.loads((state_dir / "process/1/record.json").read_text())["supervisor_pid"]
+    for _ in range(20):  # in bursts, as a signal that cuts a wait short could lose the code
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            os.kill(supervisor, sig)
+    os.killpg(pid, signal.SIGTERM)
+    status = ended(runtime, 1)
+    assert (status.state, status.exit_code) == (AttemptState.EXITED, 128 + signal.SIGTERM)
+
+
+def test_a_stopped_job_is_not_taken_for_an_ended_one(state_dir):
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(spec(1, "sleep", "300"))
+    pid = job_pid(state_dir, 1)
+    os.killpg(pid, signal.SIGSTOP)
+    wait_until(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T")
+    os.killpg(pid, signal.SIGCONT)
+    (status,) = runtime.statuses()
+    assert status.state is AttemptState.RUNNING
+    os.killpg(pid, signal.SIGKILL)
+    assert ended(runtime, 1).exit_code == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize("adopted", [False, True])
+def test_a_killed_supervisor_is_reported_lost_and_its_job_killed(state_dir, adopted):
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(spec(1, "sh", "-c", "sleep 300 & sleep 300"))
+    pgid = job_pid(state_dir, 1)
+    wait_until(lambda: len(_group_members(pgid)) >= 2, what="the job and its child")
+    supervisor = json.loads((state_dir / "process/1/record.json").read_text())["supervisor_pid"]
+    os.kill(supervisor, signal.SIGKILL)
+    if adopted:
+        runtime.statuses()  # reaps the supervisor this runtime started, as an agent's poll does
+        runtime = ProcessRuntime(state_dir)
+        runtime.adopt()
+    status = ended(runtime, 1)
+    assert (status.exit_code, status.logs_complete) == (LOST_EXIT_CODE, True)
+    assert "vanished" in status.message
+    wait_until(lambda: _group_members(pgid) == [], what="the job's group to be killed")
+    # The verdict is on disk: a later agent reports the same.
+    (again,) = ProcessRuntime(state_dir).adopt()
+    assert again.exit_code == LOST_EXIT_CODE
+
+
+def _old_attempt(state_dir, attempt_id, supervisor_pid, job_pid=None):
+    """An attempt folder as the former Python supervisor (supervise.py) left it."""
+    folder = state_dir / "process" / str(attempt_id)
+    folder.mkdir(parents=True)
+    record = {
+        "attempt_id": attempt_id,
+        "job_id": 40 + attempt_id,
+        "gpu_uuids": ["GPU-old"],
+        "command": ["sleep", "300"],
+        "supervisor_pid": supervisor_pid,
+        "supervisor_start_ticks": proc_start_ticks(supervisor_pid),
+        "created_at": 1.0,
+    }
+    (folder / "record.json").write_text(json.dumps(record))
+    if job_pid is not None:
+        child = {"pid": job_pid, "start_ticks": proc_start_ticks(job_pid), "started_at": 2.0}
+        (folder / "child.json").write_text(json.dumps(child))
+    return folder
+
+
+def test_attempts_of_the_former_python_supervisor_are_still_adopted(state_dir):
+    ended_folder = _old_attempt(state_dir, 1, supervisor_pid=os.getpid())
+    (ended_folder / "record.json").write_text(
+        json.dumps({**json.loads((ended_folder / "record.json").read_text()), "supervisor_pid": 0})
+    )
+    (ended_folder / "exit.json").write_text(json.dumps({"exit_code": 3, "finished_at": 5.0}))
+    supervisor = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    job = subprocess.Popen(["sleep", "300"], process_group=0)
+    try:
+        running_folder = _old_attempt(state_dir, 2, supervisor.pid, job_pid=job.pid)
+        runtime = ProcessRuntime(state_dir)
+        adopted = {s.attempt_id: s for s in runtime.adopt()}
+        assert (adopted[1].state, adopted[1].exit_code) == (AttemptState.EXITED, 3)
+        assert adopted[2].state is AttemptState.RUNNING
+        assert (adopted[2].job_id, adopted[2].gpu_uuids, adopted[2].started_at) == (
+            42,
+            ("GPU-old",),
+            2.0,
+        )
+        assert runtime.running_attempts() == [2]  # what the fence sees
+        runtime.stop(2, grace_s=30)
+        assert job.wait(timeout=20) == -signal.SIGTERM
+        # The old supervisor writes its exit record and goes.
+        (running_folder / "exit.json").write_text(json.dumps({"exit_code": 143, "finished_at": 6}))
+        supervisor.kill()
+        supervisor.wait()
+        assert ended(runtime, 2).exit_code == 143
+    finally:
+        for process in (supervisor, job):
+            process.kill()
+            process.wait()
+
+
+def test_the_jobs_environment_reaches_it_unchanged_through_the_supervisor(state_dir):
+    # Names a shell supervisor might use for itself, and settings that change how bash runs.
+    env = {
+        name: f"mine-{name}"
+        for name in ("dir", "lease", "deadline", "uptime", "job", "status", "ticks", "stat")
+    }
+    env.update({"POSIXLY_CORRECT": "1", "BASH_ENV": "/dev/null/x"})
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(spec(1, "env", env=env))
+    status = ended(runtime, 1)
+    assert (status.state, status.exit_code) == (AttemptState.EXITED, 0)
+    lines = runtime.read_logs(1, 0, 100_000).decode().splitlines()
+    assert {f"{k}={v}" for k, v in env.items()} <= set(lines)
+
+
+def test_a_fence_of_the_former_version_still_finds_and_stops_new_jobs(state_dir):
+    # Through an upgrade the old fence lives on while jobs run; it reads child.json as JSON,
+    # takes a pid whose start ticks match for a running job, and signals its group.
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(spec(1, "sleep", "300"))
+    child = json.loads((state_dir / "process/1/child.json").read_text())
+    assert proc_start_ticks(child["pid"]) == child["start_ticks"]
+    assert not (state_dir / "process/1/exit.json").exists()
+    os.killpg(child["pid"], signal.SIGKILL)
+    assert ended(runtime, 1).exit_code == 128 + signal.SIGKILL

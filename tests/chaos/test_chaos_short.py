@@ -4,7 +4,7 @@ About 2-3 minutes: a private deployment (its own PostgreSQL and Redis, gunicorn,
 beat, 3 agents with 2 simulated GPUs each), a stream of short ledger jobs, one fault every
 5-10 s (seeded, each kind once before random draws), a drain, then the invariants of
 tests.chaos.invariants, each of which must be 0. The liveness timings are shortened with the
-outages; the first PostgreSQL outage and the first agent stop last 20 s, past L + m = 12 s, so
+outages; the first PostgreSQL outage and the first agent stop last 20 s, past L + m = 14 s, so
 the run always includes the outages the node lease exists for.
 
 It uses no pytest-django database (the harness has its own PostgreSQL), so no `db` fixture.
@@ -43,7 +43,9 @@ SHORT = Config(
     gpus_per_agent=2,
     injections_every_s=(5.0, 10.0),
     each_kind_first=True,
-    timings=Timings(lease_s=10.0, lease_margin_s=2.0),
+    # Twelve heartbeats, as in production (120 s of 10 s): a job stopped by its fence after
+    # 12 - 1 - 3 (its default grace) = 8 s of silence rides out every web outage below.
+    timings=Timings(lease_s=12.0, lease_margin_s=2.0),
     down_s={
         "web_master": (1.0, 4.0),
         "worker_main": (1.0, 4.0),
@@ -51,7 +53,7 @@ SHORT = Config(
         "agent_kill": (0.0, 10.0),
         "agent_stop": (2.0, 20.0),
         "redis": (1.0, 6.0),
-        # Up to 20 s, past L + m = 12 s: the control plane's own outage must not count.
+        # Up to 20 s, past L + m = 14 s: the control plane's own outage must not count.
         "postgres": (2.0, 20.0),
         "all": (5.0, 10.0),
     },

@@ -27,6 +27,7 @@ import pytest
 import requests
 
 from tests import ports
+from tests.engine import docker_host
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -157,6 +158,10 @@ def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
         "SCHEDULER_CYCLE_INTERVAL_S": "1",
         "SCHEDULER_DEBOUNCE_S": "0.2",
         "SCHEDULER_EMBEDDED": "0",
+        # A job's notice as short as the agents' own (--stop-grace-s=2), and preemption allowed
+        # after 3 s of running, so that a preemption's life takes seconds.
+        "PREEMPTION_GRACE_DEFAULT_S": "2",
+        "SCHEDULER_MIN_RUNTIME_S": "3",
         # The suites here drive the API far faster than a person; the rates have their own tests.
         "API_THROTTLE_USER_RATE": "1000000/minute",
         "API_THROTTLE_ANON_RATE": "1000000/minute",
@@ -399,3 +404,18 @@ def cluster(control_plane, transactional_db, tmp_path, django_user_model):
         kill_pids(processes_with_env(f"{TEST_MARKER}={cluster.marker}"))
         # Let the worker finish a cycle that still reads this test's rows before the flush.
         time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def engine_url() -> str:
+    """DOCKER_HOST of a real engine (Podman's Docker API)."""
+    return docker_host()
+
+
+@pytest.fixture
+def engine(engine_url):
+    import docker
+
+    client = docker.DockerClient(base_url=engine_url, version="1.41", timeout=60)
+    yield client
+    client.close()

@@ -3,41 +3,11 @@
 Where no engine can be had (scripts/podman-setup.sh fails), these tests skip and say why.
 """
 
-import subprocess
-
 import pytest
 
-from .conftest import REPO, wait_until
+from .conftest import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.container]
-
-
-@pytest.fixture(scope="module")
-def engine_url() -> str:
-    script = REPO / "scripts" / "podman-setup.sh"
-    if not script.exists():
-        pytest.skip(f"no container engine: {script} is missing")
-    try:
-        result = subprocess.run(
-            ["bash", str(script)], capture_output=True, text=True, timeout=300, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"no container engine: {script.name} could not run ({exc})")
-    if result.returncode != 0:
-        pytest.skip(f"no container engine: {script.name} failed: {result.stderr.strip()[-500:]}")
-    lines = [line for line in result.stdout.splitlines() if line.startswith("DOCKER_HOST=")]
-    if not lines:
-        pytest.skip(f"no container engine: {script.name} printed no DOCKER_HOST")
-    return lines[-1].removeprefix("DOCKER_HOST=")
-
-
-@pytest.fixture
-def engine(engine_url):
-    import docker
-
-    client = docker.DockerClient(base_url=engine_url, version="1.41", timeout=60)
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -52,20 +52,26 @@ def _read_gpus(node_name: str) -> dict[str, Reading]:
     }
 
 
-def _energy_bounds(readings: list[Reading]) -> tuple[float, float]:
+def _energy_bounds(readings: list[Reading], finished_at: float) -> tuple[float, float]:
     """What a GPU's energy counter says one job used, from the readings seen of it.
 
     The readings are those of the GPU's only job: idle, then busy, then idle again. The job's
-    energy lies between the counter's rise over the busy readings seen (the first may come a
-    little after the start, the last a little before the end) and its rise from the last idle
-    reading before to the first idle one after.
+    energy is at least the counter's rise over the busy readings taken before its exit, and at
+    most the rise from the last idle reading before to the first idle one after.
+
+    Readings between the exit and the agent reaping it may still show the GPU busy (the
+    simulated GPU drops a job's load when the agent reaps it; NVML's utilization trails by its
+    sample period), so they are left out of the lower bound. A reading's time is when the heartbeat was stored, after its
+    sample was taken, so one stored before the exit was sampled before it too.
     """
     busy = [i for i, r in enumerate(readings) if r.utilization_pct]
     assert busy, "no reading showed the job running"
     first, last = busy[0], busy[-1]
     assert first > 0 and last < len(readings) - 1, "the idle readings around the job are missing"
     assert all(readings[i].utilization_pct for i in range(first, last + 1))
-    lower = readings[last].energy_j - readings[first].energy_j
+    before_exit = [i for i in busy if readings[i].at <= finished_at]
+    assert before_exit, "no reading showed the job running before it exited"
+    lower = readings[before_exit[-1]].energy_j - readings[first].energy_j
     upper = readings[last + 1].energy_j - readings[first - 1].energy_j
     return lower, upper
 
@@ -146,7 +152,7 @@ def test_caps_keep_a_pool_under_its_power_budget_and_jobs_are_charged_their_gpus
     # Each job was charged what its GPU's energy counter says it used.
     for job_id in job_ids:
         attempt = attempts[job_id]
-        lower, upper = _energy_bounds(history[gpu_of[job_id]])
+        lower, upper = _energy_bounds(history[gpu_of[job_id]], attempt.finished_at.timestamp())
         assert not attempt.energy_estimated
         assert lower <= attempt.energy_j <= upper, (lower, attempt.energy_j, upper)
         # Under its cap the job drew well under the board's maximum for its whole run.

@@ -17,7 +17,24 @@ def objects(vision, running_job, node, pool, cluster_admin):
     budget = Budget.objects.create(tenant=vision, kind="gpu_hours", period="month", amount=100)
     token, _ = ApiToken.issue(running_job.submitted_by, "laptop")
     membership = Membership.objects.get(tenant=vision, user=running_job.submitted_by)
+    from controlplane.storage import actions as storage_actions
+
+    storage_actions.create_volume(
+        actor=cluster_admin, name="datasets", source="/mnt/datasets", tenants=[vision]
+    )
+    from controlplane.jobs import arrays
+
+    sweep = arrays.submit_array(
+        tenant=vision,
+        user=running_job.submitted_by,
+        fields={"name": "sweep", "image": "registry.local/t/s:1", "command": ["true"], "env": {}},
+        spec="2",
+        indexes=[0, 1],
+        max_parallel=None,
+    ).array
     return {
+        "array": sweep.pk,
+        "volume": "datasets",
         "job": running_job.pk,
         "tenant": vision.slug,
         "node": node.name,
@@ -40,8 +57,13 @@ EVERY_PAGE = [
     ("job-detail", {"pk": "job"}, "get"),
     ("job-live", {"pk": "job"}, "get"),
     ("job-log", {"pk": "job"}, "get"),
+    ("job-output", {"pk": "job"}, "get"),
     ("job-cancel", {"pk": "job"}, "get"),
     ("job-cancel", {"pk": "job"}, "post"),
+    ("array-list", {}, "get"),
+    ("array-detail", {"pk": "array"}, "get"),
+    ("array-cancel", {"pk": "array"}, "get"),
+    ("array-cancel", {"pk": "array"}, "post"),
     ("tokens", {}, "get"),
     ("token-revoke", {"pk": "token"}, "post"),
     ("cluster-overview", {}, "get"),
@@ -58,6 +80,11 @@ EVERY_PAGE = [
     ("manage-budget", {"pk": "budget"}, "get"),
     ("manage-budget-delete", {"pk": "budget"}, "get"),
     ("manage-pools", {}, "get"),
+    ("manage-volumes", {}, "get"),
+    ("manage-volume-create", {}, "get"),
+    ("manage-volume", {"name": "volume"}, "get"),
+    ("manage-volume-delete", {"name": "volume"}, "get"),
+    ("my-volumes", {}, "get"),
 ]
 
 CLUSTER_ADMIN_ONLY = [
@@ -79,6 +106,13 @@ CLUSTER_ADMIN_ONLY = [
     ("manage-budget-delete", {"pk": "budget"}, "post"),
     ("manage-pools", {}, "get"),
     ("manage-pools", {}, "post"),
+    ("manage-volumes", {}, "get"),
+    ("manage-volume-create", {}, "get"),
+    ("manage-volume-create", {}, "post"),
+    ("manage-volume", {"name": "volume"}, "get"),
+    ("manage-volume", {"name": "volume"}, "post"),
+    ("manage-volume-delete", {"name": "volume"}, "get"),
+    ("manage-volume-delete", {"name": "volume"}, "post"),
 ]
 
 
@@ -125,8 +159,12 @@ TENANT_OBJECT_PAGES = [
     ("job-detail", {"pk": "job"}, "get"),
     ("job-live", {"pk": "job"}, "get"),
     ("job-log", {"pk": "job"}, "get"),
+    ("job-output", {"pk": "job"}, "get"),
     ("job-cancel", {"pk": "job"}, "get"),
     ("job-cancel", {"pk": "job"}, "post"),
+    ("array-detail", {"pk": "array"}, "get"),
+    ("array-cancel", {"pk": "array"}, "get"),
+    ("array-cancel", {"pk": "array"}, "post"),
     ("token-revoke", {"pk": "token"}, "post"),
 ]
 
@@ -140,6 +178,7 @@ def test_another_tenants_objects_are_not_found(client, objects, bob, name, kwarg
     response = getattr(client, method)(url_for(name, kwargs, objects), {"remove": "1"})
     assert response.status_code == 404
     assert Job.objects.get(pk=objects["job"]).state == "RUNNING"
+    assert not Job.objects.filter(array_id=objects["array"], state="CANCELLED").exists()
     assert ApiToken.objects.get(pk=objects["token"]).revoked_at is None
     assert Membership.objects.filter(pk=objects["membership"]).exists()
 

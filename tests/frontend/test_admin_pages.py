@@ -44,6 +44,10 @@ def test_the_overview_splits_each_tenants_gpus_into_guaranteed_and_borrowed(
     cells = re.findall(r'<td class="num">(?:<a [^>]+>)?(\d+)', row.group(1))
     # within guarantee, borrowed, guaranteed quota, pending jobs, pending GPUs
     assert cells == ["2", "1", "8", "1", "2"]
+    # The caption gives the tenant's limit (its quota: 16), not the bars' shared scale.
+    caption = re.search(r'<div class="bar-caption">(.*?)</div>', row.group(1), re.S).group(1)
+    assert "3 in use (1 borrowed) · guaranteed 8 · limit 16" in caption
+    assert "a job larger than that is borrowed as a whole" in response.content.decode()
 
 
 def test_the_overview_draws_pool_power_against_its_budget(admin, running_job, pool):
@@ -55,6 +59,24 @@ def test_the_overview_draws_pool_power_against_its_budget(admin, running_job, po
     assert 'class="threshold"' in html and "pool budget: 1500 W" in html
     # Two GPUs of 450..495 W each: the summed line, not each GPU.
     assert "draw (sum of GPUs) latest 990 W" in html
+    assert "sum of caps" not in html
+
+
+def test_the_pools_worst_case_counts_busy_gpus_at_their_caps_and_idle_ones_at_their_draw(
+    admin, running_job, pool
+):
+    from controlplane.cluster.models import GPU
+
+    # running_job holds two GPUs of its node; the other GPUs of the pool are idle.
+    node_gpus = GPU.objects.filter(node__pool=pool)
+    node_gpus.update(power_cap_w=200.0, power_draw_w=70.0)
+    held = GPU.objects.filter(allocations__active=True)
+    held.update(power_cap_w=600.0, power_draw_w=480.0)
+    idle = node_gpus.count() - held.count()
+    expected_w = 600.0 * held.count() + 70.0 * idle
+    page = text_of(admin.get(reverse("cluster-overview")))
+    assert f"At most, now {expected_w:.0f} W" in page
+    assert "Caps sum" not in page
 
 
 def test_the_overview_lists_recent_scheduling_cycles(admin):
@@ -89,6 +111,62 @@ def test_cordon_drain_and_uncordon_change_what_the_scheduler_may_do(admin, node,
     response = admin.post(reverse("node-action", args=[node.name, verb]), follow=True)
     assert Node.objects.get(pk=node.pk).state == state
     assert f"Node {node.name} is" in text_of(response)
+
+
+def test_a_drain_asks_first_and_names_the_jobs_it_will_preempt(
+    admin, node, vision, alice, make_job
+):
+    from controlplane.cluster.models import Node
+    from controlplane.jobs import actions
+
+    lent = make_job(vision, alice, name="on-loan", gpus=1)
+    actions.admit_job(lent, node=node, gpus=[node.gpus.get(index=0)], borrowed=True)
+    owned = make_job(vision, alice, name="guaranteed", gpus=1)
+    actions.admit_job(owned, node=node, gpus=[node.gpus.get(index=1)], borrowed=False)
+    url = reverse("node-action", args=[node.name, "drain"])
+
+    # One click on "Drain…" only asks, naming what the drain would preempt and what it keeps.
+    question = admin.get(url, {"next": "/cluster/nodes/"})
+    assert question.status_code == 200
+    assert Node.objects.get(pk=node.pk).state == "ready"
+    html = question.content.decode()
+    preempted = re.search(r'<ul id="drain-preempted">(.*?)</ul>', html, re.S).group(1)
+    kept = re.search(r'<ul id="drain-kept">(.*?)</ul>', html, re.S).group(1)
+    assert "on-loan" in preempted and "guaranteed" not in preempted
+    assert "guaranteed" in kept
+    assert 'name="next" value="/cluster/nodes/"' in html
+
+    # The answer "yes" drains it and goes back where the admin came from.
+    done = admin.post(url, {"next": "/cluster/nodes/"})
+    assert done["Location"] == "/cluster/nodes/"
+    assert Node.objects.get(pk=node.pk).state == "draining"
+
+
+@pytest.mark.parametrize("verb", ["cordon", "uncordon"])
+def test_only_a_drain_has_a_question_page(admin, node, verb):
+    from controlplane.cluster.models import Node
+
+    assert admin.get(reverse("node-action", args=[node.name, verb])).status_code == 405
+    assert Node.objects.get(pk=node.pk).state == "ready"
+
+
+@pytest.mark.parametrize(
+    "state,offered",
+    [
+        ("ready", ["Cordon", "Drain…"]),
+        ("cordoned", ["Drain…", "Uncordon"]),
+        ("draining", ["Uncordon"]),
+    ],
+)
+def test_a_node_offers_only_the_changes_its_state_allows(admin, node, state, offered):
+    from controlplane.cluster.models import Node
+
+    Node.objects.filter(pk=node.pk).update(state=state)
+    for url in (reverse("node-detail", args=[node.name]), reverse("node-list")):
+        html = admin.get(url).content.decode()
+        actions = re.search(r'<div class="actions">(.*?)</div>', html, re.S).group(1)
+        buttons = re.findall(r">(Cordon|Drain…|Uncordon)</(?:button|a)>", actions)
+        assert buttons == offered, url
 
 
 def test_a_node_action_never_redirects_off_site(admin, node):

@@ -111,8 +111,8 @@ def test_a_researcher_fixes_a_form_error_submits_and_watches_the_job_succeed(
 
     from controlplane.jobs.models import Job
 
-    # The job waits for this file, so the test decides when it ends, not a clock.
-    go = tmp_path / "go"
+    # The job waits for these files, so the test decides when it goes on, not a clock.
+    go, done = tmp_path / "go", tmp_path / "done"
     system.start_agent("sim-node-1")
     sign_in(page, system, "alice")
     shoot(page, "dashboard", phone=True)
@@ -122,7 +122,8 @@ def test_a_researcher_fixes_a_form_error_submits_and_watches_the_job_succeed(
     page.get_by_label("Image").fill("train-without-registry")
     page.get_by_label("Command").fill(
         f"sh -c 'echo waiting; while [ ! -e {go} ]; do sleep 0.2; done; "
-        "for i in 1 2 3; do echo step $i of 3; done; echo all done'"
+        f"for i in 1 2 3; do echo step $i of 3; done; while [ ! -e {done} ]; do sleep 0.2; done; "
+        "echo all done'"
     )
     page.get_by_label("GPUs", exact=True).fill("2")
     page.get_by_role("button", name="Submit job").click()
@@ -146,11 +147,23 @@ def test_a_researcher_fixes_a_form_error_submits_and_watches_the_job_succeed(
     expect(page.locator("pre.log")).to_contain_text("waiting", timeout=STATE_TIMEOUT_MS)
     shoot(page, "job-running", phone=True)
 
+    # Its full output, on a page of its own, follows it: lines written after the page was
+    # loaded appear without a reload.
+    page.locator("#job-full-log").click()
+    output = page.locator("#job-output")
+    expect(output).to_contain_text("waiting")
+    expect(page.locator("#job-output-status")).to_contain_text("Following")
+    page.evaluate("window.notReloaded = true")
+    go.touch()
+    expect(output).to_contain_text("step 3 of 3", timeout=STATE_TIMEOUT_MS)
+    assert page.evaluate("window.notReloaded === true")
+    shoot(page, "job-output", phone=True)
+
     nav(page, "Jobs").click()
     badge = page.locator("#job-results tbody tr", has_text="hello-gpus").locator(".badge")
     expect(badge).to_have_text("RUNNING")
     page.evaluate("window.notReloaded = true")
-    go.touch()
+    done.touch()
     expect(badge).to_have_text("SUCCEEDED", timeout=STATE_TIMEOUT_MS)
     assert page.evaluate("window.notReloaded === true")  # htmx swapped it in; no reload
     shoot(page, "job-list", phone=True)

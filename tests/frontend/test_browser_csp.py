@@ -50,8 +50,18 @@ def test_every_page_an_admin_opens_runs_under_the_policy_without_a_violation(
 ):
     from playwright.sync_api import expect
 
+    from controlplane.jobs import arrays
+
     job = make_job(vision, alice, name="csp-check")
     make_node("gpu-node-01", gpus=2)
+    sweep = arrays.submit_array(
+        tenant=vision,
+        user=alice,
+        fields={"name": "sweep", "image": "registry.local/t/s:1", "command": ["true"], "env": {}},
+        spec="3",
+        indexes=[0, 1, 2],
+        max_parallel=1,
+    ).array
     sign_in(page, system, "root-admin")
     for path in (
         "/cluster/",
@@ -66,6 +76,9 @@ def test_every_page_an_admin_opens_runs_under_the_policy_without_a_violation(
         "/jobs/",
         f"/jobs/{job.pk}/",
         "/jobs/new/",
+        "/arrays/",
+        f"/arrays/{sweep.pk}/",
+        f"/arrays/{sweep.pk}/cancel/",
         "/tokens/",
         "/admin/",
         "/admin/jobs/job/",
@@ -82,10 +95,19 @@ def test_every_page_an_admin_opens_runs_under_the_policy_without_a_violation(
     page.get_by_label("Image").fill("registry.local/demo/csp:1")
     expect(page.locator("#curl-text")).to_contain_text("registry.local/demo/csp:1")
 
-    # Swagger UI, from this site's own files, renders the API and its operations.
+    # Swagger UI, from this site's own files, renders the API and its operations with every
+    # request to anywhere but this server refused, as on a cluster with no internet.
+    elsewhere: list[str] = []
+
+    def refuse(route):
+        elsewhere.append(route.request.url)
+        route.abort()
+
+    page.route(lambda url: not url.startswith(f"{system.url}/"), refuse)
     page.goto(f"{system.url}/api/docs/")
     expect(page.locator(".swagger-ui .opblock").first).to_be_visible(timeout=30_000)
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("GPU control plane API")
+    assert elsewhere == []
 
     assert problems == []
 

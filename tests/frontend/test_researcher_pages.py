@@ -245,6 +245,39 @@ def test_the_full_log_is_plain_text(client, alice, running_job):
 def test_a_job_that_never_started_has_no_log_page(client, alice, pending_job):
     client.force_login(alice)
     assert client.get(reverse("job-log", args=[pending_job.pk])).status_code == 404
+    assert client.get(reverse("job-output", args=[pending_job.pk])).status_code == 404
+
+
+def test_the_output_page_has_the_sites_navigation_and_follows_a_running_job(
+    client, alice, running_job
+):
+    from controlplane.jobs import actions
+
+    client.force_login(alice)
+    url = reverse("job-output", args=[running_job.pk])
+    html = client.get(url).content.decode()
+    assert 'aria-label="Main"' in html  # the site's navigation
+    assert "epoch 0 loss 1.000" in html
+    pre = re.search(r'<pre id="job-output"[^>]*>', html).group(0)
+    size = len(running_job.attempts.get().log_chunks.get().data)
+    assert f'data-next-offset="{size}"' in pre and "data-following" in pre
+    assert f"/api/v1/jobs/{running_job.pk}/logs/?attempt=1&amp;rank=0" in pre
+    assert (
+        reverse("job-output", args=[running_job.pk])
+        in client.get(reverse("job-detail", args=[running_job.pk])).content.decode()
+    )
+
+    attempt = running_job.attempts.get()
+    actions.finish_attempt(attempt, exit_code=0)
+    ended = client.get(url).content.decode()
+    assert "data-following" not in re.search(r'<pre id="job-output"[^>]*>', ended).group(0)
+    assert "this is all it wrote" in ended
+    assert client.get(url, {"rank": 3}).status_code == 404
+
+
+def test_another_tenants_output_page_is_not_found(client, bob, running_job):
+    client.force_login(bob)
+    assert client.get(reverse("job-output", args=[running_job.pk])).status_code == 404
 
 
 # --- cancel ----------------------------------------------------------------------------------
@@ -358,3 +391,57 @@ def test_many_alike_gpus_are_summed_up_in_one_line(client, alice, vision, make_j
     client.force_login(alice)
     page = text_of(client.get(reverse("job-detail", args=[job.pk])))
     assert "4 × H100-SXM-80GB (GPU 0, 1, 2, 3), cap 550 W each" in page
+
+
+# --- the job contract on the job page ------------------------------------------------------------
+
+
+def test_the_job_page_shows_volumes_checkpoints_and_how_each_stop_went(
+    client, alice, vision, make_job, node
+):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from controlplane.jobs import actions
+    from controlplane.jobs.models import Job, JobAttempt
+    from controlplane.storage.models import Volume
+
+    ckpt = Volume.objects.create(name="ckpt", source="/srv/ckpt", checkpoints=True)
+    job = make_job(
+        vision,
+        alice,
+        mounts=[{"volume": "datasets", "path": "/data", "read_only": True}],
+        checkpoint_volume=ckpt,
+        stop_signal="SIGUSR1",
+        preemption_grace_s=20,
+    )
+    Job.objects.filter(pk=job.pk).update(checkpoint_bytes=3 * 1024**3)
+    attempt = actions.admit_job(job, node=node, gpus=list(node.gpus.all()[:1]), borrowed=False)
+    actions.mark_attempt_running(attempt, started_at=timezone.now() - dt.timedelta(minutes=5))
+    checkpoint_at = timezone.now().replace(microsecond=0) - dt.timedelta(minutes=1)
+    JobAttempt.objects.filter(pk=attempt.pk).update(last_checkpoint_at=checkpoint_at)
+    actions.request_stop(attempt, reason="preempted", message="Preempted")
+    attempt.refresh_from_db()
+    actions.finish_attempt(
+        attempt,
+        exit_code=143,
+        finished_at=timezone.now(),
+        notice=actions.StopNotice(signal_at=timezone.now() - dt.timedelta(seconds=2), killed=True),
+    )
+
+    client.force_login(alice)
+    page = text_of(client.get(reverse("job-detail", args=[job.pk])))
+    assert "datasets at /data (read-only)" in page
+    assert "/gpucp/checkpoint ($GPUCP_CHECKPOINT_DIR), 3.0 GB" in page
+    assert "SIGUSR1, then 20 s to leave before SIGKILL" in page
+    assert f"{checkpoint_at:%b} {checkpoint_at.day} {checkpoint_at:%H:%M:%S} UTC" in page
+    story = "Attempt 1 preempted: did not leave within its 20 s grace after SIGUSR1: killed"
+    assert page.count(story) == 2  # on the timeline and in the attempt's row
+
+
+def test_a_job_without_a_checkpoint_volume_says_so(client, alice, pending_job):
+    client.force_login(alice)
+    page = text_of(client.get(reverse("job-detail", args=[pending_job.pk])))
+    assert "no checkpoint directory" in page
+    assert "Volumes none" in page

@@ -57,7 +57,7 @@ BAD_INPUT = [
     ("gpus", {"gpus": "-1"}, "0 or more"),
     ("gpus", {"gpus": "1.5"}, "whole number"),
     ("gpus", {"gpus": "17"}, "at most 16 GPUs"),
-    ("gpus", {"gpus": "8"}, "No node has 8 GPUs"),
+    ("gpus", {"gpus": "8"}, "8 cannot be given"),
     ("gpu_type", {"gpu_type": "TPU-v5"}, "No GPU of type"),
     ("cpus", {"cpus": "0"}, "more than 0"),
     ("cpus", {"cpus": "500"}, "No node has 500 CPUs"),
@@ -231,3 +231,92 @@ def test_choosing_another_tenant_shows_that_tenants_limits_and_keeps_the_input(
     assert '<option value="nlp" selected>' in html
     # Unticked boxes are not sent by a browser: the round trip keeps them unticked.
     assert " checked" not in re.search(r'<input[^>]*name="preemptible"[^>]*>', html).group(0)
+
+
+# --- the job contract: volumes, stop signal, grace, checkpoint interval ---------------------------
+
+
+@pytest.fixture
+def volumes(vision, nlp):
+    from controlplane.storage.models import Volume
+
+    Volume.objects.create(name="datasets", source="/mnt/datasets", all_tenants=True)
+    Volume.objects.create(name="models", source="/mnt/models", all_tenants=True, read_only=True)
+    Volume.objects.create(name="nlp-only", source="/mnt/nlp").tenants.add(nlp)
+    Volume.objects.create(name="ckpt", source="/srv/ckpt", checkpoints=True)
+
+
+def test_the_form_submits_volumes_and_how_the_job_is_stopped(submit, volumes):
+    from controlplane.jobs.models import Job
+
+    response = submit(
+        mounts="datasets:/data\n\n# the weights\nmodels:/models:ro",
+        stop_signal="SIGUSR1",
+        preemption_grace_s="45",
+        checkpoint_interval_s="900",
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    job = Job.objects.get()
+    assert job.mounts == [
+        {"volume": "datasets", "path": "/data", "read_only": False},
+        {"volume": "models", "path": "/models", "read_only": True},
+    ]
+    assert (job.stop_signal, job.preemption_grace_s, job.checkpoint_interval_s) == (
+        "SIGUSR1",
+        45,
+        900,
+    )
+    assert job.checkpoint_volume.name == "ckpt"
+
+
+CONTRACT_BAD_INPUT = [
+    ("mounts", {"mounts": "datasets"}, 'Line 1 ("datasets"): write volume:/path'),
+    ("mounts", {"mounts": "datasets:/data:rx"}, "write volume:/path"),
+    ("mounts", {"mounts": "datasets:/data\n\nnlp-only:/nlp"}, "Line 3: No volume named 'nlp-only'"),
+    ("mounts", {"mounts": "datasets:/etc"}, "Line 1: /etc is or covers /etc"),
+    ("mounts", {"mounts": "models:/models:rw"}, "Line 1: Volume models is read-only"),
+    ("mounts", {"mounts": "datasets:/a\ndatasets:/a/b"}, "Line 2: /a/b is or lies over/under"),
+    ("stop_signal", {"stop_signal": "SIGKILL"}, "Must be one of SIGTERM"),
+    ("preemption_grace_s", {"preemption_grace_s": "600"}, "between 0 and 60"),
+    ("preemption_grace_s", {"preemption_grace_s": "soon"}, "whole number of seconds"),
+    ("checkpoint_interval_s", {"checkpoint_interval_s": "0"}, "between 1 and"),
+]
+
+
+@pytest.mark.parametrize(("field", "changes", "words"), CONTRACT_BAD_INPUT)
+def test_a_bad_contract_field_is_shown_at_its_field(submit, volumes, field, changes, words):
+    from controlplane.jobs.models import Job
+
+    response = submit(**changes)
+    assert response.status_code == 400
+    assert words in error_at(response, field), error_at(response, field)
+    assert not Job.objects.exists()
+
+
+def test_a_copied_job_keeps_its_volumes_and_notice(client, alice, node, volumes, make_job, vision):
+    job = make_job(
+        vision,
+        alice,
+        mounts=[{"volume": "models", "path": "/models", "read_only": True}],
+        stop_signal="SIGINT",
+        preemption_grace_s=5,
+    )
+    client.force_login(alice)
+    html = client.get(reverse("job-submit") + f"?copy={job.pk}").content.decode()
+    assert "models:/models:ro" in html
+    assert '<option value="SIGINT" selected>' in html
+
+
+@pytest.mark.parametrize(
+    "runtimes,says_any_name_works",
+    [(["process", "process"], True), (["process", "docker"], False), (["docker"], False)],
+)
+def test_the_image_hint_says_whether_the_nodes_pull_images(
+    client, alice, make_node, runtimes, says_any_name_works
+):
+    for i, runtime in enumerate(runtimes):
+        make_node(f"node-{i}", gpus=1, runtime=runtime)
+    client.force_login(alice)
+    page = html_unescape(client.get(reverse("job-submit")).content.decode())
+    assert ("any name works, e.g. localhost/busybox:latest" in page) is says_any_name_works
+    assert ("e.g. registry.local/team/train:1" in page) is not says_any_name_works

@@ -67,8 +67,10 @@ class ClusterBuilder:
         cpus: float = 0.0,
         memory_mib: int = 0,
         unhealthy: tuple[int, ...] = (),
+        volumes: tuple[str, ...] = (),
     ) -> ClusterBuilder:
         self._nodes[name] = dict(
+            volumes=frozenset(volumes),
             gpus=gpus,
             type=type,
             pool=pool,
@@ -133,6 +135,10 @@ class ClusterBuilder:
         attained_service_s: float = 0.0,
         cpus: float = 0.0,
         memory_mib: int = 0,
+        grace_s: float = 0.0,
+        stop_by_s: float | None = None,
+        checkpointed_ago_s: float | None = None,
+        checkpoint_interval_s: float | None = None,
     ) -> ClusterBuilder:
         """An attempt holding `gpus` GPUs on a node (or spread evenly over several nodes)."""
         if started_at_s is None:
@@ -164,6 +170,12 @@ class ClusterBuilder:
                 attained_service_s=attained_service_s,
                 cpus=cpus,
                 memory_mib=memory_mib,
+                grace_s=grace_s,
+                stop_by_s=stop_by_s,
+                last_checkpoint_s=(
+                    None if checkpointed_ago_s is None else self.now_s - checkpointed_ago_s
+                ),
+                checkpoint_interval_s=checkpoint_interval_s,
             )
         )
         return self
@@ -187,6 +199,8 @@ class ClusterBuilder:
         attained_service_s: float = 0.0,
         cpus: float = 0.0,
         memory_mib: int = 0,
+        volumes: tuple[str, ...] = (),
+        group: int | None = None,
     ) -> ClusterBuilder:
         if submitted_at_s is None:
             submitted_at_s = self.now_s - (60.0 if waited_s is None else waited_s)
@@ -207,15 +221,24 @@ class ClusterBuilder:
                 attained_service_s=attained_service_s,
                 cpus=cpus,
                 memory_mib=memory_mib,
+                volumes=volumes,
+                group=group,
             )
         )
         return self
 
     def history(
-        self, tenant: str, name: str, gpus: int, duration_s: float, *, user: str | None = None
+        self,
+        tenant: str,
+        name: str,
+        gpus: int,
+        duration_s: float,
+        *,
+        user: str | None = None,
+        group: int | None = None,
     ) -> ClusterBuilder:
         self._history.append(
-            HistoryRecord(tenant, user or f"{tenant}-user", name, gpus, duration_s)
+            HistoryRecord(tenant, user or f"{tenant}-user", name, gpus, duration_s, group)
         )
         return self
 
@@ -249,6 +272,7 @@ class ClusterBuilder:
                     draining=spec["draining"],
                     cpus=spec["cpus"],
                     memory_mib=spec["memory_mib"],
+                    volumes=spec["volumes"],
                 )
             )
         tenants = tuple(

@@ -19,6 +19,7 @@ from scheduler.model import (
     Running,
     Snapshot,
     Tenant,
+    VictimOrder,
 )
 from scheduler.policy import plan
 
@@ -55,6 +56,14 @@ REMAINING = st.one_of(st.none(), st.floats(0, 20_000))
 RUN_CPUS = st.sampled_from([0.0, 8.0])
 TENANT_COUNT = st.integers(0, len(TENANTS) - 1)
 EXTRA = st.sampled_from([0, 4, 8, 16, 32])
+VOLUME_NAMES = ("datasets", "scratch")
+NODE_VOLUMES = st.sampled_from(
+    [frozenset(VOLUME_NAMES)] * 3 + [frozenset(), frozenset({"datasets"}), frozenset({"scratch"})]
+)
+JOB_VOLUMES = st.sampled_from([()] * 6 + [("datasets",), ("scratch",), VOLUME_NAMES, ("gone",)])
+GRACE = st.sampled_from([0.0, 0.0, 30.0, 60.0])
+CHECKPOINTED_AGO = st.one_of(st.none(), st.floats(0, 10_000))
+INTERVAL = st.sampled_from([None, None, 60.0, 900.0])
 
 
 @st.composite
@@ -77,6 +86,7 @@ def snapshots(draw) -> Snapshot:
                 draining=draining,
                 cpus=draw(NODE_CPUS),
                 memory_mib=draw(NODE_MEM),
+                volumes=draw(NODE_VOLUMES),
             )
         )
     tenants = []
@@ -122,6 +132,7 @@ def snapshots(draw) -> Snapshot:
                 attained_service_s=draw(SERVICE),
                 cpus=draw(JOB_CPUS),
                 memory_mib=draw(JOB_MEM),
+                volumes=draw(JOB_VOLUMES),
             )
         )
         job_id += 1
@@ -135,6 +146,9 @@ def snapshots(draw) -> Snapshot:
 
 
 def _running(draw, job_id, names, gpus, gpu_type) -> Running:
+    stopping = draw(INT[6]) == 0
+    grace_s = draw(GRACE)
+    ago_s = draw(CHECKPOINTED_AGO)
     return Running(
         attempt_id=job_id,
         job_id=job_id,
@@ -146,10 +160,14 @@ def _running(draw, job_id, names, gpus, gpu_type) -> Running:
         gpus=gpus,
         gpu_type=gpu_type,
         predicted_end_s=draw(END),
-        stopping=draw(INT[6]) == 0,
+        stopping=stopping,
         remaining_s=draw(REMAINING),
         attained_service_s=draw(SERVICE),
         cpus=draw(RUN_CPUS),
+        grace_s=grace_s,
+        stop_by_s=NOW + draw(st.floats(-10, grace_s)) if stopping and draw(BOOL) else None,
+        last_checkpoint_s=None if ago_s is None else NOW - ago_s,
+        checkpoint_interval_s=draw(INTERVAL),
     )
 
 
@@ -161,6 +179,7 @@ configs = st.builds(
     backfill=st.booleans(),
     min_runtime_s=st.sampled_from([0.0, 60.0, 3000.0]),
     aging_period_s=st.sampled_from([0.0, 600.0, 3600.0]),
+    victim_order=st.sampled_from(list(VictimOrder)),
 )
 
 SETTINGS = settings(
@@ -363,3 +382,53 @@ def test_remembering_failed_searches_never_changes_a_plan(snap, config):
         assert plan(snap, config) == remembered
     finally:
         policy.Admission = admit.Admission
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_a_job_with_volumes_starts_only_on_nodes_that_have_them_all(snap, config):
+    p = plan(snap, config)
+    volumes = {n.name: n.volumes for n in snap.nodes}
+    jobs = {j.job_id: j for j in snap.pending}
+    for start in p.starts:
+        need = set(jobs[start.job_id].volumes)
+        for node, _ in start.placements:
+            assert need <= volumes[node], f"job {start.job_id} placed on {node} without {need}"
+    for d in p.pending:
+        if d.reason_code is ReasonCode.MISSING_VOLUME:
+            job = jobs[d.job_id]
+            assert job.volumes
+            assert d.reason.startswith("waiting for a node with volume")
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_no_job_is_expected_to_start_before_the_gpus_it_waits_for_are_released(snap, config):
+    p = plan(snap, config)
+    for d in p.pending:
+        if d.estimated_start_s is not None:
+            assert d.estimated_start_s >= snap.now_s
+        if "next checkpoint" in d.reason:
+            # Only the lost-work order waits for a checkpoint, and never for one already due.
+            assert config.victim_order is VictimOrder.LOST_WORK
+            assert d.estimated_start_s is not None and d.estimated_start_s > snap.now_s
+        if (
+            d.reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+            and d.estimated_start_s is not None
+            and "next checkpoint" not in d.reason  # it waits for a victim to save one first
+        ):
+            # Victims of this plan hold their GPUs through their notice; nothing is promised
+            # later than the longest notice among the attempts that are or will be stopping.
+            stopping = [r for r in snap.running if r.stopping] + [
+                r for r in snap.running if r.attempt_id in {x.attempt_id for x in p.preemptions}
+            ]
+            latest = max(
+                (
+                    r.stop_by_s
+                    if r.stopping and r.stop_by_s is not None
+                    else snap.now_s + r.grace_s
+                    for r in stopping
+                ),
+                default=snap.now_s,
+            )
+            assert d.estimated_start_s <= max(latest, snap.now_s)

@@ -77,3 +77,36 @@ def test_every_pending_job_gets_a_prediction_whether_it_starts_or_not():
     c = cluster().node("n1", gpus=1).tenant("vision", 1, 1)
     c.pending(1, "vision", 1).pending(2, "vision", 1).pending(3, "vision", 9)
     assert set(c.plan().predicted_duration_s) == {1, 2, 3}
+
+
+def sweep(finished_siblings: int):
+    """alice's usual runs of the kind last about 1400 s; this sweep's tasks about 200 s."""
+    c = with_history()
+    for i in range(finished_siblings):
+        c = c.history("vision", f"resnet50-seed{i}", 4, 200.0 + 10 * i, user="alice", group=7)
+    # Another sweep's tasks, of the same kind and size, are no siblings of this one.
+    for i in range(5):
+        c = c.history("vision", f"resnet50-seed{i}", 4, 50_000.0, user="alice", group=8)
+    return c.pending(1, "vision", 4, name="resnet50-seed99", user="alice", group=7)
+
+
+def test_an_array_task_is_predicted_from_its_finished_siblings_first():
+    assert predicted(sweep(finished_siblings=3)) == 210.0  # median of 200, 210, 220
+
+
+def test_too_few_finished_siblings_fall_back_to_the_users_history():
+    # Two siblings are not trusted yet: alice's runs of the kind predict, the siblings and the
+    # other sweep's tasks among them (they are her runs too).
+    alice = sorted([1000.0, 1400.0, 9000.0, 200.0, 210.0] + [50_000.0] * 5)
+    assert predicted(sweep(finished_siblings=2)) == (alice[4] + alice[5]) / 2
+
+
+def test_siblings_of_another_size_do_not_count():
+    c = (
+        with_history()
+        .history("vision", "resnet50-seed7", 8, 10.0, user="alice", group=7)
+        .history("vision", "resnet50-seed8", 8, 10.0, user="alice", group=7)
+        .history("vision", "resnet50-seed9", 8, 10.0, user="alice", group=7)
+        .pending(1, "vision", 4, name="resnet50-seed99", user="alice", group=7)
+    )
+    assert predicted(c) == 1400.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db.models import Count
@@ -63,10 +64,39 @@ class TenantSerializer(serializers.ModelSerializer):
     my_role = serializers.SerializerMethodField(
         help_text="Your role in this tenant (null for a cluster admin who is not a member)."
     )
+    checkpoint_limit_bytes = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=rules.MAX_CHECKPOINT_LIMIT_BYTES,
+        help_text="The most its jobs' checkpoint directories may hold together; null: no limit",
+    )
+    max_array_size = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=settings.MAX_ARRAY_SIZE_CEILING,
+        help_text="The most tasks one job array of the tenant may have (cluster admins set it)",
+    )
+    checkpoint_usage_bytes = serializers.IntegerField(
+        read_only=True,
+        default=0,
+        help_text="What its jobs' checkpoint directories hold, as their nodes last measured",
+    )
 
     class Meta:
         model = Tenant
-        fields = ["id", "slug", "name", "weight", "active", "created_at", "my_role"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "weight",
+            "active",
+            "created_at",
+            "my_role",
+            "checkpoint_limit_bytes",
+            "checkpoint_usage_bytes",
+            "max_array_size",
+        ]
         read_only_fields = ["created_at"]
 
     @extend_schema_field(serializers.ChoiceField(choices=Role.choices, allow_null=True))
@@ -75,6 +105,16 @@ class TenantSerializer(serializers.ModelSerializer):
 
     def validate_weight(self, value: float) -> float:
         if problem := rules.weight_problem(value):
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_max_array_size(self, value: int) -> int:
+        if problem := rules.max_array_size_problem(value):
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_checkpoint_limit_bytes(self, value: int | None) -> int | None:
+        if problem := rules.checkpoint_limit_problem(value):
             raise serializers.ValidationError(problem)
         return value
 

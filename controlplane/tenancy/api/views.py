@@ -18,6 +18,7 @@ from controlplane.permissions import (
     TenantScope,
     is_cluster_admin,
 )
+from controlplane.storage.queries import checkpoint_usage_subquery
 from controlplane.tenancy import actions
 from controlplane.tenancy.api import schema  # noqa: F401  (registers the bearer scheme)
 from controlplane.tenancy.api.serializers import (
@@ -69,7 +70,14 @@ class TenantViewSet(
 
     def get_queryset(self):
         mine = Membership.objects.filter(tenant=OuterRef("pk"), user=self.request.user.pk)
-        return super().get_queryset().annotate(my_role=Subquery(mine.values("role")[:1]))
+        return (
+            super()
+            .get_queryset()
+            .annotate(
+                my_role=Subquery(mine.values("role")[:1]),
+                checkpoint_usage_bytes=checkpoint_usage_subquery("pk"),
+            )
+        )
 
     def tenant_for_create(self):
         # A tenant is not inside a tenant: only cluster admins reach here (see write_need).

@@ -27,3 +27,47 @@ document.addEventListener("htmx:beforeRequest", function (event) {
     event.preventDefault();
   }
 });
+// A running job's output page (<pre data-following data-follow-url ...>) follows the job through
+// the logs API, as `gpucp logs -f` does: each request waits (server side) for output past
+// next_offset, appends it, and asks again until the attempt has ended.
+document.addEventListener("DOMContentLoaded", function () {
+  const pre = document.querySelector("pre[data-following][data-follow-url]");
+  if (!pre || !window.fetch) return;
+  const status = document.getElementById("job-output-status");
+  const code = pre.querySelector("code") || pre;
+  let next = Number(pre.dataset.nextOffset || "0");
+  function follow() {
+    const url = pre.dataset.followUrl + "&follow=true&offset=" + next;
+    fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (response) {
+        if (!response.ok) throw new Error("HTTP " + response.status);
+        return response.json();
+      })
+      .then(function (answer) {
+        if (status && status.dataset.lost) {
+          status.textContent = "Following: new output appears here as the job writes it.";
+          delete status.dataset.lost;
+        }
+        if (answer.text) {
+          const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+          code.appendChild(document.createTextNode(answer.text));
+          if (atBottom) pre.scrollTop = pre.scrollHeight;
+        }
+        next = answer.next_offset;
+        if (answer.attempt_finished) {
+          if (status) status.textContent = "The attempt has ended; this is all it wrote.";
+          pre.removeAttribute("data-following");
+          return;
+        }
+        setTimeout(follow, answer.text ? 0 : 500);
+      })
+      .catch(function () {
+        if (status) {
+          status.textContent = "Lost contact; trying again…";
+          status.dataset.lost = "1";
+        }
+        setTimeout(follow, 2000);
+      });
+  }
+  follow();
+});

@@ -22,7 +22,9 @@ from django.utils import timezone
 from controlplane.cluster import desired_state, heartbeat
 from controlplane.cluster.models import GPU, Node, NodeGeneration
 from controlplane.jobs import actions
-from controlplane.jobs.models import Allocation, Job, JobAttempt
+from controlplane.jobs.models import Allocation, AttemptMember, Job, JobAttempt
+from controlplane.storage.models import Volume
+from controlplane.tenancy.models import Tenant
 
 needs_triggers = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the generation triggers are PostgreSQL's"
@@ -51,10 +53,12 @@ def _read_by(sql: str) -> tuple[set[tuple[str, str]], set[str]]:
 def test_the_statements_read_exactly_the_declared_columns():
     work_read, work_bare = _read_by(desired_state.work_sql())
     caps_read, caps_bare = _read_by(desired_state.caps_sql())
+    volumes_read, volumes_bare = _read_by(desired_state.volumes_sql())
 
-    assert work_bare == caps_bare == set(), "every column is named with its table's alias"
+    assert work_bare == caps_bare == volumes_bare == set(), "every column is named with its alias"
     assert work_read == _declared(desired_state.WORK_READS)
     assert caps_read == _declared(desired_state.CAPS_READS)
+    assert volumes_read == _declared(desired_state.VOLUME_READS)
 
 
 # --- a node with work, and a change of each column it reads -------------------------------------
@@ -62,11 +66,22 @@ def test_the_statements_read_exactly_the_declared_columns():
 
 @pytest.fixture
 def scene(agent, make_node, make_job, vision, alice):
-    """node-01 answering one admitted two-GPU job (GPUs 0 and 1) and a cap on GPU 0, with the
-    rows a foreign key can be pointed at instead: another node, job, attempt and a free GPU."""
+    """node-01 answering one admitted two-GPU job (GPUs 0 and 1, a data volume mounted, a
+    checkpoint directory) and a cap on GPU 0, with the rows a foreign key can be pointed at
+    instead: another node, job, attempt, tenant, volume and a free GPU. Rows are by model, or
+    by alias where two aliases read the same table (the checkpoint volume, a mounted one)."""
     token = agent.register("node-01", gpus=4)
     node = Node.objects.get(name="node-01")
-    job = make_job(vision, alice, gpus=2, env={"SEED": "1"})
+    data = Volume.objects.create(name="datasets", source="/mnt/datasets", all_tenants=True)
+    checkpoints = Volume.objects.create(name="ckpt", source="/srv/ckpt", checkpoints=True)
+    job = make_job(
+        vision,
+        alice,
+        gpus=2,
+        env={"SEED": "1"},
+        mounts=[{"volume": "datasets", "path": "/data", "read_only": False}],
+        checkpoint_volume=checkpoints,
+    )
     gpus = list(node.gpus.order_by("index"))
     attempt = actions.admit_job(job, node=node, gpus=gpus[:2], borrowed=False)
     GPU.objects.filter(pk=gpus[0].pk).update(desired_power_cap_w=500.0)
@@ -75,17 +90,25 @@ def scene(agent, make_node, make_job, vision, alice):
     other_attempt = actions.admit_job(
         make_job(vision, alice), node=elsewhere, gpus=list(elsewhere.gpus.all()), borrowed=False
     )
+    # The other attempt gives its member up, so that ours can be moved onto it.
+    AttemptMember.objects.filter(attempt=other_attempt).delete()
     others = {
         Node: make_node("spare", gpus=0).pk,
         Job: make_job(vision, alice).pk,
         JobAttempt: other_attempt.pk,
         GPU: gpus[3].pk,
+        Tenant: Tenant.objects.create(slug="elsewhere", name="Elsewhere").pk,
+        Volume: Volume.objects.create(name="other", source="/mnt/other").pk,
     }
     rows = {
         JobAttempt: attempt.pk,
         Job: job.pk,
         Allocation: Allocation.objects.get(attempt=attempt, gpu=gpus[0]).pk,
+        AttemptMember: AttemptMember.objects.get(attempt=attempt).pk,
         GPU: gpus[0].pk,
+        Tenant: vision.pk,
+        "cv": checkpoints.pk,
+        "v": data.pk,
     }
     return node, token, rows, others
 
@@ -131,14 +154,18 @@ def _changes():
     for r in desired_state.READS:
         if not r.in_answer or r.model._meta.get_field(r.column).primary_key:
             continue  # a row keeps its id: rows come and go by insert and delete
-        if (r.model, r.column) not in seen:
-            seen.add((r.model, r.column))
+        if (r.alias, r.column) not in seen:
+            seen.add((r.alias, r.column))
             out.append(r)
     return out
 
 
+def _row(rows: dict, read):
+    return rows.get(read.alias) or rows[read.model]
+
+
 @needs_triggers
-@pytest.mark.parametrize("read", _changes(), ids=lambda r: f"{r.model.__name__}.{r.column}")
+@pytest.mark.parametrize("read", _changes(), ids=lambda r: f"{r.alias}.{r.column}")
 def test_changing_a_column_the_answer_reads_moves_the_generation(scene, read):
     node, _, rows, others = scene
     before = _served(node)
@@ -146,7 +173,7 @@ def test_changing_a_column_the_answer_reads_moves_the_generation(scene, read):
     generation = _generation(node)
 
     field = read.model._meta.get_field(read.column)
-    row = read.model.objects.filter(pk=rows[read.model])
+    row = read.model.objects.filter(pk=_row(rows, read))
     value = row.values_list(field.attname, flat=True).get()
     row.update(**{field.attname: _changed(field, value, others)})
 
@@ -162,7 +189,7 @@ def test_the_columns_read_for_the_full_path_alone_are_in_no_answer(scene):
         if r.in_answer:
             continue
         field = r.model._meta.get_field(r.column)
-        row = r.model.objects.filter(pk=rows[r.model])
+        row = r.model.objects.filter(pk=_row(rows, r))
         row.update(**{field.attname: _changed(field, row.values_list(field.attname).get()[0], {})})
     assert _truth(node) == before
 
@@ -189,3 +216,66 @@ def test_the_answer_lists_the_work_and_caps_the_statements_read(scene):
         stop_requested_at=timezone.now() - dt.timedelta(seconds=1)
     )
     assert _truth(node)["attempts"] == [], "an attempt told to stop is no longer answered"
+
+
+# --- the job contract's fields --------------------------------------------------------------------
+
+
+def test_the_answer_carries_the_notice_mounts_and_checkpoint_directory(scene):
+    node, _, rows, _ = scene
+    (listed,) = _truth(node)["attempts"]
+    assert listed["stop_signal"] == "SIGTERM"
+    assert listed["grace_s"] == 30.0
+    assert listed["mounts"] == [
+        {
+            "name": "datasets",
+            "kind": "host_path",
+            "source": "/mnt/datasets",
+            "target": "/data",
+            "read_only": False,
+        }
+    ]
+    assert listed["checkpoint"] == {
+        "host_path": f"/srv/ckpt/checkpoints/vision/{rows[Job]}",
+        "target": "/gpucp/checkpoint",
+        "read_only": False,
+    }
+
+
+def test_a_read_only_volume_is_mounted_read_only_whatever_the_job_asked(scene):
+    node, _, rows, _ = scene
+    Volume.objects.filter(pk=rows["v"]).update(read_only=True, per_tenant_subdir=True)
+    (listed,) = _truth(node)["attempts"]
+    ((mount),) = listed["mounts"]
+    assert mount["read_only"] is True
+    assert mount["source"] == "/mnt/datasets/tenants/vision"
+
+
+def test_an_attempt_admitted_over_the_limit_gets_a_read_only_checkpoint_directory(scene):
+    node, _, rows, _ = scene
+    JobAttempt.objects.filter(pk=rows[JobAttempt]).update(checkpoint_read_only=True)
+    (listed,) = _truth(node)["attempts"]
+    assert listed["checkpoint"]["read_only"] is True
+
+
+def test_a_job_without_a_checkpoint_volume_or_mounts_gets_neither(scene):
+    node, _, rows, _ = scene
+    Job.objects.filter(pk=rows[Job]).update(checkpoint_volume=None, mounts=[])
+    (listed,) = _truth(node)["attempts"]
+    assert listed["checkpoint"] is None
+    assert listed["mounts"] == []
+
+
+def test_a_heartbeat_costs_no_extra_statement_for_the_checkpoint_directory(scene):
+    """The work, its tenant and checkpoint volume are one statement; only mounts cost one more,
+    and only on a node whose work has some."""
+    from django.test.utils import CaptureQueriesContext
+
+    node, _, rows, _ = scene
+    with CaptureQueriesContext(connection) as with_mounts:
+        desired_state.load_work(node.pk)
+    Job.objects.filter(pk=rows[Job]).update(mounts=[])
+    with CaptureQueriesContext(connection) as without:
+        desired_state.load_work(node.pk)
+    assert len(without) == 1
+    assert len(with_mounts) == 2

@@ -92,6 +92,19 @@ def test_the_answer_lists_admitted_attempts_with_what_the_agent_needs(agent, nod
             "cpus": 1.0,
             "memory_mib": 4096,
             "max_runtime_s": 86400,
+            "stop_signal": "SIGTERM",
+            "grace_s": 30.0,
+            "mounts": [],
+            "checkpoint": None,
+            # A one-node job gets the rendezvous too: one node, rank 0, the master itself.
+            "rendezvous": {
+                "node_rank": 0,
+                "num_nodes": 1,
+                "node_addrs": ["node-01"],
+                "master_addr": "node-01",
+                "master_port": 29500,
+                "gpus_per_node": 2,
+            },
         }
     ]
     assert answer["heartbeat_interval_s"] == 10.0
@@ -112,9 +125,13 @@ def test_a_gang_across_two_nodes_shows_each_node_only_its_own_gpus(agent, make_j
 
     assert [a["gpu_uuids"] for a in a1] == [[f"GPU-node-01-{i}" for i in range(8)]]
     assert [a["gpu_uuids"] for a in a2] == [[f"GPU-node-02-{i}" for i in range(8)]]
-    # node-02 has not started its part yet: that is no reason to declare the gang lost.
+    # node-02 has not started its part yet: that is no reason to declare the gang lost, and
+    # the gang runs only once both parts do.
     agent.heartbeat(token1, readings(n1), [running(attempt)])
     agent.heartbeat(token2, readings(n2))
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.ADMITTED
+    agent.heartbeat(token2, readings(n2), [running(attempt)])
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.RUNNING
 

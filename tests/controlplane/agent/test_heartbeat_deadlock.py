@@ -1,10 +1,11 @@
 """A heartbeat whose report loses a real PostgreSQL deadlock still applies it, exactly once.
 
-A rival transaction on its own connection takes the job's row first and the node's generation
-row second: the opposite of finish_attempt, which writes the attempt (its trigger locks the
-generation row) before it locks the job. Once the heartbeat waits for the job, the rival asks
-for the generation row, and PostgreSQL has to abort one of the two. The heartbeat's session
-detects deadlocks sooner than the rival's, so it is the heartbeat that PostgreSQL aborts.
+A heartbeat records its reports (actions.record_reports) by locking the attempts, then their
+jobs, then writing the attempts, whose trigger locks the node's generation row. A rival
+transaction on its own connection takes that generation row first and the job's row second,
+the opposite order: once the heartbeat waits for the generation row, the rival asks for the
+job, and PostgreSQL has to abort one of the two. The heartbeat's session detects deadlocks
+sooner than the rival's, so it is the heartbeat that PostgreSQL aborts.
 """
 
 import logging
@@ -22,18 +23,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class Rival(threading.Thread):
-    """Holds the job's row lock until the heartbeat waits for it, then wants `then_sql`, or
-    keeps holding it for `hold_s`."""
+    """Runs `first` (taking a lock) and holds it until the heartbeat waits for it, then runs
+    `then`, or keeps holding it for `hold_s`."""
 
     def __init__(
-        self, job_id: int, heartbeat_pid: int, then_sql: str | None, params=(), hold_s=0.0
+        self, heartbeat_pid: int, first: tuple[str, list], then: tuple[str, list] | None, hold_s=0.0
     ):
         super().__init__()
         self.hold_s = hold_s
-        self.job_id = job_id
         self.heartbeat_pid = heartbeat_pid
-        self.then_sql = then_sql
-        self.params = params
+        self.first = first
+        self.then = then
         self.locked = threading.Event()
         self.saw_heartbeat_wait = False
         self.error: Exception | None = None
@@ -43,11 +43,11 @@ class Rival(threading.Thread):
             with transaction.atomic(), connection.cursor() as cursor:
                 # Slow to detect a deadlock, so that the heartbeat's session detects it first.
                 cursor.execute("SET LOCAL deadlock_timeout = '30s'")
-                cursor.execute("SELECT id FROM jobs_job WHERE id = %s FOR UPDATE", [self.job_id])
+                cursor.execute(*self.first)
                 self.locked.set()
                 self.saw_heartbeat_wait = self._wait_for_the_heartbeat_to_block(cursor)
-                if self.then_sql:
-                    cursor.execute(self.then_sql, list(self.params))
+                if self.then:
+                    cursor.execute(*self.then)
                 time.sleep(self.hold_s)
         except Exception as exc:  # the test reads it: a rival chosen as the victim fails it
             self.error = exc
@@ -107,10 +107,12 @@ def test_an_exit_report_that_loses_a_deadlock_is_applied_once(
     node, token, job, attempt = running_attempt
     heartbeat_pid = session_settings("deadlock_timeout", "300ms")
     rival = Rival(
-        job.pk,
         heartbeat_pid,
-        "UPDATE cluster_nodegeneration SET generation = generation + 1 WHERE node_id = %s",
-        [node.pk],
+        (
+            "UPDATE cluster_nodegeneration SET generation = generation + 1 WHERE node_id = %s",
+            [node.pk],
+        ),
+        ("SELECT id FROM jobs_job WHERE id = %s FOR UPDATE", [job.pk]),
     )
     rival.start()
     assert rival.locked.wait(timeout=20)
@@ -138,7 +140,12 @@ def test_an_error_other_than_a_deadlock_is_not_retried(
     node, token, job, attempt = running_attempt
     # The rival only holds the job; the heartbeat gives up waiting for it (SQLSTATE 55P03).
     heartbeat_pid = session_settings("lock_timeout", "300ms")
-    rival = Rival(job.pk, heartbeat_pid, None, hold_s=1.5)
+    rival = Rival(
+        heartbeat_pid,
+        ("SELECT id FROM jobs_job WHERE id = %s FOR UPDATE", [job.pk]),
+        None,
+        hold_s=1.5,
+    )
     rival.start()
     assert rival.locked.wait(timeout=20)
 

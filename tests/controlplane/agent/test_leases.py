@@ -445,3 +445,14 @@ def test_a_late_report_from_another_node_changes_nothing(agent, lost_attempt):
 
     assert Job.objects.get(pk=attempt.job_id).state == JobState.PENDING
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.LOST
+
+
+def test_a_late_report_of_a_fenced_stop_keeps_how_the_stop_went(agent, lost_attempt):
+    node, token, attempt = lost_attempt()
+    report = late_exit(attempt, 143, stop_cause="fenced", killed_after_grace=True)
+    report["stop_signal_at"] = report["finished_at"] - 30
+    agent.heartbeat(token, readings(node), [report])
+    stored = JobAttempt.objects.get(pk=attempt.pk)
+    assert stored.exit_reported_at is not None
+    assert stored.killed_after_grace is True
+    assert stored.stop_signal_at.timestamp() == pytest.approx(report["stop_signal_at"], abs=1e-3)

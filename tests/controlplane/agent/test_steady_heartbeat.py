@@ -157,8 +157,10 @@ def test_a_gang_stopped_leaves_the_answers_of_both_its_nodes(
     attempt = actions.admit_job(
         job, node=nodes["node-01"], gpus=list(GPU.objects.all()), borrowed=False
     )
+    # The gang runs (and its heartbeats can be steady) once both its members run.
     for name, token in tokens.items():
         agent.heartbeat(token, readings(nodes[name]), [running(attempt)])
+    for name, token in tokens.items():
         answer = heartbeat_steadily(agent, token, nodes[name], [running(attempt)])
         assert [a["attempt_id"] for a in answer["attempts"]] == [attempt.pk]
 
@@ -262,6 +264,26 @@ def test_the_wsgi_entry_refuses_what_the_view_refuses(agent, steady_node):
     assert "sent_at" in json.loads(payload) or "gpus" in json.loads(payload)
     # Anything else goes to Django, which knows the agent API answers only POST.
     assert call_wsgi("/api/agent/v1/heartbeat", b"", token, method="GET")[0] == 405
+
+
+def test_the_wsgi_entry_answers_watches_like_the_view(agent, steady_node):
+    node, token, attempt = steady_node
+    heartbeat_steadily(agent, token, node, [running(attempt)])
+    quiet = json.dumps({"timeout_s": 0}).encode()
+
+    status, headers, payload = call_wsgi("/api/agent/v1/watch", quiet, token)
+    assert (status, json.loads(payload)) == (200, {"changed": False})
+    assert headers["Content-Type"] == "application/json"
+    GPU.objects.filter(node=node, index=2).update(desired_power_cap_w=600.0)
+    assert json.loads(call_wsgi("/api/agent/v1/watch", quiet, token)[2]) == {"changed": True}
+    assert json.loads(call_wsgi("/api/agent/v1/watch", quiet, token)[2]) == (
+        agent.post("watch", {"timeout_s": 0}, token).json()
+    )
+    # Refused as the view refuses: a bad token, a bad body; a GET goes to Django.
+    assert call_wsgi("/api/agent/v1/watch", quiet, "gcpn_not-a-token")[0] == 401
+    status, _, payload = call_wsgi("/api/agent/v1/watch", b'{"timeout_s": -1}', token)
+    assert status == 400 and "timeout_s" in json.loads(payload)
+    assert call_wsgi("/api/agent/v1/watch", b"", token, method="GET")[0] == 405
 
 
 def test_a_watch_after_steady_heartbeats_has_nothing_to_tell(agent, steady_node, settings):

@@ -88,6 +88,29 @@ class World:
         return self.fixture("make_job")(self.nlp, self.bob)
 
     @cached_property
+    def vision_array(self):
+        return self._array(self.vision, self.alice)
+
+    @cached_property
+    def nlp_array(self):
+        return self._array(self.nlp, self.bob)
+
+    def _array(self, tenant, user):
+        from controlplane.jobs import arrays
+
+        self.ensure("node")
+        fields = {
+            "name": "sweep",
+            "image": "registry.local/team/sweep:1",
+            "command": ["python", "sweep.py", "{{array_index}}"],
+            "env": {},
+            "gpus": 1,
+        }
+        return arrays.submit_array(
+            tenant=tenant, user=user, fields=fields, spec="2", indexes=[0, 1], max_parallel=1
+        ).array
+
+    @cached_property
     def vision_quota(self):
         self.ensure("users")
         return self.vision.quotas.get(gpu_type="H100-SXM-80GB")
@@ -126,6 +149,19 @@ class World:
             prefix="gcpj_matrix",
             pool=self.pool,
             expires_at=timezone.now() + timedelta(hours=1),
+        )
+
+    @cached_property
+    def vision_volume(self):
+        """A volume only vision may mount."""
+        from controlplane.storage import actions
+
+        self.ensure("users")
+        return actions.create_volume(
+            actor=self.users["cluster_admin"],
+            name="vision-data",
+            source="/mnt/vision-data",
+            tenants=[self.vision],
         )
 
     @cached_property

@@ -12,13 +12,13 @@ from controlplane.cluster.models import JoinToken, NodeState
 from controlplane.jobs.models import JobEvent, JobState
 from controlplane.tenancy.models import hash_token
 
-OUR_APPS = ("tenancy", "jobs", "cluster", "audit")
+OUR_APPS = ("tenancy", "jobs", "cluster", "audit", "storage")
 OUR_MODELS = [m for m in admin.site._registry if m._meta.app_label in OUR_APPS]
 
 
 @pytest.fixture
 def ops(client, world):
-    world.ensure("vision_job", "join_token", "alice_token", "vision_budget")
+    world.ensure("vision_job", "join_token", "alice_token", "vision_budget", "vision_volume")
     client.force_login(world.users["cluster_admin"])
     return client
 
@@ -48,6 +48,7 @@ def test_the_admin_covers_the_models_ops_need():
         "cluster.Node",
         "cluster.GPU",
         "cluster.JoinToken",
+        "storage.Volume",
     } <= labels
 
 

@@ -239,10 +239,20 @@ def test_an_inactive_tenant_takes_no_new_jobs(world):
     assert_refused(response, None, status=403)
 
 
-def test_a_body_that_is_not_an_object_is_a_clear_400(world):
+@pytest.mark.parametrize("body", ["train", 3, True], ids=repr)
+def test_a_body_that_is_not_an_object_is_a_clear_400(world, body):
+    world.ensure("users")
+    response = world.client("member").post("/api/v1/jobs/", body, format="json")
+    assert_refused(response, "non_field_errors")
+
+
+def test_a_list_of_things_that_are_not_objects_names_each_item(world):
+    # A list is a batch of jobs (test_batch_submit.py): each item must be a job's object.
     world.ensure("users")
     response = world.client("member").post("/api/v1/jobs/", [1, 2], format="json")
-    assert_refused(response, "non_field_errors")
+    assert_refused(response, "0")
+    assert set(response.json()) == {"0", "1"}
+    assert "non_field_errors" in response.json()["1"]
 
 
 def test_the_web_form_and_the_api_refuse_the_same_input_with_the_same_messages(world):

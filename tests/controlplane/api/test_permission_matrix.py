@@ -12,6 +12,7 @@ import pytest
 
 from controlplane.cluster.models import GpuClaimConflict, JoinToken, Node, Pool
 from controlplane.jobs.models import Job
+from controlplane.storage.models import Volume
 from controlplane.tenancy.models import ApiToken, Budget, Invitation, Membership, Quota, Tenant
 from tests.controlplane.api.helpers import ROLES, job_body, results
 
@@ -285,6 +286,41 @@ CASES = [
         staff_only(204),
         touches=lambda w: Pool.objects.all(),
     ),
+    # volumes: vision's is a 404 to nlp's member, and only cluster admins write
+    Case(
+        "volumes-list",
+        "get",
+        lambda w: "/api/v1/volumes/",
+        LIST,
+        listed=lambda w: ("name", w.vision_volume.name),
+        setup=lambda w: w.nlp,
+    ),
+    Case(
+        "volumes-retrieve", "get", lambda w: f"/api/v1/volumes/{w.vision_volume.name}/", READ_VISION
+    ),
+    Case(
+        "volumes-create",
+        "post",
+        lambda w: "/api/v1/volumes/",
+        staff_only(201),
+        body=lambda w: {"name": "scratch", "source": "/mnt/scratch", "tenants": ["vision"]},
+        setup=lambda w: w.vision,
+        touches=lambda w: Volume.objects.all(),
+    ),
+    *updates(
+        "volumes",
+        lambda w: f"/api/v1/volumes/{w.vision_volume.name}/",
+        staff_only(200),
+        lambda w: {"read_only": True},
+        lambda w: Volume.objects.filter(pk=w.vision_volume.pk),
+    ),
+    Case(
+        "volumes-delete",
+        "delete",
+        lambda w: f"/api/v1/volumes/{w.vision_volume.name}/",
+        staff_only(204),
+        touches=lambda w: Volume.objects.all(),
+    ),
     # nodes
     Case(
         "nodes-list",
@@ -355,6 +391,43 @@ CASES = [
             answers(401, 405, 405, 405, 405, 405),
             body=lambda w: {"state": "SUCCEEDED"},
             touches=lambda w: Job.objects.filter(pk=w.vision_job.pk),
+        )
+        for method in ("put", "patch", "delete")
+    ],
+    # job arrays
+    Case(
+        "arrays-list",
+        "get",
+        lambda w: "/api/v1/arrays/",
+        LIST,
+        listed=lambda w: ("id", w.vision_array.pk),
+        setup=lambda w: w.nlp_array,
+    ),
+    Case("arrays-retrieve", "get", lambda w: f"/api/v1/arrays/{w.vision_array.pk}/", READ_VISION),
+    Case(
+        "arrays-create",
+        "post",
+        lambda w: "/api/v1/arrays/",
+        answers(401, 404, 403, 201, 201, 201),
+        body=lambda w: job_body(array="0-2", max_parallel=2),
+        setup=lambda w: w.node,
+        touches=lambda w: Job.objects.all(),
+    ),
+    Case(
+        "arrays-cancel",
+        "post",
+        lambda w: f"/api/v1/arrays/{w.vision_array.pk}/cancel/",
+        answers(401, 404, 403, 200, 200, 200),
+        touches=lambda w: Job.objects.filter(array_id=w.vision_array.pk),
+    ),
+    *[
+        Case(
+            f"arrays-{method}-is-not-offered",
+            method,
+            lambda w: f"/api/v1/arrays/{w.vision_array.pk}/",
+            answers(401, 405, 405, 405, 405, 405),
+            body=lambda w: {"max_parallel": 2},
+            touches=lambda w: Job.objects.filter(array_id=w.vision_array.pk),
         )
         for method in ("put", "patch", "delete")
     ],

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from controlplane.cluster.models import JoinToken
 from controlplane.jobs import actions
+from controlplane.jobs.dependencies import DependencySpec
 from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Tenant
 
 serial = count()
@@ -54,7 +55,12 @@ def more_jobs(world, n):
         job = make_job(world.vision, world.alice)
         attempt = actions.admit_job(job, node=node, gpus=list(node.gpus.all()), borrowed=False)
         actions.mark_attempt_running(attempt)
-        make_job(world.vision, world.users["tenant_admin"])  # and one left pending
+        # and one left pending, waiting for it
+        make_job(
+            world.vision,
+            world.users["tenant_admin"],
+            depends_on=[DependencySpec("succeeded", job_id=job.pk)],
+        )
 
 
 def more_join_tokens(world, n):
@@ -86,8 +92,8 @@ LISTS = [
     ("/api/v1/pools/", more_pools, "member", 2),
     ("/api/v1/nodes/", more_nodes, "member", 3),
     ("/api/v1/gpus/", more_nodes, "member", 2),
-    ("/api/v1/jobs/", more_jobs, "member", 2),
-    ("/api/v1/jobs/", more_jobs, "cluster_admin", 2),
+    ("/api/v1/jobs/", more_jobs, "member", 3),  # and the page's depends_on, in one prefetch
+    ("/api/v1/jobs/", more_jobs, "cluster_admin", 3),
     ("/api/v1/join-tokens/", more_join_tokens, "cluster_admin", 2),
     ("/api/v1/api-tokens/", more_api_tokens, "member", 2),
 ]
@@ -137,4 +143,5 @@ def test_a_job_detail_costs_the_same_queries_for_one_attempt_or_several(world):
     for _ in range(3):
         run_once()
     assert len(client.get(url).json()["attempts"]) == 4
-    assert queries_for(client, url) == one <= 6
+    # The job, its dependencies, attempts, their GPUs, their members, the timeline, the roles.
+    assert queries_for(client, url) == one <= 7

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from controlplane.api_urls import router
 from controlplane.jobs import validation
+from controlplane.jobs.api.views import MAX_BATCH_JOBS
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +56,23 @@ def test_every_endpoint_and_method_is_in_the_schema(schema):
 
 def test_the_submit_body_and_the_logs_answer_are_described(schema):
     submit = schema["paths"]["/api/v1/jobs/"]["post"]
-    body_ref = submit["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-    body = schema["components"]["schemas"][body_ref.rsplit("/", 1)[-1]]
+    schemas = schema["components"]["schemas"]
+
+    def resolved(ref_or_schema):
+        ref = ref_or_schema.get("$ref")
+        return schemas[ref.rsplit("/", 1)[-1]] if ref else ref_or_schema
+
+    one, many = resolved(submit["requestBody"]["content"]["application/json"]["schema"])["oneOf"]
+    body = resolved(one)
     assert {"image", "command", "env", "gpus", "gpu_type", "priority"} <= set(body["properties"])
+    # Or a list of such bodies; the answer is one job or a list of them.
+    assert many["type"] == "array" and resolved(many["items"]) == body
+    assert str(MAX_BATCH_JOBS) in submit["description"]
+    created = resolved(submit["responses"]["201"]["content"]["application/json"]["schema"])
+    assert [resolved(created["oneOf"][0]), created["oneOf"][1]["type"]] == [
+        schemas["JobDetail"],
+        "array",
+    ]
     logs = schema["paths"]["/api/v1/jobs/{id}/logs/"]["get"]
     assert {p["name"] for p in logs["parameters"]} >= {"id", "tail", "attempt"}
     assert "409" in schema["paths"]["/api/v1/jobs/{id}/cancel/"]["post"]["responses"]

@@ -71,13 +71,17 @@ def test_a_job_only_a_node_that_is_down_can_hold_is_accepted_beside_smaller_ones
     )
 
 
-def test_a_job_bigger_than_every_registered_node_is_still_a_400_naming_gpus(world):
+def test_a_job_bigger_than_the_whole_cluster_is_still_a_400_naming_gpus(world):
     world.ensure("node")  # two H100, up
     take_out(world.fixture("make_node")("gpu-big.example", gpus=4), ready=False)
-    response = submit(world, gpus=5)
+    response = submit(world, gpus=7)
     assert response.status_code == 400, response.content
-    assert response.json()["gpus"] == [f"No node has 5 GPUs of type {G}: the largest has 4."]
+    assert response.json()["gpus"] == [
+        f"The cluster has 6 GPUs of type {G} in all: 7 cannot be given."
+    ]
     assert Job.objects.count() == 0
+    # Larger than any node but not than the cluster: it runs over several nodes.
+    assert submit(world, gpus=5).status_code == 201
 
 
 def test_more_memory_or_cpus_than_any_node_has_is_still_a_400_while_nodes_are_down(world):

@@ -6,6 +6,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.cluster.models import JoinToken
+from controlplane.tenancy.auth import LAST_USED_RESOLUTION_S
 from controlplane.tenancy.models import ApiToken, hash_token
 
 
@@ -44,6 +45,22 @@ def test_a_token_authenticates_its_owner(world):
     assert response.status_code == 200
     assert [j["submitted_by"] for j in response.json()["results"]] == ["alice"]
     assert ApiToken.objects.get(token_hash=hash_token(raw)).last_used_at is not None
+
+
+def test_last_used_is_written_once_a_minute_not_on_every_request(world):
+    world.ensure("vision_job")
+    raw = issue_via_api(world)["token"]
+    client = bearer(raw)
+    assert client.get("/api/v1/jobs/").status_code == 200
+    first = ApiToken.objects.get(token_hash=hash_token(raw)).last_used_at
+    assert client.get("/api/v1/jobs/").status_code == 200
+    assert ApiToken.objects.get(token_hash=hash_token(raw)).last_used_at == first
+    # A minute later (made so by moving the stored time back), the next request writes it.
+    ApiToken.objects.filter(token_hash=hash_token(raw)).update(
+        last_used_at=first - timedelta(seconds=LAST_USED_RESOLUTION_S)
+    )
+    assert client.get("/api/v1/jobs/").status_code == 200
+    assert ApiToken.objects.get(token_hash=hash_token(raw)).last_used_at > first
 
 
 def test_a_revoked_token_is_refused_with_401(world):
@@ -112,3 +129,18 @@ def test_a_join_token_is_shown_once_stored_hashed_and_revocable(world):
     assert row.revoked_at is not None and not row.is_usable
     listed = client.get("/api/v1/join-tokens/?usable=false").json()["results"]
     assert [t["id"] for t in listed] == [row.pk]
+
+
+def test_every_link_of_the_api_root_answers_a_token_client_with_json(world):
+    raw = issue_via_api(world)["token"]
+    client = bearer(raw)
+    root = client.get("/api/v1/")
+    assert root.status_code == 200
+    links = root.json()
+    assert {"jobs", "nodes", "tenants", "volumes"} <= set(links)
+    for name, url in links.items():
+        assert url.startswith("http://testserver/api/v1/"), (name, url)
+        response = client.get(url)
+        # Admin-only collections answer 403 to a member; none sends them to the login page.
+        assert response.status_code in (200, 403), (name, response.status_code)
+        assert response["Content-Type"].startswith("application/json"), name

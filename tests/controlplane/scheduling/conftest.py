@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from controlplane.wakeups import REQUEST_KEY
+from controlplane.wakeups import request_keys
 from tests.celery_worker import purge_queue as shared_purge_queue
 from tests.celery_worker import running_worker
 
@@ -18,13 +18,13 @@ def redis_conn():
     if not settings.REDIS_URL:
         pytest.fail("REDIS_URL must point at a real Redis for the scheduling-loop tests")
     conn = get_redis()
-    conn.delete(REQUEST_KEY)
+    conn.delete(*request_keys())
     return conn
 
 
-def purge_queue(conn) -> None:
-    """Empty this session's queue and the pending cycle request."""
-    shared_purge_queue(REQUEST_KEY)
+def purge_queue(conn, *, keep_request: bool = False) -> None:
+    """Empty this session's queue and, unless keep_request, its cycle request and last start."""
+    shared_purge_queue(*([] if keep_request else request_keys()))
 
 
 def queued_messages(conn) -> int:

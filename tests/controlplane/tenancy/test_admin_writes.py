@@ -79,6 +79,7 @@ def test_a_member_added_on_the_tenant_page_is_audited_too(ops, vision, make_user
         "slug": "vision",
         "name": vision.name,
         "weight": "1.0",
+        "max_array_size": "1000",
         "active": "on",
         "created_at_0": "2026-12-01",
         "created_at_1": "10:00:00",

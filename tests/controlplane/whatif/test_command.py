@@ -60,25 +60,22 @@ def test_the_report_sets_what_really_happened_next_to_the_simulated_runs(one_gpu
     assert real["jobs"] == "2"
 
 
-def test_the_current_config_replays_to_what_really_happened_up_to_the_loops_debounce(
-    one_gpu_at_a_time, settings
-):
-    d = settings.SCHEDULER_DEBOUNCE_S
+def test_the_current_config_replays_to_what_really_happened(one_gpu_at_a_time):
     rows = table_rows(whatif("--quota", "vision:H100-SXM-80GB=2:2"))
     current = rows[CURRENT_LABEL]
-    # The first job starts one debounce after both arrive; the second one debounce after the
-    # first ends: queues of d and 600 + 2d.
-    assert number(current["mean queue (s)"]) == pytest.approx(300 + 1.5 * d, abs=0.051)
-    assert number(current["mean JCT (s)"]) == pytest.approx(900 + 1.5 * d, abs=0.051)
+    # The loop is quiet when each job arrives or ends, so each request runs its cycle at once
+    # (controlplane/wakeups.py): the first job starts on arrival, the second when the first
+    # ends, queues of 0 and 600 s, as really happened.
+    assert number(current["mean queue (s)"]) == pytest.approx(300, abs=0.051)
+    assert number(current["mean JCT (s)"]) == pytest.approx(900, abs=0.051)
 
 
-def test_a_second_gpu_for_the_tenant_removes_the_wait(one_gpu_at_a_time, settings):
-    d = settings.SCHEDULER_DEBOUNCE_S
+def test_a_second_gpu_for_the_tenant_removes_the_wait(one_gpu_at_a_time):
     rows = table_rows(whatif("--quota", "vision:H100-SXM-80GB=2:2"))
     whatif_row = rows[WHATIF_LABEL]
-    assert number(whatif_row["mean queue (s)"]) == pytest.approx(d, abs=0.051)
-    assert number(whatif_row["mean JCT (s)"]) == pytest.approx(600 + d, abs=0.051)
-    assert number(whatif_row["waited"]) == (100.0 if d > 0 else 0.0)
+    assert number(whatif_row["mean queue (s)"]) == pytest.approx(0, abs=0.051)
+    assert number(whatif_row["mean JCT (s)"]) == pytest.approx(600, abs=0.051)
+    assert number(whatif_row["waited"]) == 0.0
 
 
 def test_the_report_says_what_changes_against_the_current_values(one_gpu_at_a_time):

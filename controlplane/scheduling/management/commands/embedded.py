@@ -6,6 +6,7 @@ simulated GPUs and the `process` runtime, joined with a fresh join token, and ar
 when the server stops.
 """
 
+import logging
 import os
 import signal
 import socket
@@ -65,6 +66,15 @@ def _wait_for_port(host: str, port: int, timeout_s: float) -> bool:
     return False
 
 
+class QuietAgentRequests(logging.Filter):
+    """Leaves the agent API's successful requests out of runserver's access log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        ok = isinstance(status, int) and status < 400
+        return not (ok and "/api/agent/" in record.getMessage())
+
+
 class Command(BaseCommand):
     help = "Migrate, seed a demo, and serve the control plane with its scheduling loop and simulated agents."
 
@@ -85,7 +95,7 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         from controlplane.demo import seed_demo
 
-        created = seed_demo()
+        created = seed_demo(storage_root=settings.BASE_DIR / "var" / "storage")
         self.stdout.write(
             self.style.SUCCESS(
                 f"Control plane on http://{addr}/  (API docs: http://{addr}/api/docs/)"
@@ -97,7 +107,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"  {username:20s} {password}")
         else:
             self.stdout.write(
-                "Demo accounts exist already (admin, vision-researcher, nlp-researcher, ...)."
+                "Demo accounts exist already (admin, vision-researcher, nlp-researcher, ...); "
+                "their passwords were shown when they were made. New ones: "
+                ".venv/bin/python manage.py reset_demo_passwords"
             )
 
         from controlplane.scheduling.embedded import SchedulingLoop
@@ -112,6 +124,9 @@ class Command(BaseCommand):
         launcher.start()
         # A plain `kill` must stop the agents too, not only Ctrl-C.
         previous = signal.signal(signal.SIGTERM, self._raise_interrupt)
+        # Three agents heartbeat every second or so: their lines would bury the accounts above
+        # and every request a person makes. Errors of the agent API still show.
+        logging.getLogger("django.server").addFilter(QuietAgentRequests())
         try:
             call_command("runserver", addr, use_reloader=False)
         finally:
