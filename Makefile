@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml client/pyproject.toml | s
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpucp
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+# Two workers (CI has 2 cores; most tests wait on servers more than they compute), the slowest
+# tests named at the end so that CI's time stays watched.
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 # What the type checker reads; its settings (strict on the core and the agent) are in pyproject.toml.
 MYPY_PATHS := scheduler agents controlplane frontend client/src/gpucp
 

@@ -26,6 +26,21 @@ def _never_the_deadlock_victim(sender, connection, **kwargs):
 connection_created.connect(_never_the_deadlock_victim)
 
 
+# Suites that start whole deployments run on one xdist worker each, one test after another:
+# the e2e suite shares one production stack per session, and two chaos runs at once would
+# each count the other's load as faults. They go first, so the other worker fills in around
+# them with the small tests (xdist's loadgroup hands out the largest groups first).
+ONE_WORKER_SUITES = ("e2e", "chaos")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        suite = item.path.relative_to(config.rootpath).parts[1:2]
+        if suite and suite[0] in ONE_WORKER_SUITES:
+            item.add_marker(pytest.mark.xdist_group(suite[0]))
+
+
 @pytest.fixture
 def make_user(db, django_user_model):
     def make(username: str, *, staff: bool = False, password: str = "pw-for-tests-1"):

@@ -134,9 +134,11 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
-    """gunicorn and a Celery worker with beat, on the test database, for the whole session."""
+    """gunicorn and a Celery worker with beat, on the test database, for the e2e suite: gone
+    before the tests that run after it on the same database (and Redis) in this process,
+    which its beat ticks and its consumers would disturb."""
     from django.conf import settings
 
     if not settings.REDIS_URL:
@@ -224,6 +226,16 @@ def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
         for proc in cp.procs:
             _stop(proc)
         kill_pids(processes_with_env(f"{RUN_MARKER}={run_id}"))
+        # What the stack wrote after the last test's flush (its beat's ticks, its liveness
+        # sweeps, cycle requests queued in Redis) must not be found by the tests that run next
+        # in this process, on the same database and Redis.
+        from django.core.management import call_command
+
+        from controlplane.redis_client import get_redis
+
+        with django_db_blocker.unblock():
+            call_command("flush", interactive=False, verbosity=0)
+        get_redis().flushdb()
 
 
 @dataclass

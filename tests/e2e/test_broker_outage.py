@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import ports
+
 from .conftest import (
     BIN,
     RUN_MARKER,
@@ -50,14 +52,7 @@ RECOVERY_TIMEOUT_S = 30
 
 def free_redis_port() -> int:
     """A port of REDIS_PORTS nobody listens on (two sessions may run this suite at once)."""
-    for port in REDIS_PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {REDIS_PORTS.start}..{REDIS_PORTS.stop - 1}")
+    return ports.free_port(REDIS_PORTS)
 
 
 class PrivateRedis:

@@ -21,6 +21,8 @@ from django.contrib.staticfiles.handlers import StaticFilesHandler
 from django.test.testcases import LiveServerThread
 from django.utils import timezone
 
+from tests import ports
+
 # This session's share of ports (see the project's rules); the first free one is used.
 PORTS = range(18800, 18900)
 AGENT_READY_S = 60.0
@@ -29,7 +31,7 @@ IDLE_AFTER_CANCEL_S = 30.0
 
 def start_server(host: str = "127.0.0.1") -> LiveServerThread:
     last_error: Exception | None = None
-    for port in PORTS:
+    for port in ports.in_worker_order(PORTS):
         server = LiveServerThread(host, StaticFilesHandler, port=port)
         server.daemon = True
         server.start()
