@@ -8,7 +8,7 @@ The production path, as bench_cli starts it: its own database (DATABASE_URL's na
 default), a Celery worker with beat, one agent (process runtime, the default 10 s heartbeat;
 it ships a running job's output every 0.5 s between heartbeats). One job prints its clock every
 0.5 s. For each count N, N followers (threads of the SDK's `Client.follow_logs`, which is what
-`gpucp logs -f` runs; 32 per client process) follow it for --phase-s seconds, and the script
+`gpucp logs -f` runs; 32 per client process; a user and token each) follow it for --phase-s seconds, and the script
 prints, per N: print -> follower latency (p50, p99), the API answers the followers needed per
 second, and the web process's CPU (share of one core, from /proc). Up to
 LOG_FOLLOWERS_MAX_PER_PROCESS followers wait inside the server at once; the others are answered
@@ -53,8 +53,8 @@ THREADS_PER_CLIENT = 32
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def follow_as_client(url: str, token: str, job_id: int, count: int, seconds: float) -> None:
-    """One client process: `count` followers for `seconds`; prints their figures as JSON."""
+def follow_as_client(url: str, tokens: list[str], job_id: int, seconds: float) -> None:
+    """One client process: a follower per token for `seconds`; prints their figures as JSON."""
     from gpucp import Client
 
     answers = [0]
@@ -62,7 +62,7 @@ def follow_as_client(url: str, token: str, job_id: int, count: int, seconds: flo
     latencies: list[float] = []
     stop_at = time.monotonic() + seconds
 
-    def follower() -> None:
+    def follower(token: str) -> None:
         api = Client(url, token)
         logs = api.logs
 
@@ -83,7 +83,7 @@ def follow_as_client(url: str, token: str, job_id: int, count: int, seconds: flo
             if time.monotonic() > stop_at:
                 return
 
-    threads = [threading.Thread(target=follower, daemon=True) for _ in range(count)]
+    threads = [threading.Thread(target=follower, args=(t,), daemon=True) for t in tokens]
     for t in threads:
         t.start()
     for t in threads:
@@ -106,19 +106,17 @@ def cpu_s_of_group(pgid: int) -> float:
     return total / CLOCK_TICKS
 
 
-def phase(url: str, token: str, job_id: int, count: int, seconds: float, web_pgid: int) -> str:
+def phase(url: str, tokens: list[str], job_id: int, seconds: float, web_pgid: int) -> str:
+    count = len(tokens)
     clients = []
-    left = count
-    while left > 0:
-        n = min(left, THREADS_PER_CLIENT)
-        left -= n
+    for first in range(0, count, THREADS_PER_CLIENT):
         clients.append(
             subprocess.Popen(
                 [
                     sys.executable,
                     __file__,
                     "--as-client",
-                    json.dumps([url, token, job_id, n, seconds]),
+                    json.dumps([url, tokens[first : first + THREADS_PER_CLIENT], job_id, seconds]),
                 ],
                 stdout=subprocess.PIPE,
                 text=True,
@@ -189,9 +187,14 @@ def main() -> None:
 
     tenant = Tenant.objects.create(slug="bench", name="Bench")
     Quota.objects.create(tenant=tenant, gpu_type="", guaranteed_gpus=1000, limit_gpus=1000)
-    user = get_user_model().objects.create_user("bench", password="bench-password-1")
-    Membership.objects.create(user=user, tenant=tenant, role="member")
-    _, token = ApiToken.issue(user, "bench")
+    # A person per follower: each has their own request rate (API_THROTTLE_USER_RATE), as the
+    # researchers following a job from their own terminals do.
+    tokens = []
+    for i in range(max(counts)):
+        user = get_user_model().objects.create_user(f"bench-{i}")  # no password: no hashing
+        Membership.objects.create(user=user, tenant=tenant, role="member")
+        tokens.append(ApiToken.issue(user, "bench")[1])
+    token = tokens[0]
     pool = Pool.objects.create(name="bench")
     _, join_token = issue_join_token(
         pool, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=1
@@ -260,7 +263,7 @@ def main() -> None:
         wait_for(lambda: api.job(job["id"])["state"] == "RUNNING", 60, "the clock job")
         for count in counts:
             print(f"{count} followers for {args.phase_s:g} s ...", flush=True)
-            rows.append(phase(url, token, job["id"], count, args.phase_s, web.pid))
+            rows.append(phase(url, tokens[:count], job["id"], args.phase_s, web.pid))
         api.cancel(job["id"])
     finally:
         for proc in reversed(procs):

@@ -11,6 +11,7 @@ downloadable (`read_log_bytes`, the web UI's "full log" link).
 from __future__ import annotations
 
 from django.db.models import Q
+from django.db.models.functions import Length
 
 from controlplane.jobs.models import JobAttempt, LogChunk
 
@@ -27,6 +28,10 @@ def read_log(attempt: JobAttempt, tail_lines: int | None, rank: int = 0) -> tupl
 def display_text(raw: bytes) -> str:
     """Output bytes as text a page or a JSON answer shows faithfully (see the module's note)."""
     return raw.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
+
+
+# Chunks read per query when reading from an offset (read_log_from).
+LOG_READ_PAGE_ROWS = 64
 
 
 def _of_rank(rank: int) -> Q:
@@ -93,28 +98,48 @@ def read_log_from(
     """
     start = max(0, start)
     chunks = LogChunk.objects.filter(attempt=attempt).filter(_of_rank(rank))
-    # The chunk that holds `start`, if one does, and every later one, in order.
-    first = chunks.filter(offset__lte=start).order_by("-offset").values_list("offset", "data")[:1]
-    later = chunks.filter(offset__gt=start).order_by("offset").values_list("offset", "data")
+    # Most calls come from a follower that has read everything: the chunk holding `start` then
+    # ends there, and its bytes are not wanted. Its length alone says so, without its data.
+    holding = (
+        chunks.filter(offset__lte=start)
+        .order_by("-offset")
+        .values_list("offset", Length("data"))
+        .first()
+    )
     pieces: list[bytes] = []
     position = start
     size_bytes = 0
     collected = 0
-    for offset, raw in [*first, *later.iterator(chunk_size=64)]:
-        end = offset + len(raw)
-        size_bytes = max(size_bytes, end)
-        if end <= position:
-            continue  # wholly before what is wanted, or resent bytes already taken
-        if collected >= max_bytes:
-            # The rest is for the next call; only the size is still wanted, from the last row.
-            last = chunks.order_by("-offset").values_list("offset", "data").first()
-            if last is not None:
-                size_bytes = max(size_bytes, last[0] + len(last[1]))
+    rows: list[tuple[int, bytes]] = []
+    if holding is not None:
+        size_bytes = holding[0] + holding[1]
+        if size_bytes > start:
+            rows = list(chunks.filter(offset=holding[0]).values_list("offset", "data")[:1])
+    later = chunks.order_by("offset").values_list("offset", "data")
+    after = start
+    while True:
+        for offset, raw in rows:
+            end = offset + len(raw)
+            size_bytes = max(size_bytes, end)
+            if end <= position:
+                continue  # wholly before what is wanted, or resent bytes already taken
+            if collected >= max_bytes:
+                # The rest is for the next call; only the size is still wanted, from the last
+                # row.
+                last = chunks.order_by("-offset").values_list("offset", Length("data")).first()
+                if last is not None:
+                    size_bytes = max(size_bytes, last[0] + last[1])
+                return b"".join(pieces), position, max(size_bytes, start)
+            piece = raw[max(0, position - offset) :][: max_bytes - collected]
+            pieces.append(piece)
+            collected += len(piece)
+            position = max(position, offset) + len(piece)
+        # Pages of plain queries, not a server-side cursor (three round trips even when
+        # nothing came): a follower's call usually finds one page or none.
+        rows = list(later.filter(offset__gt=after)[:LOG_READ_PAGE_ROWS])
+        if not rows:
             break
-        piece = raw[max(0, position - offset) :][: max_bytes - collected]
-        pieces.append(piece)
-        collected += len(piece)
-        position = max(position, offset) + len(piece)
+        after = rows[-1][0]
     return b"".join(pieces), position, max(size_bytes, start)
 
 

@@ -47,6 +47,32 @@ def test_it_resumes_from_next_offset_and_moves_on_to_the_next_attempt():
     ]
 
 
+def test_a_follower_told_it_asks_too_often_waits_as_told_and_loses_nothing(monkeypatch):
+    pages = [
+        page(1, [1], "one\n", 0),
+        None,  # 429: the person's request rate is used up (other terminals, other scripts)
+        page(1, [1], "two\n", 4),
+        page(1, [1], "", 8, attempt_finished=True, finished=True),
+    ]
+    asked = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.params["offset"])
+        answer = pages.pop(0)
+        if answer is None:
+            return httpx.Response(
+                429, json={"detail": "Request was throttled."}, headers={"Retry-After": "3"}
+            )
+        return httpx.Response(200, json=answer)
+
+    slept = []
+    monkeypatch.setattr("gpucp.client.time.sleep", slept.append)
+    client = Client("http://cp.test", "t", transport=httpx.MockTransport(answer))
+
+    assert "".join(client.follow_logs(7, poll_s=0.001)) == "one\ntwo\n"
+    assert asked == ["0", "4", "4", "8"] and slept == [3.0]
+
+
 def test_lists_are_read_page_after_page_through_the_clients_own_host():
     asked = []
 

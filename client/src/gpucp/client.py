@@ -37,6 +37,8 @@ from gpucp.errors import ConnectionFailed, RateLimited, WaitTimeout, error_for
 
 API = "/api/v1"
 FINISHED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+# The longest a follower waits when the API says it asked too often (its Retry-After).
+FOLLOW_MAX_RATE_WAIT_S = 60.0
 # Every operation the SDK covers, as (METHOD, path template with {} for each path parameter),
 # each with the SDK call that performs it.
 OPERATIONS: dict[tuple[str, str], str] = {}
@@ -326,7 +328,13 @@ class Client:
         current = attempt
         announced = None
         while True:
-            page = self.logs(job_id, attempt=current, offset=offset, follow=True)
+            try:
+                page = self.logs(job_id, attempt=current, offset=offset, follow=True)
+            except RateLimited as limited:
+                # A person following several jobs can use up their request rate: following is
+                # reading, so wait as the API says (within reason) and go on from the offset.
+                time.sleep(min(FOLLOW_MAX_RATE_WAIT_S, limited.retry_after_s or poll_s))
+                continue
             number = page.get("attempt")
             if number is not None and number != announced:
                 announced = number

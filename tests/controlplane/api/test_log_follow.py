@@ -101,3 +101,46 @@ def test_following_a_job_that_has_not_started_answers_at_once(world, monkeypatch
     monkeypatch.setattr(views.time, "sleep", no_waiting)
     body = logs(world, world.vision_job, "follow=true").json()
     assert (body["attempt"], body["text"], body["finished"]) == (None, "", False)
+
+
+@pytest.mark.parametrize("max_bytes", [1, 7, 100, 10_000])
+def test_a_follower_reading_in_small_answers_gets_every_byte_once_past_gaps_and_resends(
+    world, max_bytes
+):
+    """Hundreds of chunks (more than one page of the read), a resend overlapping what came
+    before, and a gap: reading on from each answer's next offset, whatever the answer size,
+    yields the output with the gap skipped and nothing twice."""
+    from controlplane.jobs.logs import LOG_READ_PAGE_ROWS, read_log_from
+
+    attempt = admit(world, world.vision_job)
+    expected = b""
+    offset = 0
+    for i in range(3 * LOG_READ_PAGE_ROWS):
+        line = f"line {i} é\n".encode()
+        if i == 70:
+            offset += 5  # bytes the agent gave up on: never stored
+        LogChunk.objects.create(attempt=attempt, offset=offset, data=line)
+        expected += line
+        offset += len(line)
+        if i == 100:
+            # A resend of this line's last 4 bytes with the next line's first ones.
+            following = f"line {i + 1} é\n".encode()
+            resend = line[-4:] + following[:3]
+            LogChunk.objects.create(attempt=attempt, offset=offset - 4, data=resend)
+            expected += following[:3]
+            offset += 3
+            rest = following[3:]
+            LogChunk.objects.create(attempt=attempt, offset=offset, data=rest)
+            expected += rest
+            offset += len(rest)
+
+    read = b""
+    position = 0
+    for _ in range(10 * len(expected)):
+        piece, position, size_bytes = read_log_from(attempt, position, max_bytes)
+        assert size_bytes == offset
+        if not piece:
+            break
+        assert len(piece) <= max_bytes
+        read += piece
+    assert read == expected and position == offset
