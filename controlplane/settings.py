@@ -1,6 +1,8 @@
 """One settings file, driven by the environment.
 
-Defaults are safe for the embedded mode (SQLite, DEBUG, a throwaway secret). Production sets
+Defaults are safe for the embedded mode (SQLite, a throwaway secret; DEBUG only when asked
+for, so that a newcomer's mistyped URL gets the product's 404 page, not Django's list of every
+URL pattern, and an error no traceback). Production sets
 GPUCP_ENV=production, which makes a missing SECRET_KEY or DATABASE_URL a hard error instead
 of a silent fallback.
 """
@@ -40,7 +42,7 @@ def required(name: str, embedded_default: str) -> str:
 
 
 SECRET_KEY = required("SECRET_KEY", "embedded-mode-insecure-secret-key-do-not-use-in-production")
-DEBUG = env_bool("DEBUG", not PRODUCTION)
+DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = [
     h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h
 ]
@@ -254,11 +256,15 @@ STORAGES = {
     # Hashed, compressed names (cached for good by browsers) need collectstatic first, which the
     # image runs; the embedded mode and the tests serve the files as they are in the apps.
     "staticfiles": {
-        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
-        if DEBUG
-        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
+# Outside production WhiteNoise serves the apps' files where they are (no collectstatic), and
+# picks up edits, DEBUG or not.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+WHITENOISE_AUTOREFRESH = not PRODUCTION
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"

@@ -270,12 +270,13 @@ def job_submit(request):
                 ).array
                 messages.success(
                     request,
-                    f"Array {array.name} (#{array.pk}) of {array.size} tasks submitted; "
-                    "they are PENDING.",
+                    # No state here: the message stays on the page while the state changes.
+                    f"Array {array.name} (#{array.pk}) of {array.size} tasks submitted.",
                 )
                 return redirect("array-detail", pk=array.pk)
             job = actions.submit_job(tenant=s.tenant, user=request.user, **s.fields)
-            messages.success(request, f"Job {job.name} (#{job.pk}) submitted; it is PENDING.")
+            # No state here: the message stays above the job's status while it changes.
+            messages.success(request, f"Job {job.name} (#{job.pk}) submitted.")
             return redirect("job-detail", pk=job.pk)
         status = 400 if form.errors and request.POST.get("_action") != "preview" else 200
     else:

@@ -197,6 +197,17 @@ def test_a_running_job_page_shows_node_gpus_caps_usage_log_and_charts(client, al
     assert 'class="line series-cap dashed"' in html
     assert "GPU 0 latest 90 %" in html  # the chart's text alternative: the last bucket
     assert 'hx-trigger="every 3s" data-pause-while-focused' in html
+    assert "Used so far" in page
+
+
+def test_a_finished_job_says_what_it_used_not_what_it_used_so_far(client, alice, running_job):
+    from controlplane.jobs import actions
+
+    actions.finish_attempt(running_job.attempts.get(), exit_code=0)
+    client.force_login(alice)
+    page = text_of(client.get(reverse("job-detail", args=[running_job.pk])))
+    assert "SUCCEEDED" in page and re.search(r"\bUsed\s+[\d.]+\s+GPU-hours", page)
+    assert "so far" not in page
 
 
 def test_the_job_chart_covers_only_the_attempts_own_gpus_and_time(client, alice, running_job, node):

@@ -124,6 +124,21 @@ def test_a_valid_submit_creates_a_pending_job_with_every_field(submit, alice, vi
     assert job.events.get().kind == "submitted"
 
 
+def test_the_submitted_message_does_not_contradict_the_status_below_it(submit, client, alice):
+    """The message is shown on the job's page however late it is opened, and stays there
+    while the status changes: it must not say a state."""
+    from controlplane.jobs import actions
+    from controlplane.jobs.models import Job
+
+    response = submit()
+    job = Job.objects.get()
+    actions.cancel_job(job, actor=alice)
+    page = client.get(response["Location"]).content.decode()
+    message = page.split('<ul class="messages"', 1)[1].split("</ul>", 1)[0]
+    assert f"(#{job.pk}) submitted." in message and "PENDING" not in message
+    assert "CANCELLED" in page
+
+
 def test_an_empty_name_is_taken_from_the_image(submit):
     from controlplane.jobs.models import Job
 

@@ -1,6 +1,7 @@
 """The embedded mode: the loop thread in-process, and `manage.py embedded` as `make run` runs it."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,6 +141,14 @@ def test_make_run_serves_schedules_and_runs_a_job_on_a_simulated_node_then_stops
             log_path.read_text()[-3000:],
         )
         assert _agent_pids(agents_dir)
+
+        # A mistyped address gets the product's page, with its navigation and its styles,
+        # not Django's debug page listing every URL pattern.
+        missing = requests.get(f"{base}/jobz/", timeout=30)
+        assert missing.status_code == 404
+        assert "URLconf" not in missing.text and "<h1>Not found</h1>" in missing.text
+        stylesheet = re.search(r'href="(/static/[^"]+\.css)"', missing.text)
+        assert stylesheet and requests.get(base + stylesheet.group(1), timeout=30).ok
     finally:
         server.send_signal(signal.SIGTERM)
         try:
