@@ -25,7 +25,7 @@ from controlplane.accounting.budgets import (
 )
 from controlplane.audit.models import AuditEvent
 from controlplane.cluster.models import GPU, GpuTelemetry, Node, Pool
-from controlplane.cluster.telemetry import bucket_start
+from controlplane.cluster.telemetry import TELEMETRY_BUCKET_S, bucket_start
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
     ACTIVE_JOB_STATES,
@@ -233,11 +233,18 @@ def attempt_telemetry(attempt: JobAttempt, max_points: int = 720) -> list[GpuSer
     recent = rows.order_by("-bucket_at").values_list(
         "gpu_id", "bucket_at", "utilization_pct", "power_draw_w", "power_cap_w"
     )[: max_points * max(1, len(gpus))]
+    # A bucket's average holds over the part of the bucket the attempt had the GPU: drawn at its
+    # stamp (its start), a job shorter than a bucket would be one dot before it even started.
+    started = attempt.started_at or attempt.created_at
+    ended = attempt.finished_at or timezone.now()
+    bucket = dt.timedelta(seconds=TELEMETRY_BUCKET_S)
     for gpu_id, at, util, draw, cap in reversed(list(recent)):
         s = series[gpu_id]
-        s.utilization_pct.append((at, util))
-        s.power_draw_w.append((at, draw))
-        s.power_cap_w.append((at, cap))
+        left, right = max(at, started), min(at + bucket, ended)
+        for t in (left, right) if right > left else (left,):
+            s.utilization_pct.append((t, util))
+            s.power_draw_w.append((t, draw))
+            s.power_cap_w.append((t, cap))
     return list(series.values())
 
 

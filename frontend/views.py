@@ -411,10 +411,24 @@ def _job_charts(attempt) -> dict:
     )
     util = charts.Chart(title="GPU utilization", unit="%", y_max=100, empty=empty)
     power = charts.Chart(title="GPU power draw and cap", unit="W", empty=empty)
-    for i, s in enumerate(series):
-        css = f"series-{i % 8}"
-        util.series.append(charts.Series(s.label, s.utilization_pct, css_class=css))
-        power.series.append(charts.Series(f"{s.label} draw", s.power_draw_w, css_class=css))
+    for chart, values_of, suffix in (
+        (util, lambda s: s.utilization_pct, ""),
+        (power, lambda s: s.power_draw_w, " draw"),
+    ):
+        # GPUs that reported the same values all along are one line, said to be so: drawn
+        # apart, they would hide each other.
+        alike: dict[tuple, list] = {}
+        for s in series:
+            alike.setdefault(tuple(values_of(s)), []).append(s)
+        for i, group in enumerate(alike.values()):
+            label = group[0].label
+            if len(group) > 1:
+                label = (
+                    f"{len(group)} GPUs, identical (GPU {', '.join(g.label[4:] for g in group)})"
+                )
+            chart.series.append(
+                charts.Series(f"{label}{suffix}", values_of(group[0]), css_class=f"series-{i % 8}")
+            )
     caps = {tuple(v for _, v in s.power_cap_w) for s in series}
     if len(caps) == 1 and series:
         # The usual case: every GPU of the job runs at the same cap, so one line says it.

@@ -195,7 +195,9 @@ def test_a_running_job_page_shows_node_gpus_caps_usage_log_and_charts(client, al
     assert html.count("<svg") == 2
     assert html.count('class="line series-0"') == 2
     assert 'class="line series-cap dashed"' in html
-    assert "GPU 0 latest 90 %" in html  # the chart's text alternative: the last bucket
+    # Both GPUs reported the same all along: one line each chart says so (the chart's text
+    # alternative names the last bucket's value).
+    assert "2 GPUs, identical (GPU 0, 1) latest 90 %" in html
     assert 'hx-trigger="every 3s" data-pause-while-focused' in html
     assert "Used so far" in page
 
@@ -208,6 +210,47 @@ def test_a_finished_job_says_what_it_used_not_what_it_used_so_far(client, alice,
     page = text_of(client.get(reverse("job-detail", args=[running_job.pk])))
     assert "SUCCEEDED" in page and re.search(r"\bUsed\s+[\d.]+\s+GPU-hours", page)
     assert "so far" not in page
+
+
+def test_gpus_that_differ_are_drawn_apart(client, alice, running_job):
+    from controlplane.cluster.models import GpuTelemetry
+
+    gpu_1 = running_job.attempts.get().allocations.get(gpu__index=1).gpu
+    GpuTelemetry.objects.filter(gpu=gpu_1).update(utilization_pct=40.0, power_draw_w=300.0)
+    client.force_login(alice)
+    html = client.get(reverse("job-detail", args=[running_job.pk])).content.decode()
+    assert "identical" not in html
+    assert "GPU 0 latest 90 %" in html and "GPU 1 latest 40 %" in html
+
+
+def test_a_job_shorter_than_a_telemetry_bucket_is_drawn_where_it_ran(
+    client, alice, vision, make_job, node
+):
+    """A 10 s job's one bucket (stamped with the bucket's start, before the job began) is
+    drawn as a line over the 10 s the job ran, not as a dot before it started."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from controlplane.cluster.models import GpuTelemetry
+    from controlplane.jobs import actions
+    from controlplane.queries import attempt_telemetry
+
+    job = make_job(vision, alice, name="short", gpus=1)
+    gpu = node.gpus.get(index=0)
+    attempt = actions.admit_job(job, node=node, gpus=[gpu], borrowed=False)
+    bucket_at = timezone.now().replace(second=0, microsecond=0) - dt.timedelta(minutes=5)
+    started = bucket_at + dt.timedelta(seconds=20)
+    actions.mark_attempt_running(attempt, started_at=started)
+    GpuTelemetry.objects.create(
+        gpu=gpu, bucket_at=bucket_at, utilization_pct=70.0, power_draw_w=300.0, power_cap_w=600.0
+    )
+    actions.finish_attempt(attempt, exit_code=0, finished_at=started + dt.timedelta(seconds=10))
+    attempt.refresh_from_db()
+
+    (series,) = attempt_telemetry(attempt)
+    assert [t for t, _ in series.utilization_pct] == [started, attempt.finished_at]
+    assert [v for _, v in series.power_draw_w] == [300.0, 300.0]
 
 
 def test_the_job_chart_covers_only_the_attempts_own_gpus_and_time(client, alice, running_job, node):
