@@ -55,8 +55,10 @@ LATEST_FIELDS = (
 # Written apart from the numbers: a JSON list of names and an integer count.
 HEALTH_FIELDS = ("throttle_reasons", "ecc_errors")
 _NUMBERS = tuple(f for f in LATEST_FIELDS if f not in (*HEALTH_FIELDS, "healthy", "telemetry_at"))
-# History fields averaged over the bucket; power_cap_w keeps the latest value instead, since a
-# cap is a setting, and its mean over a change would be a cap nobody ever set.
+# History fields averaged over the bucket; power_cap_w keeps the highest value instead, since a
+# cap is a setting, and its mean over a change would be a cap nobody ever set. The highest, not
+# the latest: a bucket in which the cap came down from 700 W to 200 W averages draws made under
+# both, and its mean draw (say 380 W) must not read as drawing above a 200 W cap.
 MEAN_FIELDS = ("utilization_pct", "memory_used_mib", "power_draw_w", "temperature_c")
 
 
@@ -179,12 +181,16 @@ def record_history(
         f"ELSE ({table}.{f} * {table}.samples + excluded.{f}) / ({table}.samples + 1) END"
         for f in MEAN_FIELDS
     )
+    # SQLite's two-argument MAX is PostgreSQL's GREATEST.
+    highest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
     # "WHERE true": SQLite needs it to tell the upsert's ON CONFLICT from a join's ON.
     sql = (
         f"INSERT INTO {table} (samples, {', '.join(values)}) "
         f"SELECT 1, {', '.join(values)} FROM {source} WHERE true "
         f"ON CONFLICT (gpu_id, bucket_at) DO UPDATE SET {mean_updates}, "
-        f"power_cap_w = COALESCE(excluded.power_cap_w, {table}.power_cap_w), "
+        f"power_cap_w = {highest}("
+        f"COALESCE(excluded.power_cap_w, {table}.power_cap_w), "
+        f"COALESCE({table}.power_cap_w, excluded.power_cap_w)), "
         f"samples = {table}.samples + 1"
     )
     with bulk.cursor() as cursor:

@@ -68,6 +68,21 @@ def test_history_keeps_one_row_per_gpu_per_bucket_with_the_mean_of_its_samples(a
     assert sum(rows.filter(gpu__index=0).values_list("samples", flat=True)) == 3
 
 
+def test_a_bucket_in_which_the_cap_came_down_keeps_the_highest_cap_above_its_mean_draw(
+    agent, node01
+):
+    """Draws made under a 700 W cap and then under 200 W average above 200 W: the bucket's cap
+    is the highest it had, so no chart shows a mean draw above its cap."""
+    node, token = node01
+    for cap, draw in ((700.0, 560.0), (200.0, 195.0), (200.0, 190.0)):
+        agent.heartbeat(token, readings(node, power_cap_w=cap, power_draw_w=draw))
+
+    for row in GpuTelemetry.objects.filter(gpu__node=node):
+        assert row.power_draw_w <= row.power_cap_w
+    first = GpuTelemetry.objects.filter(gpu__node=node).order_by("bucket_at").first()
+    assert first.power_cap_w == 700.0
+
+
 def test_history_buckets_are_aligned_to_the_bucket_length(agent, node01):
     node, token = node01
     agent.heartbeat(token, readings(node))
