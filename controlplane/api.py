@@ -17,9 +17,28 @@ import threading
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane.validators import NON_FIELD, shown, text_problem
+
+
+class CsvRenderer(BaseRenderer):
+    """Lets a client that asks for text/csv (Accept) reach a view that answers CSV itself (an
+    HttpResponse), instead of a 406; an error answered on the way is JSON text."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if isinstance(data, str):
+            return data.encode()
+        return JSONRenderer().render(data)
+
+
+# For views and actions that answer CSV: JSON first (errors, a client that asks for nothing).
+CSV_RENDERERS = [JSONRenderer, CsvRenderer]
 
 
 def exception_handler(exc, context):

@@ -5,6 +5,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import APIRootView, DefaultRouter
 
+from controlplane.audit_views import AuditEventViewSet
 from controlplane.cluster.api.views import (
     GpuClaimConflictViewSet,
     GpuViewSet,
@@ -58,6 +59,7 @@ router.register("gpus", GpuViewSet, basename="gpu")
 router.register("jobs", JobViewSet, basename="job")
 router.register("arrays", ArrayViewSet, basename="array")
 router.register("join-tokens", JoinTokenViewSet, basename="join-token")
+router.register("audit", AuditEventViewSet, basename="audit")
 router.register("gpu-claim-conflicts", GpuClaimConflictViewSet, basename="gpu-claim-conflict")
 router.register("api-tokens", ApiTokenViewSet, basename="api-token")
 router.register("volumes", VolumeViewSet, basename="volume")

@@ -411,6 +411,12 @@ MAX_ARRAY_SIZE_CEILING = int(env_float("MAX_ARRAY_SIZE_CEILING", 10000))
 # How long an Idempotency-Key of a job submit replays its job; expired keys are deleted hourly.
 IDEMPOTENCY_KEY_TTL_S = env_float("IDEMPOTENCY_KEY_TTL_S", 24 * 3600.0)
 
+# How long the audit trail keeps a row (who changed which quota, budget, pool, node, membership
+# or token); 0 keeps every row for good. Pruned hourly.
+AUDIT_RETENTION_DAYS = env_float("AUDIT_RETENTION_DAYS", 365.0)
+if AUDIT_RETENTION_DAYS < 0:
+    raise ImproperlyConfigured("AUDIT_RETENTION_DAYS must be 0 (keep all) or more")
+
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "controlplane.scheduling.tasks.run_cycle",
@@ -429,6 +435,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "submit-key-expiry": {
         "task": "controlplane.jobs.tasks.delete_expired_submit_keys",
+        "schedule": 3600.0,
+    },
+    "audit-retention": {
+        "task": "controlplane.audit.tasks.prune_audit_trail",
         "schedule": 3600.0,
     },
 }

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend import arrays, invitations, views, volumes
+from frontend import arrays, audit, invitations, views, volumes
 
 urlpatterns = [
     path(
@@ -51,6 +51,7 @@ urlpatterns = [
     path("manage/budgets/<int:pk>/", views.budget_edit, name="manage-budget"),
     path("manage/budgets/<int:pk>/delete/", views.budget_delete, name="manage-budget-delete"),
     path("manage/pools/", views.manage_pools, name="manage-pools"),
+    path("manage/audit/", audit.audit_list, name="manage-audit"),
     path("manage/volumes/", volumes.manage_volumes, name="manage-volumes"),
     path("manage/volumes/new/", volumes.volume_create, name="manage-volume-create"),
     path("manage/volumes/<slug:name>/", volumes.volume_edit, name="manage-volume"),

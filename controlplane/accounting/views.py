@@ -10,7 +10,7 @@ import io
 from django.conf import settings
 from django.http import HttpResponse
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,7 +22,7 @@ from controlplane.accounting.budgets import (
     usage_by_tenant,
 )
 from controlplane.accounting.metrics import render_metrics
-from controlplane.api import QueryParamsBoundary
+from controlplane.api import CSV_RENDERERS, QueryParamsBoundary
 from controlplane.permissions import visible_tenants
 from controlplane.tenancy.models import BudgetKind, BudgetPeriod
 
@@ -108,7 +108,12 @@ class UsageView(QueryParamsBoundary, APIView):
 class UsageCsvView(UsageView):
     """The same as usage, as CSV for chargeback spreadsheets."""
 
-    @extend_schema(parameters=[UsageQuery], responses={(200, "text/csv"): str})
+    renderer_classes = CSV_RENDERERS
+
+    @extend_schema(
+        parameters=[UsageQuery, OpenApiParameter("format", exclude=True)],
+        responses={(200, "text/csv"): str},
+    )
     def get(self, request):
         query = UsageQuery(data=request.query_params)
         query.is_valid(raise_exception=True)

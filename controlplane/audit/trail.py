@@ -163,3 +163,14 @@ def deleted(kind: Kind, obj: Any, *, actor: Any) -> AuditEvent:
         before=before,
         message=f"{title} deleted.",
     )
+
+
+def prune(now: dt.datetime, retention_days: float) -> int:
+    """Delete the rows older than the admin's retention (AUDIT_RETENTION_DAYS); 0 keeps all.
+
+    The one deletion the trail allows: nothing else ever changes a row.
+    """
+    if retention_days <= 0:
+        return 0
+    deleted, _ = AuditEvent.objects.filter(at__lt=now - dt.timedelta(days=retention_days)).delete()
+    return deleted

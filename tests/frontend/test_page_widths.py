@@ -87,6 +87,7 @@ def pages(cluster_admin, vision, alice, make_job, make_node):
         f"/t/{vision.slug}/members/",
         "/manage/pools/",
         "/manage/whatif/",
+        "/manage/audit/",
         "/jobs/",
         f"/jobs/{job.pk}/",
         f"/jobs/{job.pk}/cancel/",

@@ -442,6 +442,25 @@ class Client:
         )
         return response.text
 
+    @operation("GET", "/api/v1/audit/")
+    def audit(self, **filters: Any) -> Iterator[dict[str, Any]]:
+        """The audit trail you may read (every row for a cluster admin, your tenants' for a
+        tenant admin), newest first. Filters: action (or its start, "quota"), object_type,
+        object_id, tenant, actor, after, before."""
+        return self.paginate(f"{API}/audit/", **filters)
+
+    @operation("GET", "/api/v1/audit/{}/")
+    def audit_event(self, event_id: int) -> dict[str, Any]:
+        return cast(dict[str, Any], self.get(f"{API}/audit/{int(event_id)}/"))
+
+    @operation("GET", "/api/v1/audit/csv/")
+    def audit_csv(self, **filters: Any) -> str:
+        """The same rows as CSV, before and after as JSON."""
+        response = self.request(
+            "GET", f"{API}/audit/csv/", params=filters, headers={"Accept": "text/csv"}
+        )
+        return response.text
+
 
 class Resource:
     """The list, read, create, update and delete operations of one collection of the API."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from controlplane.audit.models import AuditEvent
 from controlplane.cluster.models import GpuClaimConflict, JoinToken, Node, Pool
 from controlplane.jobs.models import Job
 from controlplane.storage.models import Volume
@@ -81,6 +82,18 @@ def gpu_claim_conflict(w) -> GpuClaimConflict:
         defaults={"holder": w.node, "holder_name": w.node.name, "reason": "the node is live"},
     )
     return conflict
+
+
+def vision_audit_row(w) -> AuditEvent:
+    """A change of vision's quota, as its action leaves it (made once per test)."""
+    row, _ = AuditEvent.objects.get_or_create(
+        tenant=w.vision,
+        action="quota.update",
+        object_type="quota",
+        object_id="4242",
+        defaults={"before": {"limit_gpus": 8}, "after": {"limit_gpus": 12}},
+    )
+    return row
 
 
 def rows(queryset):
@@ -564,6 +577,23 @@ CASES = [
         setup=lambda w: w.nlp,
     ),
     Case("accounting-usage-csv", "get", lambda w: "/api/v1/accounting/usage.csv", LIST),
+    # the audit trail: a cluster admin reads every row, a tenant admin their tenants', no one
+    # else any; nobody writes it through the API
+    Case(
+        "audit-list",
+        "get",
+        lambda w: "/api/v1/audit/",
+        LIST,
+        listed=lambda w: ("object_id", str(vision_audit_row(w).object_id)),
+        listed_for=frozenset({"tenant_admin", "cluster_admin"}),
+    ),
+    Case(
+        "audit-retrieve",
+        "get",
+        lambda w: f"/api/v1/audit/{vision_audit_row(w).pk}/",
+        answers(401, 404, 404, 404, 200, 200),
+    ),
+    Case("audit-csv", "get", lambda w: "/api/v1/audit/csv/", LIST),
 ]
 
 
