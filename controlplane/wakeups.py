@@ -239,7 +239,25 @@ def requested_cycle_finished(queue: str | None = None, *, ran: bool = True) -> N
 
 # --- node notifications ----------------------------------------------------------------------
 
-CHANNEL_PREFIX = "gpucp:node:"
+
+def node_channel_prefix(redis_url: str) -> str:
+    """Where the node channels of a deployment on this Redis URL begin.
+
+    Pub/sub ignores the database number: a channel named the same in two databases is one
+    channel. The names carry the database (redis://host:6379/15 -> "gpucp:15:node:"), so two
+    deployments (or two test workers) on one Redis server never wake each other's watches for
+    nodes that happen to share a name.
+    """
+    from redis.connection import parse_url
+
+    try:
+        database = int(parse_url(redis_url).get("db", 0)) if redis_url else 0
+    except ValueError:
+        database = 0
+    return f"gpucp:{database}:node:"
+
+
+CHANNEL_PREFIX = node_channel_prefix(settings.REDIS_URL or "")
 # Every node's channel: what each web process's one subscriber listens to
 # (controlplane.cluster.watch_hub).
 NODE_CHANNEL_PATTERN = f"{CHANNEL_PREFIX}*"

@@ -18,6 +18,7 @@ import pytest
 from django.db import connection, connections
 from django.test import Client
 
+from controlplane import wakeups
 from controlplane.cluster import agent_api, watch_hub
 from controlplane.cluster import heartbeat as hb_logic
 from controlplane.wakeups import node_channel, notify_nodes
@@ -223,6 +224,21 @@ def test_many_watches_in_one_process_share_one_redis_connection(agent, join_toke
     assert len(in_use) == 1, in_use
     assert results == [True] * 20
     assert hub.waiting == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signal_published_for_a_node_of_another_database_wakes_no_watch(agent, join_token, nodes):
+    """Pub/sub channels are shared by every database of a Redis server: another deployment
+    (another test worker) on another database signalling a node of the same name must not end
+    this one's watch."""
+    ((node, token),) = nodes(1)
+    hub = live_hub()
+    watch = Watch(join_token, token, timeout_s=2.0)
+    eventually(lambda: hub.waiting == 1, "the watch waits")
+    other_url = f"redis://127.0.0.1:6379/{(our_db() + 1) % 16}"
+    redis().publish(f"{wakeups.node_channel_prefix(other_url)}{node.name}", "changed")
+
+    assert watch.result() is False
 
 
 @pytest.mark.django_db(transaction=True)

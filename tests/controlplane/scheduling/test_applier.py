@@ -556,6 +556,6 @@ def test_the_nodes_are_told_once_the_plan_has_committed(make_node, make_job, vis
     apply_plan(m.Plan(starts=(start(job, ("n1", ["GPU-n1-0"])),)), load_snapshot())
     assert notify.node_version("n1") == seen + 1
     message = subscriber.get_message(timeout=5)
-    assert (message["channel"], message["data"]) == (b"gpucp:node:n1", b"changed")
+    assert (message["channel"], message["data"]) == (notify.node_channel("n1").encode(), b"changed")
     assert subscriber.get_message(timeout=0.5) is None
     subscriber.close()
