@@ -30,18 +30,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_heartbeat import (  # noqa: E402 - after the path set-up
-    bench_database_url,
-    ensure_free,
     percentile,
-    recreate_database,
-    setup_django,
     stop,
 )
 from bench_submit_to_running import (  # noqa: E402
     _answers,
     _kill_leftover_jobs,
     agent_command,
+    prepare_database,
+    seed_tenant,
     spawn,
+    start_servers,
     wait_for,
 )
 
@@ -75,46 +74,13 @@ def main() -> None:
     parser.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "cli"))
     args = parser.parse_args()
 
-    base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucp")
-    if not os.environ.get("REDIS_URL"):
-        sys.exit("bench_cli needs REDIS_URL")
-    database_url, name = bench_database_url(base_url, "_bench_cli")
-    recreate_database(base_url, name)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "DEBUG": "0",
-        "LOG_LEVEL": "WARNING",
-        "CELERY_QUEUE": os.environ.get("CELERY_QUEUE", "gpucp") + "_bench_cli",
-        "AGENT_HEARTBEAT_INTERVAL_S": str(args.heartbeat_s),
-    }
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-    )
-    setup_django(database_url)
-    import datetime as dt
+    env = prepare_database("_bench_cli", AGENT_HEARTBEAT_INTERVAL_S=str(args.heartbeat_s))
+    from controlplane.cluster.models import Node
 
-    from django.contrib.auth import get_user_model
-    from django.utils import timezone
-
-    from controlplane.cluster.agent_auth import issue_join_token
-    from controlplane.cluster.models import Node, Pool
-    from controlplane.tenancy.models import ApiToken, Membership, Quota, Tenant
-
-    tenant = Tenant.objects.create(slug="bench", name="Bench")
-    Quota.objects.create(tenant=tenant, gpu_type="", guaranteed_gpus=1000, limit_gpus=1000)
-    user = get_user_model().objects.create_user("bench", password="bench-password-1")
-    Membership.objects.create(user=user, tenant=tenant, role="member")
-    _, user_token = ApiToken.issue(user, "bench")
-    pool = Pool.objects.create(name="bench")
-    _, join_token = issue_join_token(
-        pool, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=1
-    )
-
+    (user_token,), join_token = seed_tenant()
     url = f"http://127.0.0.1:{args.port}"
-    ensure_free(args.port)
     startup: list[float] = []
     cli_env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUCP_")},
@@ -126,36 +92,7 @@ def main() -> None:
         elapsed_s, done = timed([GPUCP, "--help"], cli_env)
         assert done.returncode == 0, done.stderr
         startup.append(elapsed_s)
-    procs = [
-        spawn(
-            [
-                str(BIN / "gunicorn"),
-                "controlplane.wsgi:application",
-                f"--bind=127.0.0.1:{args.port}",
-                "--worker-class=gthread",
-                "--workers=2",
-                "--threads=16",
-            ],
-            env,
-            log_dir / "web.log",
-        ),
-        spawn(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "controlplane",
-                "worker",
-                "-B",
-                f"--schedule={log_dir / 'beat-schedule'}",
-                "-Q",
-                env["CELERY_QUEUE"],
-                "--pool=solo",
-                "--loglevel=WARNING",
-            ],
-            env,
-            log_dir / "worker.log",
-        ),
-    ]
+    procs = start_servers(args.port, env, log_dir)
     state_root = log_dir / "agents"
     shutil.rmtree(state_root, ignore_errors=True)
     round_trips: list[float] = []

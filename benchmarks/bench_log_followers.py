@@ -33,24 +33,24 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_heartbeat import (  # noqa: E402 - after the path set-up
-    bench_database_url,
-    ensure_free,
+    cpu_s,
     percentile,
-    recreate_database,
-    setup_django,
+    process_group,
     stop,
 )
 from bench_submit_to_running import (  # noqa: E402
     _answers,
     _kill_leftover_jobs,
     agent_command,
+    prepare_database,
+    seed_tenant,
     spawn,
+    start_servers,
     wait_for,
 )
 
 BIN = Path(sys.executable).parent
 THREADS_PER_CLIENT = 32
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def follow_as_client(url: str, tokens: list[str], job_id: int, seconds: float) -> None:
@@ -92,18 +92,8 @@ def follow_as_client(url: str, tokens: list[str], job_id: int, seconds: float) -
 
 
 def cpu_s_of_group(pgid: int) -> float:
-    """User + system CPU seconds of every live process in the process group."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
+    """User + system CPU seconds of the live processes of a process group (the web server)."""
+    return cpu_s(process_group(pgid))
 
 
 def phase(url: str, tokens: list[str], job_id: int, seconds: float, web_pgid: int) -> str:
@@ -156,83 +146,21 @@ def main() -> None:
         return
     counts = [int(n) for n in args.followers.split(",")]
 
-    base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucp")
-    if not os.environ.get("REDIS_URL"):
-        sys.exit("bench_log_followers needs REDIS_URL")
-    database_url, name = bench_database_url(base_url, "_bench_followers")
-    recreate_database(base_url, name)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "DEBUG": "0",
-        "LOG_LEVEL": "WARNING",
-        "CELERY_QUEUE": os.environ.get("CELERY_QUEUE", "gpucp") + "_bench_followers",
-    }
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-    )
-    setup_django(database_url)
-    import datetime as dt
-
-    from django.contrib.auth import get_user_model
-    from django.utils import timezone
+    env = prepare_database("_bench_followers")
     from gpucp import Client
 
-    from controlplane.cluster.agent_auth import issue_join_token
-    from controlplane.cluster.models import Node, Pool
+    from controlplane.cluster.models import Node
     from controlplane.jobs.api.views import LOG_FOLLOWERS_MAX_PER_PROCESS
-    from controlplane.tenancy.models import ApiToken, Membership, Quota, Tenant
 
-    tenant = Tenant.objects.create(slug="bench", name="Bench")
-    Quota.objects.create(tenant=tenant, gpu_type="", guaranteed_gpus=1000, limit_gpus=1000)
     # A person per follower: each has their own request rate (API_THROTTLE_USER_RATE), as the
     # researchers following a job from their own terminals do.
-    tokens = []
-    for i in range(max(counts)):
-        user = get_user_model().objects.create_user(f"bench-{i}")  # no password: no hashing
-        Membership.objects.create(user=user, tenant=tenant, role="member")
-        tokens.append(ApiToken.issue(user, "bench")[1])
-    token = tokens[0]
-    pool = Pool.objects.create(name="bench")
-    _, join_token = issue_join_token(
-        pool, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=1
-    )
+    tokens, join_token = seed_tenant(users=max(counts))
     url = f"http://127.0.0.1:{args.port}"
-    ensure_free(args.port)
     load_before = os.getloadavg()
-    web = spawn(
-        [
-            str(BIN / "gunicorn"),
-            "controlplane.wsgi:application",
-            f"--bind=127.0.0.1:{args.port}",
-            "--worker-class=gthread",
-            "--workers=1",
-            f"--threads={THREADS_PER_CLIENT}",
-        ],
-        env,
-        log_dir / "web.log",
-    )
-    procs = [
-        web,
-        spawn(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "controlplane",
-                "worker",
-                "-B",
-                f"--schedule={log_dir / 'beat-schedule'}",
-                "-Q",
-                env["CELERY_QUEUE"],
-                "--pool=solo",
-                "--loglevel=WARNING",
-            ],
-            env,
-            log_dir / "worker.log",
-        ),
-    ]
+    procs = start_servers(args.port, env, log_dir, workers=1, threads=THREADS_PER_CLIENT)
+    web = procs[0]
     state_root = log_dir / "agents"
     shutil.rmtree(state_root, ignore_errors=True)
     rows = []
@@ -246,7 +174,7 @@ def main() -> None:
             )
         )
         wait_for(lambda: Node.objects.filter(ready=True).count() == 1, 90, "the agent")
-        api = Client(url, token)
+        api = Client(url, tokens[0])
         lines = int((len(counts) * (args.phase_s + 15) + 60) / 0.5)
         printer = (
             f"import time\nfor i in range({lines}):\n"

@@ -77,65 +77,71 @@ def wait_for(predicate, timeout_s: float, what: str):
     sys.exit(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--agents", type=int, default=4)
-    parser.add_argument("--port", type=int, default=18460)
-    parser.add_argument("--job-sleep-s", type=float, default=0.5)
-    parser.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "submit_to_running"))
-    args = parser.parse_args()
-
+def prepare_database(suffix: str, **extra_env: str) -> dict:
+    """A fresh database of its own (DATABASE_URL's name + suffix), migrated, and Django set up
+    on it in this process; the environment every server process of the benchmark gets."""
     base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucp")
     if not os.environ.get("REDIS_URL"):
-        sys.exit("bench_submit_to_running needs REDIS_URL (the production signalling path)")
-    database_url, name = bench_database_url(base_url, "_bench_s2r")
+        sys.exit(f"{Path(sys.argv[0]).name} needs REDIS_URL (the production signalling path)")
+    database_url, name = bench_database_url(base_url, suffix)
     recreate_database(base_url, name)
-    log_dir = Path(args.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
         "DEBUG": "0",
         "LOG_LEVEL": "WARNING",
-        "CELERY_QUEUE": os.environ.get("CELERY_QUEUE", "gpucp") + "_bench_s2r",
+        "CELERY_QUEUE": os.environ.get("CELERY_QUEUE", "gpucp") + suffix,
+        **extra_env,
     }
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
     )
     setup_django(database_url)
+    return env
+
+
+def seed_tenant(users: int = 1, join_uses: int = 1) -> tuple[list[str], str]:
+    """Tenant "bench" with room for everything, `users` members with an API token each, and a
+    pool's join token good for `join_uses` agents: (the users' tokens, the join token)."""
     import datetime as dt
 
-    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
     from controlplane.cluster.agent_auth import issue_join_token
-    from controlplane.cluster.models import Node, Pool
-    from controlplane.jobs.models import Job, JobEvent
+    from controlplane.cluster.models import Pool
     from controlplane.tenancy.models import ApiToken, Membership, Quota, Tenant
 
     tenant = Tenant.objects.create(slug="bench", name="Bench")
     Quota.objects.create(tenant=tenant, gpu_type="", guaranteed_gpus=1000, limit_gpus=1000)
-    user = get_user_model().objects.create_user("bench", password="bench-password-1")
-    Membership.objects.create(user=user, tenant=tenant, role="member")
-    _, user_token = ApiToken.issue(user, "bench")
+    tokens = []
+    for i in range(users):
+        # No password: hashing one per user would cost a second for a hundred followers.
+        user = get_user_model().objects.create_user("bench" if i == 0 else f"bench-{i}")
+        Membership.objects.create(user=user, tenant=tenant, role="member")
+        tokens.append(ApiToken.issue(user, "bench")[1])
     pool = Pool.objects.create(name="bench")
     _, join_token = issue_join_token(
-        pool, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=args.agents
+        pool, expires_at=timezone.now() + dt.timedelta(hours=2), max_uses=join_uses
     )
+    return tokens, join_token
 
-    url = f"http://127.0.0.1:{args.port}"
-    ensure_free(args.port)
-    procs = [
+
+def start_servers(
+    port: int, env: dict, log_dir: Path, *, workers: int = 2, threads: int = 16
+) -> list[subprocess.Popen]:
+    """gunicorn (gthread) on 127.0.0.1:port and a Celery worker with beat on the benchmark's
+    queue, as production runs them; the web process first."""
+    ensure_free(port)
+    return [
         spawn(
             [
                 str(BIN / "gunicorn"),
                 "controlplane.wsgi:application",
-                f"--bind=127.0.0.1:{args.port}",
+                f"--bind=127.0.0.1:{port}",
                 "--worker-class=gthread",
-                "--workers=2",
-                "--threads=16",
+                f"--workers={workers}",
+                f"--threads={threads}",
             ],
             env,
             log_dir / "web.log",
@@ -157,6 +163,28 @@ def main() -> None:
             log_dir / "worker.log",
         ),
     ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--port", type=int, default=18460)
+    parser.add_argument("--job-sleep-s", type=float, default=0.5)
+    parser.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "submit_to_running"))
+    args = parser.parse_args()
+
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = prepare_database("_bench_s2r")
+    from django.conf import settings
+
+    from controlplane.cluster.models import Node
+    from controlplane.jobs.models import Job, JobEvent
+
+    (user_token,), join_token = seed_tenant(join_uses=args.agents)
+    url = f"http://127.0.0.1:{args.port}"
+    procs = start_servers(args.port, env, log_dir)
     state_root = log_dir / "agents"
     # A fresh database restarts attempt ids; agents must not remember the last run's attempts.
     shutil.rmtree(state_root, ignore_errors=True)
