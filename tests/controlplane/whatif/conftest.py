@@ -91,9 +91,14 @@ def finished_job(make_job):
     return make
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
-    """A worker consuming this session's queue (CELERY_QUEUE), on the test database; killed after."""
+    """A worker consuming this session's queue (CELERY_QUEUE), on the test database; killed after.
+
+    Function-scoped, so a test asks for it after the fixtures that write its history: a worker
+    already running would schedule those jobs itself (they are pending for a moment, on a free
+    node) and the fixture's own admit_job would find them taken.
+    """
     log_dir = Path(tmp_path_factory.mktemp("whatif-celery"))
     with running_worker(django_db_blocker, log_dir, "whatif") as worker:
         yield worker

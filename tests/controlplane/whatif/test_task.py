@@ -24,7 +24,8 @@ def history(vision, alice, make_node, finished_job):
 
 
 @pytest.mark.slow
-def test_the_celery_worker_moves_a_run_from_queued_through_running_to_done(celery_worker, history):
+def test_the_celery_worker_moves_a_run_from_queued_through_running_to_done(history, celery_worker):
+    # history before celery_worker: the worker starts once the history is written.
     assert not runs_in_thread(), "REDIS_URL is set and the embedded mode off: Celery runs it"
     params = build_params(
         since=SINCE, until=UNTIL, quotas=["vision:H100-SXM-80GB=4:4"], weights=["vision=2"]
