@@ -140,3 +140,112 @@ def _seed_volumes(root: Path, admin) -> None:
             source=str(checkpoints.resolve()),
             checkpoints=True,
         )
+
+
+HISTORY_ACTOR = "demo history"
+
+
+def history_seeded() -> bool:
+    from controlplane.audit.models import AuditEvent
+
+    return AuditEvent.objects.filter(
+        action="jobs.history_imported", actor_label=HISTORY_ACTOR
+    ).exists()
+
+
+@transaction.atomic
+def seed_history(*, days: float | None = None, seed: int = 1, now=None) -> int:
+    """Give the demo a generated past (controlplane.demo_history) on the nodes that exist now.
+
+    Once: a second call finds the first one's audit row and writes nothing. Returns the number
+    of jobs written (0 when seeded already, or when there is no node or demo tenant to use).
+    """
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from controlplane import demo_history
+    from controlplane.cluster import telemetry
+    from controlplane.cluster.models import Node
+    from controlplane.jobs import actions as job_actions
+
+    if history_seeded():
+        return 0
+    now = now or timezone.now()
+    days = demo_history.DEMO_HISTORY_DAYS if days is None else days
+    nodes = list(
+        Node.objects.filter(deregistered_at__isnull=True)
+        .select_related("pool")
+        .prefetch_related("gpus")
+        .order_by("name")
+    )
+    shapes = [
+        demo_history.NodeShape(
+            name=n.name,
+            gpu_type=gpus[0].model,
+            gpus=tuple((g.index, g.power_min_w, g.power_max_w) for g in gpus),
+        )
+        for n in nodes
+        if (gpus := sorted(n.gpus.all(), key=lambda g: g.index))
+    ]
+    User = get_user_model()
+    users = {
+        slug: User.objects.filter(username=f"{slug}-researcher").first()
+        for slug, *_ in DEMO_TENANTS
+    }
+    tenants = {
+        t.slug: t for t in Tenant.objects.filter(slug__in=[s for s, u in users.items() if u])
+    }
+    if not shapes or not tenants:
+        return 0
+    runs = demo_history.generate(shapes, sorted(tenants), end=now, days=days, seed=seed)
+    budgets = {n.pool.power_budget_w for n in nodes}
+    # One pool in the demo; with several, the smallest budget keeps every pool's figures honest.
+    budget_w = min((b for b in budgets if b), default=None)
+    points = demo_history.charge_power(
+        runs,
+        shapes,
+        power_budget_w=budget_w,
+        end=now,
+        telemetry_s=min(telemetry.TELEMETRY_RETENTION_S, days * 86400.0),
+    )
+    node_by_name = {n.name: n for n in nodes}
+    gpu_by_key = {(n.name, g.index): g for n in nodes for g in n.gpus.all()}
+    records = [
+        job_actions.FinishedJob(
+            tenant=tenants[r.tenant],
+            user=users[r.tenant],
+            fields={
+                "name": r.kind.name,
+                "image": "registry.local/demo/train:1",
+                "command": list(r.kind.command),
+                "gpus": r.kind.gpus,
+                "gpu_type": r.kind.gpu_type,
+            },
+            submitted_at=r.submitted_at,
+            node=node_by_name[r.node],
+            gpus=[gpu_by_key[(r.node, i)] for i in r.gpu_indexes],
+            admitted_at=max(r.submitted_at, r.started_at - dt.timedelta(seconds=1)),
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            outcome=r.outcome.upper(),
+            exit_code=r.exit_code,
+            energy_j=r.energy_j,
+        )
+        for r in runs
+    ]
+    job_actions.import_finished_jobs(records, actor_label=HISTORY_ACTOR)
+    telemetry.record_history(
+        (
+            gpu_by_key[(p.node, p.gpu_index)].pk,
+            p.at,
+            telemetry.GpuSample(
+                uuid=gpu_by_key[(p.node, p.gpu_index)].uuid,
+                utilization_pct=p.utilization_pct,
+                power_draw_w=p.power_draw_w,
+                power_cap_w=p.power_cap_w,
+            ),
+        )
+        for p in points
+    )
+    return len(records)

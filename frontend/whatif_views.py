@@ -22,6 +22,7 @@ from controlplane.scheduling.models import WhatIfRun, WhatIfState
 from controlplane.scheduling.whatif.params import WhatIfError, WhatIfParams, build_params
 from controlplane.scheduling.whatif.report import Report, report_of
 from controlplane.scheduling.whatif_tasks import launch_whatif
+from frontend.bar_charts import BarChart, Group, render_bars
 from frontend.pages import page, staff_required
 from scheduler.simulator.policies import PRESETS
 
@@ -135,6 +136,7 @@ def whatif_detail(request, pk: int):
         "described": _describe(params),
         "badge_class": STATE_BADGE.get(run.state, "info"),
         "report": _report(run, params),
+        "report_charts": report_charts(run.summary) if run.state == WhatIfState.DONE else [],
         "poll_s": POLL_S,
         "progress_pct": round(100 * run.progress),
     }
@@ -152,6 +154,76 @@ def whatif_markdown(request, pk: int):
     response = HttpResponse(run.report_markdown, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="whatif-{run.pk}.md"'
     return response
+
+
+def report_charts(summary: dict) -> list:
+    """The report's comparison as bar charts: each row's completion and queueing times, and
+    each tenant's mean queue (the table below them holds every figure)."""
+    rows = [r for r in summary.get("rows", ()) if isinstance(r, dict)]
+    if not rows:
+        return []
+    labels = [str(r.get("policy", "?")) for r in rows]
+    times = (
+        ("mean JCT", "mean_jct_s"),
+        ("median JCT", "median_jct_s"),
+        ("p99 JCT", "p99_jct_s"),
+        ("mean queue", "mean_queue_s"),
+        ("p99 queue", "p99_queue_s"),
+    )
+    seconds = [r.get(key) for r in rows for _, key in times]
+    scale_s, unit = _time_unit([v for v in seconds if isinstance(v, int | float)])
+    charts = [
+        render_bars(
+            BarChart(
+                title="Job completion and queueing times",
+                unit=unit,
+                series=labels,
+                groups=[
+                    Group(name, [_scaled(r.get(key), scale_s) for r in rows]) for name, key in times
+                ],
+            )
+        )
+    ]
+    tenants = sorted({t.get("tenant") for r in rows for t in r.get("tenants") or () if t})
+    if tenants:
+        queue_s = [t.get("mean_queue_s") for r in rows for t in r.get("tenants") or ()]
+        t_scale_s, t_unit = _time_unit([v for v in queue_s if isinstance(v, int | float)])
+        by_tenant = [{t.get("tenant"): t for t in r.get("tenants") or ()} for r in rows]
+        charts.append(
+            render_bars(
+                BarChart(
+                    title="Mean queue per tenant",
+                    unit=t_unit,
+                    series=labels,
+                    groups=[
+                        Group(
+                            str(tenant),
+                            [
+                                _scaled((row.get(tenant) or {}).get("mean_queue_s"), t_scale_s)
+                                for row in by_tenant
+                            ],
+                        )
+                        for tenant in tenants
+                    ],
+                )
+            )
+        )
+    return charts
+
+
+def _time_unit(values_s: list[float]) -> tuple[float, str]:
+    """Hours for a comparison of long times, minutes for shorter ones, seconds below that."""
+    top_s = max(values_s, default=0.0)
+    if top_s >= 2 * 3600:
+        return 3600.0, "h"
+    if top_s >= 120:
+        return 60.0, "min"
+    return 1.0, "s"
+
+
+def _scaled(value, scale_s: float) -> float | None:
+    # A figure the summary could not have (None for NaN) stays unknown, not zero.
+    return value / scale_s if isinstance(value, int | float) else None
 
 
 def _report(run: WhatIfRun, params: WhatIfParams | None) -> Report | None:

@@ -1577,3 +1577,183 @@ def record_late_exit(
         record_event(job, "late_report", story, data={"attempt": locked.pk, "exit_code": exit_code})
     request_cycle("late_report")
     return True
+
+
+# --- history -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A job that ran and ended before it reached this control plane (import_finished_jobs).
+
+    outcome is the job's final state: SUCCEEDED, FAILED (exit_code says how) or CANCELLED (by
+    its submitter while it ran: its attempt was stopped).
+    """
+
+    tenant: object
+    user: object
+    fields: dict
+    submitted_at: dt.datetime
+    node: Node
+    gpus: Sequence[GPU]
+    admitted_at: dt.datetime
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    outcome: str
+    exit_code: int | None
+    energy_j: float
+
+
+FINISHED_OUTCOMES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@transaction.atomic
+def import_finished_jobs(records: Sequence[FinishedJob], *, actor_label: str) -> list[Job]:
+    """Write finished jobs with their one attempt, members, released allocations and timeline.
+
+    For a past that happened elsewhere (the demo's generated week, a migration from another
+    scheduler): every row says what the live path would have written had the job run here, at
+    the times given, in a handful of bulk statements. Nothing is active, so no GPU is held and
+    the scheduler has nothing to do; one audit row says who imported how many.
+    """
+    from controlplane.audit import trail
+
+    for record in records:
+        if record.outcome not in FINISHED_OUTCOMES:
+            raise ValueError(f"not a final state: {record.outcome!r}")
+        if not record.submitted_at <= record.admitted_at <= record.started_at:
+            raise ValueError("a job is admitted after its submission and starts after that")
+        if record.finished_at < record.started_at:
+            raise ValueError("a job ends after it starts")
+    jobs = Job.objects.bulk_create(
+        [
+            Job(
+                tenant=r.tenant,
+                submitted_by=r.user,
+                state=r.outcome,
+                state_reason=_final_reason(r),
+                submitted_at=r.submitted_at,
+                started_at=r.started_at,
+                finished_at=r.finished_at,
+                exit_code=r.exit_code,
+                attempt_count=1,
+                **r.fields,
+            )
+            for r in records
+        ]
+    )
+    attempts = JobAttempt.objects.bulk_create(
+        [
+            JobAttempt(
+                job=job,
+                number=1,
+                node=r.node,
+                state=_attempt_state(r),
+                stop_requested_at=r.finished_at if r.outcome == JobState.CANCELLED else None,
+                stop_reason="cancelled" if r.outcome == JobState.CANCELLED else "",
+                created_at=r.admitted_at,
+                started_at=r.started_at,
+                finished_at=r.finished_at,
+                exit_code=r.exit_code,
+                exit_reported_at=r.finished_at,
+                gpu_seconds=(r.finished_at - r.started_at).total_seconds() * len(r.gpus),
+                energy_j=r.energy_j,
+                node_addrs=[r.node.advertise_address] if r.node.advertise_address else [],
+            )
+            for job, r in zip(jobs, records, strict=True)
+        ]
+    )
+    AttemptMember.objects.bulk_create(
+        [
+            AttemptMember(
+                attempt=attempt,
+                node=r.node,
+                rank=0,
+                address=r.node.advertise_address,
+                gpus=len(r.gpus),
+                state=attempt.state,
+                started_at=r.started_at,
+                finished_at=r.finished_at,
+                exit_code=r.exit_code,
+            )
+            for attempt, r in zip(attempts, records, strict=True)
+        ]
+    )
+    Allocation.objects.bulk_create(
+        [
+            Allocation(
+                attempt=attempt,
+                gpu=gpu,
+                active=False,
+                created_at=r.admitted_at,
+                released_at=r.finished_at,
+            )
+            for attempt, r in zip(attempts, records, strict=True)
+            for gpu in r.gpus
+        ]
+    )
+    events: list[JobEvent] = []
+    for job, attempt, r in zip(jobs, attempts, records, strict=True):
+        events += [
+            JobEvent(
+                job=job,
+                at=r.submitted_at,
+                kind="submitted",
+                to_state=JobState.PENDING,
+                actor=r.user,
+                message=f"Submitted by {r.user.username}",
+            ),
+            JobEvent(
+                job=job,
+                at=r.admitted_at,
+                kind="admitted",
+                from_state=JobState.PENDING,
+                to_state=JobState.ADMITTED,
+                message=f"Admitted to {r.node.name}",
+                data={
+                    "attempt": attempt.pk,
+                    "node": r.node.name,
+                    "gpus": [g.uuid for g in r.gpus],
+                    "borrowed": False,
+                },
+            ),
+            JobEvent(
+                job=job,
+                at=r.started_at,
+                kind="running",
+                from_state=JobState.ADMITTED,
+                to_state=JobState.RUNNING,
+                message=f"Running on {r.node.name}",
+                data={"attempt": attempt.pk},
+            ),
+            JobEvent(
+                job=job,
+                at=r.finished_at,
+                kind=r.outcome.lower(),
+                from_state=JobState.RUNNING,
+                to_state=r.outcome,
+                actor=r.user if r.outcome == JobState.CANCELLED else None,
+                message=_final_reason(r),
+            ),
+        ]
+    JobEvent.objects.bulk_create(events)
+    trail.record(
+        "jobs.history_imported",
+        actor_label=actor_label,
+        object_type="job",
+        message=f"Imported {len(jobs)} finished jobs",
+        after={"jobs": len(jobs)},
+    )
+    return jobs
+
+
+def _attempt_state(record: FinishedJob) -> str:
+    if record.outcome == JobState.CANCELLED:
+        return AttemptState.STOPPED
+    return AttemptState.SUCCEEDED if record.outcome == JobState.SUCCEEDED else AttemptState.FAILED
+
+
+def _final_reason(record: FinishedJob) -> str:
+    if record.outcome == JobState.CANCELLED:
+        return f"Cancelled by {record.user.username}"
+    return f"Exited with code {record.exit_code}"

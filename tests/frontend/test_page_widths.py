@@ -76,6 +76,16 @@ def pages(cluster_admin, vision, alice, make_job, make_node):
         indexes=[0, 1, 2],
         max_parallel=1,
     ).array
+    from controlplane.scheduling.models import WhatIfRun, WhatIfState
+    from tests.controlplane.whatif.test_pages import SUMMARY
+
+    # A done what-if: its report has charts and two wide tables.
+    whatif = WhatIfRun.objects.create(
+        params={"since": "2026-11-01T00:00:00+00:00", "until": "2026-12-01T00:00:00+00:00"},
+        state=WhatIfState.DONE,
+        progress=1.0,
+        summary=SUMMARY,
+    )
     return [
         "/",
         "/cluster/",
@@ -87,6 +97,7 @@ def pages(cluster_admin, vision, alice, make_job, make_node):
         f"/t/{vision.slug}/members/",
         "/manage/pools/",
         "/manage/whatif/",
+        f"/manage/whatif/{whatif.pk}/",
         "/manage/audit/",
         "/jobs/",
         f"/jobs/{job.pk}/",

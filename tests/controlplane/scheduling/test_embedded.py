@@ -142,6 +142,14 @@ def test_make_run_serves_schedules_and_runs_a_job_on_a_simulated_node_then_stops
         )
         assert _agent_pids(agents_dir)
 
+        # A fresh install has a past to show: the generated week, on the node that registered,
+        # in the researcher's own job list next to the job just run.
+        assert wait_until(lambda: b"Seeded a generated past week" in log_path.read_bytes(), 60)
+        past = requests.get(
+            f"{base}/api/v1/jobs/", params={"state": "SUCCEEDED"}, headers=headers, timeout=30
+        ).json()
+        assert past["count"] > 5, past
+
         # A mistyped address gets the product's page, with its navigation and its styles,
         # not Django's debug page listing every URL pattern.
         missing = requests.get(f"{base}/jobz/", timeout=30)

@@ -289,3 +289,43 @@ def test_a_run_without_a_report_has_no_download_and_no_report_section(client, cl
     assert client.get(reverse("whatif-markdown", args=[run.pk])).status_code == 404
     html = client.get(reverse("whatif-detail", args=[run.pk])).content.decode()
     assert 'aria-label="Report"' not in html
+
+
+def _bars(html: str, figure_title: str) -> dict[str, float]:
+    """The bars of the chart titled figure_title: their tooltip text -> drawn width."""
+    start = html.index(f"<figcaption>{figure_title}")
+    figure = html[start : html.index("</figure>", start)]
+    return {
+        title: float(width)
+        for width, title in re.findall(
+            r'<rect class="bar series-\d" [^>]*width="([\d.]+)"[^>]*><title>([^<]*)</title>', figure
+        )
+    }
+
+
+@pytest.mark.django_db
+def test_the_report_compares_the_runs_in_charts_drawn_to_scale(client, cluster_admin, done_run):
+    client.force_login(cluster_admin)
+    html = client.get(reverse("whatif-detail", args=[done_run.pk])).content.decode()
+    # The longest time is 1,235 s: the chart counts in minutes.
+    bars = _bars(html, "Job completion and queueing times (min)")
+    real = bars["mean JCT, what really happened: 15.0 min"]
+    whatif = bars["mean JCT, simulated: what-if: 20.6 min"]
+    assert whatif / real == pytest.approx(1234.56 / 900.0, rel=0.01)
+    assert (
+        bars["mean queue, simulated: what-if: 0.2 min"]
+        < bars["mean queue, what really happened: 5.0 min"]
+    )
+    assert len(bars) == 2 * 5  # two runs, five figures each
+    tenants = _bars(html, "Mean queue per tenant (min)")
+    # Each tenant's bar where its row has it; a tenant a run does not have has no bar, and the
+    # name is escaped like everywhere else.
+    assert set(tenants) == {
+        "vision, what really happened: 5.0 min",
+        "&lt;b&gt;vision&lt;/b&gt;, simulated: what-if: 0.2 min",
+    }
+    assert "<b>vision</b>" not in html
+    # Screen readers get the comparison as text.
+    assert (
+        'aria-label="Job completion and queueing times: mean JCT: what really happened 15.0' in html
+    )

@@ -180,6 +180,33 @@ class Command(BaseCommand):
                     )
                 )
             self.stdout.write(f"Started simulated agent {name} (log: {state_dir / 'agent.log'})")
+        self._seed_history([f"sim-node-{i}" for i in range(1, count + 1)])
+
+    def _seed_history(self, names: list[str]) -> None:
+        """A fresh demo gets a generated past week on its nodes, once they have registered
+        (the history's attempts ran on them): what-if, usage, charts and predictions then have
+        something to show. Once only: a later start finds it and writes nothing."""
+        from controlplane.cluster.models import Node
+        from controlplane.demo import history_seeded, seed_history
+
+        try:
+            if history_seeded():
+                return
+            deadline = time.monotonic() + SERVER_WAIT_S
+            while time.monotonic() < deadline:
+                if Node.objects.filter(
+                    name__in=names, gpus__isnull=False
+                ).distinct().count() == len(names):
+                    break
+                time.sleep(0.5)
+            jobs = seed_history()
+        finally:
+            connections.close_all()
+        if jobs:
+            self.stdout.write(
+                f"Seeded a generated past week of {jobs} finished jobs "
+                "(what-if, usage and charts have history to show)"
+            )
 
     def _stop_agents(self, children: list) -> None:
         for child in children:
