@@ -165,7 +165,6 @@ def seed_history(*, days: float | None = None, seed: int = 1, now=None) -> int:
     from django.utils import timezone
 
     from controlplane import demo_history
-    from controlplane.cluster import telemetry
     from controlplane.cluster.models import Node
     from controlplane.jobs import actions as job_actions
 
@@ -190,12 +189,12 @@ def seed_history(*, days: float | None = None, seed: int = 1, now=None) -> int:
     ]
     User = get_user_model()
     users = {
-        slug: User.objects.filter(username=f"{slug}-researcher").first()
-        for slug, *_ in DEMO_TENANTS
+        user.username.removesuffix("-researcher"): user
+        for user in User.objects.filter(
+            username__in=[f"{slug}-researcher" for slug, *_ in DEMO_TENANTS]
+        )
     }
-    tenants = {
-        t.slug: t for t in Tenant.objects.filter(slug__in=[s for s, u in users.items() if u])
-    }
+    tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=users)}
     if not shapes or not tenants:
         return 0
     runs = demo_history.generate(shapes, sorted(tenants), end=now, days=days, seed=seed)
@@ -207,7 +206,8 @@ def seed_history(*, days: float | None = None, seed: int = 1, now=None) -> int:
         shapes,
         power_budget_w=budget_w,
         end=now,
-        telemetry_s=min(telemetry.TELEMETRY_RETENTION_S, days * 86400.0),
+        # A day, what the telemetry history keeps by default (import_telemetry drops the rest).
+        telemetry_s=min(86400.0, days * 86400.0),
     )
     node_by_name = {n.name: n for n in nodes}
     gpu_by_key = {(n.name, g.index): g for n in nodes for g in n.gpus.all()}
@@ -235,17 +235,19 @@ def seed_history(*, days: float | None = None, seed: int = 1, now=None) -> int:
         for r in runs
     ]
     job_actions.import_finished_jobs(records, actor_label=HISTORY_ACTOR)
-    telemetry.record_history(
+    cluster_actions.import_telemetry(
         (
-            gpu_by_key[(p.node, p.gpu_index)].pk,
-            p.at,
-            telemetry.GpuSample(
-                uuid=gpu_by_key[(p.node, p.gpu_index)].uuid,
-                utilization_pct=p.utilization_pct,
-                power_draw_w=p.power_draw_w,
-                power_cap_w=p.power_cap_w,
-            ),
-        )
-        for p in points
+            (
+                gpu_by_key[(p.node, p.gpu_index)],
+                p.at,
+                {
+                    "utilization_pct": p.utilization_pct,
+                    "power_draw_w": p.power_draw_w,
+                    "power_cap_w": p.power_cap_w,
+                },
+            )
+            for p in points
+        ),
+        actor_label=HISTORY_ACTOR,
     )
     return len(records)

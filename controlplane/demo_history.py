@@ -134,7 +134,7 @@ def generate(
     for node in nodes:
         gpus_of_type[node.gpu_type] += len(node.gpus)
     # Only kinds the cluster can run: a model no node has, or more GPUs than its biggest node.
-    largest = defaultdict(int)
+    largest: dict[str, int] = defaultdict(int)
     for node in nodes:
         largest[node.gpu_type] = max(largest[node.gpu_type], len(node.gpus))
     kinds = {
@@ -179,7 +179,8 @@ def generate(
     for submitted_at, tenant, kind in arrivals:
         duration_s = max(30.0, rng.lognormvariate(math.log(kind.median_s), kind.sigma))
         roll = rng.random()
-        outcome, exit_code = "succeeded", 0
+        exit_code: int | None = 0
+        outcome = "succeeded"
         if roll < FAIL_SHARE:
             outcome, exit_code = "failed", 1
             duration_s *= rng.uniform(0.05, 0.6)

@@ -484,3 +484,31 @@ def delete_pool(pool: Pool, *, actor) -> None:
     """Raises ProtectedError while nodes are in it (nothing is written then)."""
     trail.deleted(POOL, pool, actor=actor)
     _cycle_on_commit("pool_deleted")
+
+
+@transaction.atomic
+def import_telemetry(readings, *, actor_label: str) -> int:
+    """Fold past readings into the GPUs' history buckets: (GPU, time, {field: value}) with the
+    fields of a heartbeat's reading (utilization_pct, power_draw_w, power_cap_w, ...).
+
+    For a past recorded elsewhere (the demo's generated week): the same buckets heartbeats fill,
+    so charts read both alike. The GPU rows' latest values are left alone: they are the present.
+    Readings the history would no longer keep are left out (with a few minutes to spare, so the
+    next prune does not find them already too old).
+    """
+    from controlplane.cluster import telemetry
+
+    kept_from = timezone.now() - dt.timedelta(seconds=telemetry.TELEMETRY_RETENTION_S - 600.0)
+    written = telemetry.record_history(
+        (gpu.pk, at, telemetry.GpuSample(uuid=gpu.uuid, **fields))
+        for gpu, at, fields in readings
+        if at >= kept_from
+    )
+    trail.record(
+        "telemetry.history_imported",
+        actor_label=actor_label,
+        object_type="gpu",
+        message=f"Imported {written} telemetry buckets",
+        after={"buckets": written},
+    )
+    return written

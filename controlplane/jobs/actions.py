@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, OuterRef, Q, Subquery
@@ -33,6 +34,10 @@ from controlplane.jobs.models import (
 )
 from controlplane.jobs.transitions import fields_on_entering, is_allowed
 from controlplane.storage.models import Volume
+from controlplane.tenancy.models import Tenant
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 log = logging.getLogger(__name__)
 
@@ -1590,8 +1595,8 @@ class FinishedJob:
     its submitter while it ran: its attempt was stopped).
     """
 
-    tenant: object
-    user: object
+    tenant: Tenant
+    user: User
     fields: dict
     submitted_at: dt.datetime
     node: Node

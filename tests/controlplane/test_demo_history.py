@@ -126,9 +126,10 @@ def demo_cluster(make_node):
 
 @pytest.mark.django_db
 def test_a_fresh_demo_gets_its_past_once_and_it_reads_like_real_history(demo_cluster, client):
-    jobs = seed_history(days=2, now=END)
+    now = dt.datetime.now(dt.UTC)
+    jobs = seed_history(days=2, now=now)
     assert jobs > 100
-    assert seed_history(days=2, now=END) == 0  # once
+    assert seed_history(days=2, now=now) == 0  # once
     assert Job.objects.count() == jobs
     assert AuditEvent.objects.filter(action="jobs.history_imported").count() == 1
 
@@ -162,7 +163,7 @@ def test_a_fresh_demo_gets_its_past_once_and_it_reads_like_real_history(demo_clu
 
     # Charts: the last day's jobs have telemetry on their GPUs while they ran.
     recent = (
-        JobAttempt.objects.filter(finished_at__gte=END - dt.timedelta(hours=12))
+        JobAttempt.objects.filter(finished_at__gte=now - dt.timedelta(hours=12))
         .order_by("-finished_at")
         .first()
     )
