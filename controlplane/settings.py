@@ -417,6 +417,12 @@ AUDIT_RETENTION_DAYS = env_float("AUDIT_RETENTION_DAYS", 365.0)
 if AUDIT_RETENTION_DAYS < 0:
     raise ImproperlyConfigured("AUDIT_RETENTION_DAYS must be 0 (keep all) or more")
 
+# How long the scheduling loop's record of its cycles is kept (the overview's charts over time,
+# what each cycle decided): a row every few seconds, pruned hourly.
+SCHEDULER_CYCLE_RETENTION_DAYS = env_float("SCHEDULER_CYCLE_RETENTION_DAYS", 7.0)
+if SCHEDULER_CYCLE_RETENTION_DAYS <= 0:
+    raise ImproperlyConfigured("SCHEDULER_CYCLE_RETENTION_DAYS must be more than 0")
+
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "controlplane.scheduling.tasks.run_cycle",
@@ -439,6 +445,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "audit-retention": {
         "task": "controlplane.audit.tasks.prune_audit_trail",
+        "schedule": 3600.0,
+    },
+    "cycle-retention": {
+        "task": "controlplane.scheduling.tasks.prune_scheduling_cycles",
         "schedule": 3600.0,
     },
 }

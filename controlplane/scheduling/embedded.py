@@ -5,7 +5,8 @@ when a submit, cancel or job end sets wakeups.embedded_wakeup_event(), by the ru
 path follows (controlplane/wakeups.py): at once when the loop is idle; requests that arrive
 while a requested cycle runs share one follow-up, SCHEDULER_DEBOUNCE_S after that cycle
 started. It also runs the node liveness sweep that beat runs in production, so a stopped
-agent's node goes down here too.
+agent's node goes down here too, and beat's hourly upkeep (expired submit keys, the audit
+trail's and the cycle record's retention), so a laptop left running does not grow without end.
 """
 
 from __future__ import annotations
@@ -24,6 +25,19 @@ from controlplane.scheduling.cycle import run_scheduling_cycle
 from controlplane.wakeups import embedded_wakeup_event
 
 log = logging.getLogger(__name__)
+
+UPKEEP_INTERVAL_S = 3600.0
+
+
+def _hourly_upkeep() -> None:
+    """What beat runs hourly in production (controlplane/settings.py CELERY_BEAT_SCHEDULE)."""
+    from controlplane.audit.tasks import prune_audit_trail
+    from controlplane.jobs.tasks import delete_expired_submit_keys
+    from controlplane.scheduling.tasks import prune_scheduling_cycles
+
+    delete_expired_submit_keys()
+    prune_audit_trail()
+    prune_scheduling_cycles()
 
 
 def _liveness_sweep() -> Callable[[], object] | None:
@@ -73,6 +87,8 @@ class SchedulingLoop:
 
     def _run(self) -> None:
         next_sweep = time.monotonic() + self.liveness_interval_s
+        # Once soon after the start (a laptop is rarely up for an hour), then hourly.
+        next_upkeep = time.monotonic() + self.liveness_interval_s
         # When the requests that arrived during the last requested cycle are due, if any did.
         follow_up_at: float | None = None
         while not self._stop.is_set():
@@ -96,6 +112,11 @@ class SchedulingLoop:
                     self._step(self._sweep)
                 self._step(check_budgets)
                 next_sweep = time.monotonic() + self.liveness_interval_s
+            if time.monotonic() >= next_upkeep:
+                self._step(_hourly_upkeep)
+                next_upkeep = time.monotonic() + UPKEEP_INTERVAL_S
+        # Once soon after the start (a laptop is rarely up for an hour), then hourly.
+        next_upkeep = time.monotonic() + self.liveness_interval_s
 
     def _step(self, work: Callable[[], object]) -> None:
         try:

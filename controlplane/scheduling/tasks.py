@@ -31,5 +31,24 @@ def run_cycle(trigger: str = TICK, queue: str | None = None) -> dict:
     return result
 
 
+@shared_task(ignore_result=True)
+def prune_scheduling_cycles() -> int:
+    """Delete cycle rows past SCHEDULER_CYCLE_RETENTION_DAYS (beat runs it hourly)."""
+    import logging
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from controlplane.scheduling import actions
+
+    days = settings.SCHEDULER_CYCLE_RETENTION_DAYS
+    deleted = actions.prune_cycles(timezone.now(), days)
+    if deleted:
+        logging.getLogger(__name__).info(
+            "deleted %d scheduling cycle rows older than %g days", deleted, days
+        )
+    return deleted
+
+
 # Celery's autodiscovery reads only `tasks` modules; the what-if task lives beside this one.
 from controlplane.scheduling import whatif_tasks  # noqa: E402, F401
