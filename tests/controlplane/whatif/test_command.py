@@ -221,3 +221,16 @@ def test_the_replays_report_their_progress_in_order_up_to_the_end(busy_history):
     assert seen[-1] == 1.0
     # The reference, the current config and the what-if: each ends a third further.
     assert any(0 < f < 1 for f in seen)
+
+
+def test_a_job_admitted_a_moment_after_its_submit_did_not_wait(
+    vision, alice, make_node, finished_job
+):
+    # A real cluster admits a job that finds free GPUs within a cycle (here 2 s): that is not
+    # waiting, or every job of a real history would have "waited" against the simulation's
+    # instant starts. The one that waited a minute for a GPU did.
+    node = make_node("n1", gpus=1)
+    finished_job(vision, alice, node, submit_s=0, wait_s=2, run_s=600)
+    finished_job(vision, alice, node, submit_s=560, wait_s=60 - 18, run_s=600)
+    real = table_rows(whatif())[REAL_LABEL]
+    assert real["waited"] == "50.0 %"
