@@ -124,6 +124,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: its time covers the whole stack, and it counts what other middleware answers too.
+    "controlplane.http_metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # In every mode, so the tests and `make run` exercise the policy production serves.
     "csp.middleware.CSPMiddleware",

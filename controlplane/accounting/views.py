@@ -11,6 +11,7 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from prometheus_client.exposition import choose_encoder
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -21,7 +22,7 @@ from controlplane.accounting.budgets import (
     period_bounds,
     usage_by_tenant,
 )
-from controlplane.accounting.metrics import render_metrics
+from controlplane.accounting.metrics import REGISTRY
 from controlplane.api import CSV_RENDERERS, QueryParamsBoundary
 from controlplane.permissions import visible_tenants
 from controlplane.tenancy.models import BudgetKind, BudgetPeriod
@@ -141,4 +142,6 @@ def metrics_view(request):
             status=401,
             content_type="text/plain",
         )
-    return HttpResponse(render_metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    # OpenMetrics for a scraper that asks for it (Prometheus does by default), else text 0.0.4.
+    encoder, content_type = choose_encoder(request.META.get("HTTP_ACCEPT"))
+    return HttpResponse(encoder(REGISTRY), content_type=content_type)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from controlplane import bulk, wakeups
+from controlplane import bulk, event_metrics, wakeups
 from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import array_slots, dependencies, holds
 from controlplane.jobs.models import (
@@ -102,18 +102,32 @@ def transition(
             data=data or {},
         )
         if to_state in FINISHED_JOB_STATES:
-            jobs_finished([holds.Finished(job.pk, to_state, job.array_id, job.has_dependents)])
+            jobs_finished(
+                [holds.Finished(job.pk, to_state, job.array_id, job.has_dependents)],
+                tenant_ids={job.pk: job.tenant_id},
+                # A late report that turns FAILED into SUCCEEDED corrects an end counted already.
+                count=from_state not in FINISHED_JOB_STATES,
+            )
     for key, value in updates.items():
         setattr(job, key, value)
     return job
 
 
-def jobs_finished(finished: Sequence[holds.Finished]) -> None:
-    """Release what these jobs' ends release (controlplane.jobs.holds). Called inside the
-    transaction that ended them, by every move to a finished state.
+def jobs_finished(
+    finished: Sequence[holds.Finished],
+    *,
+    tenant_ids: Mapping[int, int] | None = None,
+    count: bool = True,
+) -> None:
+    """Release what these jobs' ends release (controlplane.jobs.holds), and count them for
+    /metrics once they commit. Called inside the transaction that ended them, by every move to
+    a finished state, once per real end: the row's update changed it under its lock.
 
+    tenant_ids: each job's tenant, where the caller has it (else one query finds them).
     Free for the common job, with no array and no dependents: no statement at all.
     """
+    if count:
+        _count_finished(finished, tenant_ids or {})
     relevant = [f for f in finished if f.has_dependents or f.array_id is not None]
     if not relevant:
         return
@@ -125,6 +139,25 @@ def jobs_finished(finished: Sequence[holds.Finished]) -> None:
     tasks = [f for f in relevant if f.array_id is not None] + left.ended
     if tasks:
         array_slots.jobs_finished(tasks)
+
+
+def _count_finished(finished: Sequence[holds.Finished], tenant_ids: Mapping[int, int]) -> None:
+    if not finished or not event_metrics.enabled():
+        return
+    missing = [f.job_id for f in finished if f.job_id not in tenant_ids]
+    if missing:
+        tenant_ids = {
+            **tenant_ids,
+            **dict(Job.objects.filter(pk__in=missing).values_list("pk", "tenant_id")),
+        }
+    outcomes = [(tenant_ids[f.job_id], f.state) for f in finished]
+    transaction.on_commit(lambda: event_metrics.record_jobs_finished(outcomes))
+
+
+def _count_queue_waits(waits: list[tuple[int, float]]) -> None:
+    """(tenant id, seconds from submit to first admission) of jobs admitted in this transaction."""
+    if waits and event_metrics.enabled():
+        transaction.on_commit(lambda: event_metrics.record_queue_waits(waits))
 
 
 def record_event(
@@ -390,6 +423,10 @@ def admit_job(
     AttemptMember.objects.bulk_create(
         [AttemptMember(attempt=attempt, **member) for member in plan.members]
     )
+    if number == 1:
+        _count_queue_waits(
+            [(job.tenant_id, (attempt.created_at - job.submitted_at).total_seconds())]
+        )
     transition(
         job,
         JobState.ADMITTED,
@@ -507,12 +544,17 @@ def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
     results: dict[int, JobAttempt | str] = {}
     if not admissions:
         return results
-    current = {
-        pk: (state, count)
-        for pk, state, count in Job.objects.select_for_update()
+    current: dict[int, tuple[str, int]] = {}
+    # Read with the lock, for the queue wait of each first admission (the caller's rows may
+    # not have them: the scheduling applier reads only the columns it checks).
+    submitted: dict[int, tuple[int, dt.datetime]] = {}
+    for pk, state, count, tenant_id, submitted_at in (
+        Job.objects.select_for_update()
         .filter(pk__in=[a.job.pk for a in admissions])
-        .values_list("pk", "state", "attempt_count")
-    }
+        .values_list("pk", "state", "attempt_count", "tenant_id", "submitted_at")
+    ):
+        current[pk] = (state, count)
+        submitted[pk] = (tenant_id, submitted_at)
     wanted = [g.pk for a in admissions for g in a.gpus]
     held = set(
         Allocation.objects.filter(active=True, gpu_id__in=wanted).values_list("gpu_id", flat=True)
@@ -533,7 +575,7 @@ def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
         return results
     try:
         with transaction.atomic():
-            results.update(_admit_batch(accepted))
+            batch = _admit_batch(accepted)
     except IntegrityError:
         log.warning("a GPU of the batch was taken meanwhile; admitting its jobs one by one")
         for admission in accepted:
@@ -549,6 +591,15 @@ def admit_jobs(admissions: Sequence[Admission]) -> dict[int, JobAttempt | str]:
                 results[admission.job.pk] = GPU_TAKEN
             else:
                 results[admission.job.pk] = attempt if attempt is not None else JOB_CHANGED
+    else:
+        results.update(batch)
+        _count_queue_waits(
+            [
+                (submitted[pk][0], (attempt.created_at - submitted[pk][1]).total_seconds())
+                for pk, attempt in batch.items()
+                if attempt.number == 1
+            ]
+        )
     return results
 
 
@@ -1311,6 +1362,7 @@ def record_reports(reports: Sequence[Report]) -> set[int]:
             "preemption_grace_s",
             "array_id",
             "has_dependents",
+            "tenant_id",
             *_JOB_COLUMNS,
         )
     }
@@ -1464,7 +1516,8 @@ def record_reports(reports: Sequence[Report]) -> set[int]:
             holds.Finished(pk, job["state"], job["array_id"], job["has_dependents"])
             for pk, job in job_writes.items()
             if job["state"] in FINISHED_JOB_STATES
-        ]
+        ],
+        tenant_ids={pk: job["tenant_id"] for pk, job in job_writes.items()},
     )
     if ended_rows:
         request_cycle("job_end")

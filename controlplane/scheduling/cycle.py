@@ -14,6 +14,7 @@ from collections import Counter
 
 from django.conf import settings
 
+from controlplane import event_metrics
 from controlplane.scheduling.applier import ApplyResult, apply_plan
 from controlplane.scheduling.loader import from_unix_s, load_snapshot
 from controlplane.scheduling.lock import cycle_transaction
@@ -94,6 +95,8 @@ def run_scheduling_cycle(
         decisions=_decisions(plan, result),
         trigger=trigger[:32],
     )
+    # Counted in Redis too: the rows are pruned, and the histogram must only ever grow.
+    event_metrics.record_cycle(duration_ms / 1000.0)
     summary = {
         "skipped": False,
         "cycle": cycle.pk,
@@ -121,6 +124,7 @@ def run_scheduling_cycle(
         summary["pending"],
         summary["skipped_rows"],
         duration_ms,
+        extra={"cycle_id": cycle.pk},
     )
     return summary
 

@@ -2,6 +2,7 @@ import datetime as dt
 
 import pytest
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from controlplane.accounting.budgets import (
@@ -174,18 +175,21 @@ def test_metrics_speak_dcgm_names_and_our_own(make_node, vision, alice, cluster_
     client = APIClient()
     assert client.get("/metrics").status_code == 401
     text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secret").content.decode()
-    assert (
-        'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-n1-0",modelName="H100-SXM-80GB",Hostname="n1"} 312.5'
-        in text
-    )
-    assert (
-        'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",UUID="GPU-n1-0",modelName="H100-SXM-80GB",Hostname="n1"} 1e+06'
-        in text
-    )
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    gpu = {"gpu": "0", "UUID": "GPU-n1-0", "modelName": "H100-SXM-80GB", "Hostname": "n1"}
+    idle = {"job_id": "", "job_name": "", "tenant": ""}
+    assert [(s.labels, s.value) for s in families["DCGM_FI_DEV_POWER_USAGE"].samples] == [
+        ({**gpu, **idle}, 312.5)
+    ]
+    assert [
+        (s.labels, s.value) for s in families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].samples
+    ] == [({**gpu, **idle}, 1e6)]
     # A value the GPU does not report is absent, not zero.
-    assert "DCGM_FI_DEV_GPU_UTIL{" not in text
-    assert 'gpucp_pending_jobs{tenant="vision"} 0' in text
-    assert "# TYPE gpucp_tenant_energy_joules_total counter" in text
+    assert families["DCGM_FI_DEV_GPU_UTIL"].samples == []
+    assert [(s.labels, s.value) for s in families["gpucp_pending_jobs"].samples] == [
+        ({"tenant": "vision"}, 0.0)
+    ]
+    assert families["gpucp_tenant_energy_joules"].type == "counter"
     client.force_login(alice)
     assert client.get("/metrics").status_code == 401
     client.force_login(cluster_admin)

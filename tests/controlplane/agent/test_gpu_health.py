@@ -9,6 +9,7 @@ import time
 import pytest
 from django.db import connection
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from controlplane.cluster import telemetry
@@ -17,14 +18,20 @@ from controlplane.jobs.models import AttemptState
 
 from .conftest import readings
 
-LABELS = 'gpu="{index}",UUID="GPU-node-01-{index}",modelName="H100-SXM-80GB",Hostname="node-01"'
 
-
-def metrics(settings) -> str:
+def metrics(settings) -> dict[str, dict[tuple, float]]:
+    """Each family's samples, by (GPU index, throttle reason or None)."""
     settings.METRICS_TOKEN = "scrape-secret"
     response = APIClient().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secret")
     assert response.status_code == 200
-    return response.content.decode()
+    return {
+        family.name: {
+            (s.labels.get("gpu"), s.labels.get("reason")): s.value
+            for s in family.samples
+            if s.labels.get("Hostname") == "node-01"
+        }
+        for family in text_string_to_metric_families(response.content.decode())
+    }
 
 
 def gpus_api(user) -> dict:
@@ -59,15 +66,14 @@ def test_reported_health_reaches_the_row_the_api_and_the_metrics(agent, node01, 
         [],
         0,
     )
-    text = metrics(settings)
-    assert f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{LABELS.format(index=0)}}} 3" in text
-    assert f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{LABELS.format(index=1)}}} 0" in text
-    for reason in ("sw_power_cap", "hw_thermal_slowdown"):
-        assert f'gpucp_gpu_throttled{{reason="{reason}",{LABELS.format(index=0)}}} 1' in text
+    scraped = metrics(settings)
+    ecc = scraped["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]
+    assert (ecc[("0", None)], ecc[("1", None)]) == (3, 0)
     # Not throttled: no series for GPU 1.
-    assert 'UUID="GPU-node-01-1"' not in "".join(
-        line for line in text.splitlines() if line.startswith("gpucp_gpu_throttled{")
-    )
+    assert scraped["gpucp_gpu_throttled"] == {
+        ("0", "sw_power_cap"): 1,
+        ("0", "hw_thermal_slowdown"): 1,
+    }
 
 
 def test_health_the_agent_cannot_read_is_unknown_not_zero(agent, node01, alice, settings):
@@ -85,10 +91,9 @@ def test_health_the_agent_cannot_read_is_unknown_not_zero(agent, node01, alice, 
     }
     api = gpus_api(alice)
     assert {(g["throttle_reasons"], g["ecc_errors"]) for g in api.values()} == {(None, None)}
-    text = metrics(settings)
-    assert "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter" in text
-    assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{" not in text
-    assert "gpucp_gpu_throttled{" not in text
+    scraped = metrics(settings)
+    assert scraped["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] == {}
+    assert scraped["gpucp_gpu_throttled"] == {}
 
 
 def test_a_gpu_the_node_stopped_listing_loses_its_health(agent, node01):
@@ -168,9 +173,15 @@ def test_the_nodes_page_shows_ecc_errors_and_throttle_reasons(agent, node01, clu
     admin = Client()
     admin.force_login(cluster_admin)
 
-    page = admin.get(reverse("node-list")).content.decode()
+    listed = admin.get(reverse("node-list")).content.decode()
+    page = admin.get(reverse("node-detail", args=[node.name])).content.decode()
 
+    # The list says it in words, once for the node; the node's page has the GPU's own row.
+    assert "GPU 3 is slowed by the hardware: it is too hot." in listed
+    assert "GPU 3 has uncorrected memory (ECC) errors: 4 since its driver loaded." in listed
     assert ">ECC 4<" in page
-    assert "hw_thermal_slowdown" in page
+    assert "slowed by the hardware: it is too hot" in page
+    assert 'title="reported as hw_thermal_slowdown"' in page
     # Zero errors and no throttling say nothing.
     assert page.count(">ECC ") == 1
+    assert listed.count("ECC") == 1
