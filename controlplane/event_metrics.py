@@ -91,8 +91,8 @@ QUEUE_WAIT = Family(
     ("tenant",),
     QUEUE_WAIT_BUCKETS_S,
 )
-# Stored by tenant id and JobState value, by controlplane.jobs.actions.jobs_finished; the jobs
-# that controlplane.jobs.dependencies cancels itself (a dependency never met) bypass it so far.
+# Stored by tenant id and JobState value, by controlplane.jobs.actions.jobs_finished, and by
+# controlplane.jobs.dependencies for the jobs it cancels itself (a dependency never met).
 JOBS_FINISHED = Family(
     "gpucp_jobs_finished_total",
     "counter",

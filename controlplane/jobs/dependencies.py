@@ -45,7 +45,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from controlplane import bulk, wakeups
+from controlplane import bulk, event_metrics, wakeups
 from controlplane.jobs.holds import Finished
 from controlplane.jobs.models import (
     FINISHED_JOB_STATES,
@@ -429,11 +429,18 @@ def _cancel(stories: dict[int, str], now) -> list[Finished]:
         ],
         common={"at": now},
     )
+    rows = list(
+        Job.objects.filter(pk__in=list(stories)).values_list(
+            "pk", "array_id", "has_dependents", "tenant_id"
+        )
+    )
+    # Real ends like any other: /metrics counts them once this transaction commits.
+    if event_metrics.enabled():
+        outcomes = [(tenant_id, JobState.CANCELLED) for *_, tenant_id in rows]
+        transaction.on_commit(lambda: event_metrics.record_jobs_finished(outcomes))
     return [
         Finished(pk, JobState.CANCELLED, array_id, has_dependents)
-        for pk, array_id, has_dependents in Job.objects.filter(pk__in=list(stories)).values_list(
-            "pk", "array_id", "has_dependents"
-        )
+        for pk, array_id, has_dependents, _ in rows
     ]
 
 

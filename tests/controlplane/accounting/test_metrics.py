@@ -426,3 +426,24 @@ def test_a_bucket_bound_dropped_from_the_code_counts_in_the_next_larger_one():
 
     assert decoded.buckets == [(0.1, 1), (1.0, 2), (math.inf, 2)]
     assert decoded.sum == pytest.approx(0.24)
+
+
+def test_jobs_cancelled_because_their_dependency_failed_count_once_each(
+    make_node, make_job, vision, alice, on_commit
+):
+    from controlplane.jobs.dependencies import DependencySpec
+
+    node = make_node("n1", gpus=1)
+    attempt = running_job(make_job, vision, alice, node)
+    for _ in range(2):  # two jobs that need it to succeed
+        make_job(vision, alice, depends_on=[DependencySpec("succeeded", job_id=attempt.job_id)])
+    report = actions.Report(attempt.pk, exit_code=1, finished_at=timezone.now())
+    for _ in range(2):  # the report, and the same report again
+        with on_commit():
+            actions.record_reports([report])
+    # Its own failure, and the two it took with it: each once.
+    assert finished(samples(), "vision") == {"succeeded": 0, "failed": 1, "cancelled": 2}
+    # A job submitted after the failure, depending on it, is cancelled at its submit: once too.
+    with on_commit():
+        make_job(vision, alice, depends_on=[DependencySpec("succeeded", job_id=attempt.job_id)])
+    assert finished(samples(), "vision")["cancelled"] == 3
