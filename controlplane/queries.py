@@ -12,7 +12,9 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.conf import settings
+from django.db.models import Avg, Count, Max, Q, QuerySet, Sum
+from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from controlplane.accounting.budgets import (
@@ -25,7 +27,7 @@ from controlplane.accounting.budgets import (
 )
 from controlplane.audit.models import AuditEvent
 from controlplane.cluster.models import GPU, GpuTelemetry, Node, Pool
-from controlplane.cluster.telemetry import TELEMETRY_BUCKET_S, bucket_start
+from controlplane.cluster.telemetry import TELEMETRY_BUCKET_S, TELEMETRY_RETENTION_S, bucket_start
 from controlplane.jobs.models import (
     ACTIVE_ATTEMPT_STATES,
     ACTIVE_JOB_STATES,
@@ -540,3 +542,133 @@ def known_gpu_types() -> list[str]:
     types = set(GPU.objects.values_list("model", flat=True).distinct())
     types |= set(Quota.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))
     return sorted(types)
+
+
+# --- the cluster over time (the overview's charts) ----------------------------------------------
+
+Point = tuple[dt.datetime, float | None]
+
+
+@dataclass(frozen=True)
+class HistoryWindow:
+    key: str  # what the page's ?window= says
+    label: str  # "the last 24 hours"
+    span: dt.timedelta
+    # Wide enough for 60-100 points a chart: one per scheduling cycle would be 17,280 a day.
+    bucket: dt.timedelta
+
+
+HISTORY_WINDOWS = {
+    w.key: w
+    for w in (
+        HistoryWindow("1h", "the last hour", dt.timedelta(hours=1), dt.timedelta(minutes=1)),
+        HistoryWindow("6h", "the last 6 hours", dt.timedelta(hours=6), dt.timedelta(minutes=5)),
+        HistoryWindow("24h", "the last 24 hours", dt.timedelta(days=1), dt.timedelta(minutes=15)),
+        HistoryWindow("7d", "the last 7 days", dt.timedelta(days=7), dt.timedelta(hours=2)),
+    )
+}
+DEFAULT_HISTORY_WINDOW = "24h"
+
+
+@dataclass
+class ClusterHistory:
+    """The cluster over a window, one point per bucket (stamped at the bucket's start); None
+    where nothing was recorded, so a chart shows a gap rather than a zero."""
+
+    window: HistoryWindow
+    start: dt.datetime
+    end: dt.datetime
+    gpus_now: int
+    allocated_pct: list[Point] = field(default_factory=list)  # time-weighted, of gpus_now
+    utilization_pct: list[Point] = field(default_factory=list)  # mean of the GPUs reporting
+    pending_max: list[Point] = field(default_factory=list)  # the longest queue a cycle saw
+    starts: list[Point] = field(default_factory=list)  # jobs started in the bucket
+    preemptions: list[Point] = field(default_factory=list)
+    # The first bucket of the window with a cycle record / a GPU reading (None: none at all).
+    cycles_from: dt.datetime | None = None
+    telemetry_from: dt.datetime | None = None
+    cycle_retention: dt.timedelta = field(
+        default_factory=lambda: dt.timedelta(days=settings.SCHEDULER_CYCLE_RETENTION_DAYS)
+    )
+    telemetry_retention: dt.timedelta = dt.timedelta(seconds=TELEMETRY_RETENTION_S)
+
+
+def _bucket_of(at: dt.datetime, start: dt.datetime, bucket: dt.timedelta) -> int:
+    return int((at - start) / bucket)
+
+
+def cluster_history(window: HistoryWindow, now: dt.datetime | None = None) -> ClusterHistory:
+    """The queue (from the scheduling cycle records), GPU allocation (from allocations) and GPU
+    utilization (from telemetry) over the window, in three grouped queries and one of the
+    allocations that overlap it."""
+    now = now or timezone.now()
+    step_s = window.bucket.total_seconds()
+    # Buckets on round clock times (every 15 minutes from midnight), the last one holding now.
+    start = bucket_start(now - window.span, step_s) + window.bucket
+    n = _bucket_of(now, start, window.bucket) + 1
+    stamps = [start + i * window.bucket for i in range(n)]
+    gpus_now = GPU.objects.filter(node__deregistered_at__isnull=True).count()
+    history = ClusterHistory(window=window, start=start, end=now, gpus_now=gpus_now)
+
+    pending: list[float | None] = [None] * n
+    starts: list[float | None] = [None] * n
+    preemptions: list[float | None] = [None] * n
+    for cycles in (
+        SchedulingCycle.objects.filter(started_at__gte=start, started_at__lte=now)
+        .annotate(minute=TruncMinute("started_at"))
+        .values("minute")
+        .annotate(pending=Max("pending"), starts=Sum("starts"), preemptions=Sum("preemptions"))
+        .order_by()
+    ):
+        i = _bucket_of(cycles["minute"], start, window.bucket)
+        if not 0 <= i < n:
+            continue
+        pending[i] = max(pending[i] or 0, cycles["pending"])
+        starts[i] = (starts[i] or 0) + cycles["starts"]
+        preemptions[i] = (preemptions[i] or 0) + cycles["preemptions"]
+    first = next((i for i, v in enumerate(pending) if v is not None), None)
+    history.cycles_from = None if first is None else stamps[first]
+
+    # A bucket's mean of per-minute means, weighted by how many GPUs reported in each minute.
+    util_sum = [0.0] * n
+    util_count = [0] * n
+    for readings in (
+        GpuTelemetry.objects.filter(bucket_at__gte=start, bucket_at__lte=now)
+        .values("bucket_at")
+        .annotate(mean=Avg("utilization_pct"), reporting=Count("utilization_pct"))
+        .order_by()
+    ):
+        i = _bucket_of(readings["bucket_at"], start, window.bucket)
+        if 0 <= i < n and readings["reporting"]:
+            util_sum[i] += readings["mean"] * readings["reporting"]
+            util_count[i] += readings["reporting"]
+    utilization = [s / c if c else None for s, c in zip(util_sum, util_count, strict=True)]
+    first = next((i for i, v in enumerate(utilization) if v is not None), None)
+    history.telemetry_from = None if first is None else stamps[first]
+
+    # GPU-seconds allocated in each bucket, over the seconds the bucket has had so far.
+    held_s = [0.0] * n
+    for began, released in (
+        Allocation.objects.filter(created_at__lt=now)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+        .values_list("created_at", "released_at")
+    ):
+        left, right = max(began, start), min(released or now, now)
+        i = _bucket_of(left, start, window.bucket)
+        while i < n and stamps[i] < right:
+            edge = stamps[i] + window.bucket
+            held_s[i] += (min(edge, right) - max(stamps[i], left)).total_seconds()
+            i += 1
+    allocated: list[float | None] = []
+    for i, at in enumerate(stamps):
+        seconds = (min(at + window.bucket, now) - at).total_seconds()
+        allocated.append(
+            100.0 * held_s[i] / seconds / gpus_now if gpus_now and seconds > 0 else None
+        )
+
+    history.pending_max = list(zip(stamps, pending, strict=True))
+    history.starts = list(zip(stamps, starts, strict=True))
+    history.preemptions = list(zip(stamps, preemptions, strict=True))
+    history.utilization_pct = list(zip(stamps, utilization, strict=True))
+    history.allocated_pct = list(zip(stamps, allocated, strict=True))
+    return history

@@ -48,10 +48,17 @@ class Chart:
     width: int = 560
     height: int = 220
     empty: str = "No telemetry recorded yet."
+    # The time axis: the data's own span unless given (a chosen window, such as the last 24
+    # hours, stays that wide when only its last hour has data, so a gap reads as a gap).
+    x_range: tuple[dt.datetime, dt.datetime] | None = None
+    # What a screen reader hears of each series: its latest value, or (True) also its first,
+    # lowest and highest, for charts whose point is a change over time.
+    trend: bool = False
 
 
-# Room for the axes' labels inside the viewBox.
-PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 52, 12, 12, 28
+# Room for the axes' labels inside the viewBox. The unit sits above the plot: beside the top
+# value's label it overlapped it at a phone's larger label size.
+PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 52, 12, 26, 28
 # Half the width of one label character at the phone font size (the larger of the two).
 LABEL_HALF_CHAR_W = 5.5
 
@@ -77,7 +84,8 @@ def _time_ticks(t0: float, t1: float, count: int = 5) -> list[float]:
     if span <= 0:
         return [t0]
     # Round steps a person reads at a glance: seconds to hours.
-    for step in (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400):
+    steps = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400, 172800)
+    for step in steps:
         if span / step <= count:
             break
     first = math.ceil(t0 / step) * step
@@ -113,6 +121,8 @@ def render(chart: Chart) -> SafeString:
             chart.empty,
         )
     t0, t1 = min(times), max(times)
+    if chart.x_range is not None:
+        t0, t1 = chart.x_range[0].timestamp(), chart.x_range[1].timestamp()
     if t1 == t0:
         t0 -= 30
         t1 += 30
@@ -159,7 +169,7 @@ def render(chart: Chart) -> SafeString:
                 f'<text class="axis" x="{xx:.1f}" y="{h - 8}" text-anchor="middle">{label}</text>'
             )
     parts.append(
-        f'<text class="axis unit" x="4" y="{PAD_TOP + 8}" text-anchor="start">'
+        f'<text class="axis unit" x="4" y="{PAD_TOP - 10}" text-anchor="start">'
         f"{escape(chart.unit)}</text>"
     )
     for th in chart.thresholds:
@@ -207,6 +217,14 @@ def _summary(chart: Chart) -> str:
     said = []
     for s in chart.series:
         latest = next((v for _, v in reversed(s.points) if v is not None), None)
-        if latest is not None:
+        if latest is None:
+            continue
+        if chart.trend:
+            known = [v for _, v in s.points if v is not None]
+            said.append(
+                f"{s.name} from {known[0]:.0f} to {latest:.0f} {chart.unit}, "
+                f"lowest {min(known):.0f}, highest {max(known):.0f}"
+            )
+        else:
             said.append(f"{s.name} latest {latest:.0f} {chart.unit}")
     return "; ".join(said) or "no data"

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend import arrays, audit, invitations, views, volumes
+from frontend import arrays, audit, invitations, nodes, views, volumes
 
 urlpatterns = [
     path(
@@ -36,7 +36,7 @@ urlpatterns = [
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("cluster/", views.cluster_overview, name="cluster-overview"),
-    path("cluster/nodes/", views.node_list, name="node-list"),
+    path("cluster/nodes/", nodes.node_list, name="node-list"),
     path("cluster/nodes/<str:name>/", views.node_detail, name="node-detail"),
     path("cluster/nodes/<str:name>/<slug:verb>/", views.node_action, name="node-action"),
     path("manage/tenants/", views.manage_tenants, name="manage-tenants"),

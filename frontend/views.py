@@ -37,7 +37,7 @@ from controlplane.storage import queries as storage_queries
 from controlplane.storage.paths import CHECKPOINT_TARGET
 from controlplane.tenancy import actions as tenancy_actions
 from controlplane.tenancy.models import ApiToken, Budget, Membership, Quota, Role, Tenant
-from frontend import charts
+from frontend import charts, node_health, overview
 from frontend.forms import (
     ApiTokenForm,
     BudgetForm,
@@ -622,21 +622,14 @@ def _pool_chart(pp: queries.PoolPower) -> charts.Chart:
     return chart
 
 
-@staff_required
-def cluster_overview(request):
-    pools = queries.pool_power()
-    allocation = queries.allocation_by_tenant()
+def _overview_stats() -> dict:
     # distinct: the join with allocations repeats a GPU once per attempt it ever held.
     gpu_totals = GPU.objects.aggregate(
         total=Count("id", distinct=True),
         healthy=Count("id", filter=Q(healthy=True), distinct=True),
         allocated=Count("id", filter=Q(allocations__active=True), distinct=True),
     )
-    context = {
-        "pools": [(pp, charts.render(_pool_chart(pp))) for pp in pools],
-        "allocation": allocation,
-        "allocation_max": max([a.in_use + a.pending_gpus for a in allocation] + [1]),
-        "cycles": queries.recent_cycles(),
+    return {
         "gpu_totals": gpu_totals,
         "node_counts": {
             "total": Node.objects.count(),
@@ -647,30 +640,50 @@ def cluster_overview(request):
         "running_total": Job.objects.filter(
             state__in=[JobState.ADMITTED, JobState.RUNNING]
         ).count(),
-        "now": timezone.now(),
     }
-    if request.htmx:
-        return render(request, "frontend/cluster/overview_live.html", context)
-    return page(request, "frontend/cluster/overview.html", context, nav="cluster")
 
 
 @staff_required
-def node_list(request):
-    context = {"nodes": queries.nodes_with_gpus(), "now": timezone.now()}
+def cluster_overview(request):
+    now = timezone.now()
+    # The page's live parts poll apart (the stats above the charts over time, the rest below):
+    # each answer reads only what it shows.
+    if request.htmx and request.GET.get("part") == "stats":
+        context = {**_overview_stats(), "now": now}
+        return render(request, "frontend/cluster/overview_stats.html", context)
+    pools = queries.pool_power()
+    allocation = queries.allocation_by_tenant()
+    context = {
+        "pools": [(pp, charts.render(_pool_chart(pp))) for pp in pools],
+        "allocation": allocation,
+        "allocation_max": max([a.in_use + a.pending_gpus for a in allocation] + [1]),
+        "last_cycle": next(iter(queries.recent_cycles(limit=1)), None),
+        "now": now,
+    }
     if request.htmx:
-        return render(request, "frontend/cluster/nodes_table.html", context)
-    return page(request, "frontend/cluster/nodes.html", context, nav="nodes")
+        return render(request, "frontend/cluster/overview_live.html", context)
+    context |= _overview_stats()
+    # The charts over time are not part of the 10 s refresh: their buckets are minutes to hours.
+    context |= overview.history_context(request.GET.get("window"), now)
+    return page(request, "frontend/cluster/overview.html", context, nav="cluster")
 
 
 @staff_required
 def node_detail(request, name: str):
     node = get_object_or_404(Node.objects.select_related("pool"), name=name)
     [(node, gpus)] = queries.nodes_with_gpus(Node.objects.filter(pk=node.pk))
+    now = timezone.now()
+    notes = node_health.node_notes(node, gpus, now)
+    level = node_health.health_level(node, notes)
     context = {
         "node": node,
         "gpus": gpus,
+        "health_notes": notes,
+        "health": level,
+        "health_label": node_health.HEALTH_LABELS[level],
+        "health_badge": node_health.HEALTH_BADGES[level],
         "attempts": queries.node_active_attempts(node),
-        "now": timezone.now(),
+        "now": now,
     }
     return page(request, "frontend/cluster/node.html", context, nav="nodes")
 

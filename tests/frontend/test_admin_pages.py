@@ -79,12 +79,16 @@ def test_the_pools_worst_case_counts_busy_gpus_at_their_caps_and_idle_ones_at_th
     assert "Caps sum" not in page
 
 
-def test_the_overview_lists_recent_scheduling_cycles(admin):
+def test_the_overview_says_what_the_last_scheduling_cycle_did(admin):
     from controlplane.scheduling.models import SchedulingCycle
 
+    earlier = timezone.now() - dt.timedelta(minutes=1)
+    SchedulingCycle.objects.create(started_at=earlier, duration_ms=3.0, starts=9, pending=0)
     SchedulingCycle.objects.create(duration_ms=12.5, starts=3, preemptions=1, pending=7)
     page = text_of(admin.get(reverse("cluster-overview")))
-    assert "12.5 ms 3 1 7" in page
+    assert "took 12.5 ms, on the regular tick: 3 starts, 1 preemption, 7 left pending." in page
+    # One line for the last cycle, not a row per cycle.
+    assert "took 3.0 ms" not in page
 
 
 def test_an_empty_cluster_overview_says_what_is_missing(admin):
@@ -93,8 +97,9 @@ def test_an_empty_cluster_overview_says_what_is_missing(admin):
     assert "No tenants yet." in page
 
 
-def test_the_nodes_page_shows_each_gpu_with_its_job_power_and_temperature(admin, running_job):
-    page = text_of(admin.get(reverse("node-list")))
+def test_a_nodes_page_shows_each_gpu_with_its_job_power_and_temperature(admin, running_job):
+    # The list has a row per node; the node's own page has a row per GPU.
+    page = text_of(admin.get(reverse("node-detail", args=["gpu-node-01"])))
     assert "gpu-node-01 ready" in page
     assert "64 480 / 600 resnet #" in page.replace(" 93 ", " ")
     assert "free" in page

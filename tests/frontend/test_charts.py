@@ -89,3 +89,36 @@ def test_time_labels_are_round_utc_clock_times():
     chart = charts.Chart(title="t", unit="W", series=[charts.Series("s", minutes(range(60)))])
     labels = re.findall(r'text-anchor="middle">([^<]+)</text>', str(charts.render(chart)))
     assert labels == ["12:00", "12:15", "12:30", "12:45"]
+
+
+def test_a_chosen_window_keeps_its_width_when_only_its_end_has_data():
+    window = (T0 - dt.timedelta(hours=1), T0 + dt.timedelta(minutes=1))
+    chart = charts.Chart(
+        title="q", unit="jobs", x_range=window, series=[charts.Series("s", minutes([3, 4]))]
+    )
+    svg = str(charts.render(chart))
+    labels = re.findall(r'text-anchor="middle">([^<]+)</text>', svg)
+    assert labels[0] == "11:00"
+    xs = [float(p.split(",")[0]) for p in re.search(r'points="([^"]+)"', svg).group(1).split()]
+    # The data sits at the right end of the plot, not stretched across it.
+    assert min(xs) > charts.PAD_LEFT + 0.9 * (chart.width - charts.PAD_LEFT - charts.PAD_RIGHT)
+
+
+def test_a_trend_chart_reads_out_where_each_series_went():
+    chart = charts.Chart(
+        title="Queue",
+        unit="jobs",
+        trend=True,
+        series=[charts.Series("waiting", minutes([2, None, 0, 9, 5]))],
+    )
+    assert 'aria-label="Queue: waiting from 2 to 5 jobs, lowest 0, highest 9"' in str(
+        charts.render(chart)
+    )
+
+
+def test_a_week_has_day_labels_that_fit():
+    week = [(T0 + dt.timedelta(hours=h), 1.0) for h in range(0, 7 * 24, 2)]
+    chart = charts.Chart(title="t", unit="W", series=[charts.Series("s", week)])
+    labels = re.findall(r'text-anchor="middle">([^<]+)</text>', str(charts.render(chart)))
+    assert 2 <= len(labels) <= 5
+    assert all(re.fullmatch(r"\d{2} [A-Z][a-z]{2}", label) for label in labels)
