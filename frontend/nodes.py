@@ -222,7 +222,8 @@ class NodeRow:
 
     @property
     def power_cap_w(self) -> float | None:
-        known = [g.cap_w for g in self.gpus if g.cap_w is not None]
+        """The caps the agents report in force (not those asked for and not yet applied)."""
+        known = [g.gpu.power_cap_w for g in self.gpus if g.gpu.power_cap_w is not None]
         return sum(known) if known else None
 
 

@@ -73,11 +73,16 @@ def test_the_list_has_a_row_per_node_and_no_row_per_gpu(admin, make_node):
 
 def test_a_row_shows_gpus_free_and_in_use_their_model_utilization_and_power(admin, running_job):
     # running_job holds GPUs 0 and 1 of gpu-node-01 (4 GPUs) at 93 %, 480 W of a 600 W cap.
-    row = row_text(admin.get(reverse("node-list")), "gpu-node-01")
+    response = admin.get(reverse("node-list"))
+    row = row_text(response, "gpu-node-01")
     assert "2 free · 2 in use · 4" in row
     assert "4 × H100-SXM-80GB" in row
-    # The mean of the GPUs that report utilization: the two idle ones report nothing yet.
-    assert " 93 960 / 1200 " in f" {row} "
+    # The mean of the GPUs that report utilization: the two idle ones report nothing yet; the
+    # power is the sum of what the GPUs report, each figure named for the power-figure check.
+    assert " 93 960 / 1,200 " in f" {row} "
+    assert '<data class="watts" value="960.0" data-of="node:gpu-node-01:draw">960</data>' in (
+        page(response)
+    )
     assert "default ready healthy" in row
 
 
