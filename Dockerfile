@@ -34,4 +34,5 @@ USER gpucp
 EXPOSE 8000
 CMD ["gunicorn", "controlplane.wsgi:application", "--bind", "0.0.0.0:8000", \
      "--worker-class", "gthread", "--workers", "4", "--threads", "32", \
-     "--worker-connections", "4000", "--backlog", "4096", "--keep-alive", "75"]
+     "--worker-connections", "4000", "--backlog", "4096", "--keep-alive", "75", \
+     "--logger-class", "controlplane.gunicorn_logging.Logger"]

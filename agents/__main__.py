@@ -18,6 +18,8 @@ from types import FrameType
 from typing import overload
 
 from agents import __version__
+from agents.logcontext import configure as configure_logging
+from agents.logcontext import format_option
 
 DEFAULT_STATE_DIR = "/var/lib/gpucp-agent"
 
@@ -185,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("GPUCP_LOG_LEVEL", "INFO"),
         help="DEBUG, INFO, WARNING [GPUCP_LOG_LEVEL, INFO]",
     )
+    p.add_argument(
+        "--log-format",
+        type=format_option,
+        default=_env("GPUCP_LOG_FORMAT", "plain"),
+        help="plain: text lines; json: one JSON object per line, with the node name, and the "
+        "job and attempt ids of lines about one attempt [GPUCP_LOG_FORMAT, plain]",
+    )
     p.add_argument("--version", action="version", version=f"gpucp-agent {__version__}")
     return p
 
@@ -204,9 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the agent until SIGTERM or SIGINT; jobs keep running after it exits."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    # The node's name is on every JSON line: a log pipeline gathers many nodes' lines in one
+    # place. A plain line is read on its node, and leaves it out.
+    configure_logging(
+        args.log_format,
+        getattr(logging, str(args.log_level).upper(), logging.INFO),
+        static_fields={"node": args.node_name},
     )
     if not args.url:
         parser.error("the control plane URL is required (--url or GPUCP_URL)")
@@ -244,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         power_cap_dry_run=args.power_cap_dry_run,
         stop_jobs_on_exit=args.stop_jobs_on_exit,
         fence=not args.no_fence,
+        log_format=args.log_format,
         docker_url=args.docker_url,
         cpus=args.cpus,
         memory_mib=args.memory_mib,

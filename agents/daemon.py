@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from agents.client import (
 )
 from agents.fence import AGENT_LOCK, ensure_fence, holding
 from agents.gpu.base import GpuBackend, GpuError, GpuTelemetry
+from agents.logcontext import bound
 from agents.runtime.base import (
     DEFAULT_STOP_SIGNAL,
     AttemptSpec,
@@ -116,6 +118,8 @@ class AgentConfig:
     # rank 0 runs here as its master port.
     advertise_address: str | None = None
     job_port_range: tuple[int, int] = (29500, 29999)
+    # The agent's log format (agents.logcontext.FORMATS), which the fence it starts uses too.
+    log_format: str = "plain"
 
 
 @dataclass
@@ -340,7 +344,11 @@ class Agent:
             return
         try:
             ensure_fence(
-                self.state_dir, self.runtime.name, self.config.node_name, self.config.docker_url
+                self.state_dir,
+                self.runtime.name,
+                self.config.node_name,
+                self.config.docker_url,
+                log_format=self.config.log_format,
             )
         except OSError as exc:
             log.error("cannot start the node's fence: %s", exc)
@@ -416,7 +424,15 @@ class Agent:
         """Its stop signal now, SIGKILL at the end of its grace (every stop but the fence's)."""
         meta = self._meta.get(attempt_id)
         signal = meta.stop_signal if meta is not None else DEFAULT_STOP_SIGNAL
-        self.runtime.stop(attempt_id, self._grace_s(attempt_id), signal=signal)
+        with self._about(attempt_id):
+            self.runtime.stop(attempt_id, self._grace_s(attempt_id), signal=signal)
+
+    def _about(self, attempt_id: int, job_id: int | None = None) -> AbstractContextManager[None]:
+        """Lines logged inside carry this attempt's id and its job's (agents.logcontext)."""
+        if job_id is None:
+            meta = self._meta.get(attempt_id)
+            job_id = meta.job_id if meta is not None else None
+        return bound(attempt_id=attempt_id, job_id=job_id)
 
     def _stop_all_attempts(self) -> None:
         running = [s.attempt_id for s in self.runtime.statuses() if s.state is AttemptState.RUNNING]
@@ -712,24 +728,36 @@ class Agent:
             status = statuses.get(attempt_id)
             if status is None:
                 continue
-            running = status.state is AttemptState.RUNNING
-            if not meta.ended:
-                # An ended attempt's energy is its counters' at its exit, not at this look,
-                # which may come many seconds later on a busy host.
-                until = None if running else status.finished_at
-                self._update_energy(meta, counters, draw_w, now, until=until)
-            if running:
-                self._enforce_max_runtime(meta, status, now)
-                self._publish_speed(meta)
-            elif not meta.ended:
-                meta.ended = True
-                meta.ended_at = self._clock()
-                self.gpu.detach_load(attempt_id)
-                self._speeds.pop(attempt_id, None)
-                self._save_meta(meta)
-                log.info("attempt %d ended: %s %s", attempt_id, status.state, status.exit_code)
-            self._take_checkpoints(meta, status)
+            with self._about(attempt_id):
+                self._observe_attempt(meta, status, counters, draw_w, now)
         return statuses
+
+    def _observe_attempt(
+        self,
+        meta: AttemptMeta,
+        status: AttemptStatus,
+        counters: dict[str, float | None],
+        draw_w: dict[str, float | None],
+        now: float,
+    ) -> None:
+        """One attempt's part of _observe: its energy, its limits, its end when it ended."""
+        running = status.state is AttemptState.RUNNING
+        if not meta.ended:
+            # An ended attempt's energy is its counters' at its exit, not at this look,
+            # which may come many seconds later on a busy host.
+            until = None if running else status.finished_at
+            self._update_energy(meta, counters, draw_w, now, until=until)
+        if running:
+            self._enforce_max_runtime(meta, status, now)
+            self._publish_speed(meta)
+        elif not meta.ended:
+            meta.ended = True
+            meta.ended_at = self._clock()
+            self.gpu.detach_load(meta.attempt_id)
+            self._speeds.pop(meta.attempt_id, None)
+            self._save_meta(meta)
+            log.info("attempt %d ended: %s %s", meta.attempt_id, status.state, status.exit_code)
+        self._take_checkpoints(meta, status)
 
     def _take_checkpoints(self, meta: AttemptMeta, status: AttemptStatus) -> None:
         """Hand the attempt's checkpoint dir to the storage thread; take what it found."""
@@ -823,15 +851,16 @@ class Agent:
         self._final_sizes_in_body = set()
         for attempt_id, status in sorted(statuses.items()):
             meta = self._meta.get(attempt_id)
-            entry = {
-                "attempt_id": attempt_id,
-                "state": status.state.value,
-                "started_at": status.started_at,
-                "exit_code": _exit_code(attempt_id, status.exit_code),
-                "finished_at": status.finished_at,
-                "energy_j": _energy_j(meta.energy_j) if meta else None,
-                "energy_estimated": meta.energy_estimated if meta else True,
-            }
+            with self._about(attempt_id, status.job_id):  # the warnings of out-of-range values
+                entry = {
+                    "attempt_id": attempt_id,
+                    "state": status.state.value,
+                    "started_at": status.started_at,
+                    "exit_code": _exit_code(attempt_id, status.exit_code),
+                    "finished_at": status.finished_at,
+                    "energy_j": _energy_j(meta.energy_j) if meta else None,
+                    "energy_estimated": meta.energy_estimated if meta else True,
+                }
             message = status.message or (meta.message if meta else "")
             if message:
                 entry["message"] = limits.clean_text(message)
@@ -907,16 +936,19 @@ class Agent:
             if meta is None or meta.logs_rejected:
                 continue
             try:
-                self._ship_attempt_logs(meta, status)
+                with self._about(attempt_id):
+                    self._ship_attempt_logs(meta, status)
             except ControlPlaneUnavailable:
                 return  # no point trying the others now; the offsets say where to resume
             except (Unauthorized, Rejected) as exc:
                 if getattr(exc, "status", None) == 404:
-                    log.warning("control plane refuses logs of attempt %d: %s", attempt_id, exc)
+                    with self._about(attempt_id):
+                        log.warning("control plane refuses logs of attempt %d: %s", attempt_id, exc)
                     meta.logs_rejected = True
                     self._save_meta(meta)
                 else:
-                    log.warning("logs of attempt %d not shipped: %s", attempt_id, exc)
+                    with self._about(attempt_id):
+                        log.warning("logs of attempt %d not shipped: %s", attempt_id, exc)
                     return
 
     def _ship_attempt_logs(self, meta: AttemptMeta, status: AttemptStatus) -> None:
@@ -1000,19 +1032,20 @@ class Agent:
         return ended_at is not None and self._clock() - ended_at < FINAL_SIZE_WAIT_S
 
     def _forget(self, attempt_id: int) -> None:
-        self.storage.forget(attempt_id)
-        self.runtime.remove(attempt_id)
-        self.gpu.detach_load(attempt_id)
-        self._meta.pop(attempt_id, None)
-        self._speeds.pop(attempt_id, None)
-        self._last_reported.pop(attempt_id, None)
-        leases.forget_fenced(self.state_dir, attempt_id)
-        for path in (self._attempts_dir / f"{attempt_id}.json", self._speed_path(attempt_id)):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-        log.info("attempt %d acknowledged and forgotten", attempt_id)
+        with self._about(attempt_id):
+            self.storage.forget(attempt_id)
+            self.runtime.remove(attempt_id)
+            self.gpu.detach_load(attempt_id)
+            self._meta.pop(attempt_id, None)
+            self._speeds.pop(attempt_id, None)
+            self._last_reported.pop(attempt_id, None)
+            leases.forget_fenced(self.state_dir, attempt_id)
+            for path in (self._attempts_dir / f"{attempt_id}.json", self._speed_path(attempt_id)):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+            log.info("attempt %d acknowledged and forgotten", attempt_id)
 
     def reconcile(self, answer: dict[str, Any], statuses: dict[int, AttemptStatus]) -> None:
         """Make the node match the desired state in ``answer``.
@@ -1047,15 +1080,18 @@ class Agent:
                 continue  # running, ended, or ended and forgotten: never start one twice
             busy = {held[u] for u in spec.gpu_uuids if u in held and held[u] != attempt_id}
             if busy:
-                self._defer(attempt_id, f"its GPUs are still held by attempt(s) {sorted(busy)}")
+                self._defer(
+                    attempt_id, spec.job_id, f"its GPUs are still held by attempt(s) {sorted(busy)}"
+                )
                 continue
             # It must be able to get its whole grace before the lease runs out.
             grace_s = spec.grace_s if spec.grace_s is not None else self.config.stop_grace_s
             if self.lease is not None and self.lease.remaining_s() < grace_s:
-                self._defer(attempt_id, "the node's lease is about to run out")
+                self._defer(attempt_id, spec.job_id, "the node's lease is about to run out")
                 continue
             self._deferred.pop(attempt_id, None)
-            self._start(spec)
+            with self._about(attempt_id, spec.job_id):
+                self._start(spec)
             started.append(attempt_id)
             for uuid in spec.gpu_uuids:
                 held[uuid] = attempt_id
@@ -1067,14 +1103,16 @@ class Agent:
     def _stop_unwanted(self, attempt_id: int) -> None:
         meta = self._meta.get(attempt_id)
         if meta is not None and not meta.stop_cause:
-            log.info("attempt %d is not desired any more: stopping it", attempt_id)
+            with self._about(attempt_id):
+                log.info("attempt %d is not desired any more: stopping it", attempt_id)
             meta.stop_cause = UNWANTED
             self._save_meta(meta)
         self._stop_attempt(attempt_id)
 
-    def _defer(self, attempt_id: int, why: str) -> None:
+    def _defer(self, attempt_id: int, job_id: int | None, why: str) -> None:
         if self._deferred.get(attempt_id) != why:
-            log.info("attempt %d waits: %s", attempt_id, why)
+            with self._about(attempt_id, job_id):
+                log.info("attempt %d waits: %s", attempt_id, why)
             self._deferred[attempt_id] = why
 
     def _start(self, spec: AttemptSpec) -> None:

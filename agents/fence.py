@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agents.lease import Lease, boottime, mark_fenced, read_lease
+from agents.logcontext import bound, format_option
+from agents.logcontext import configure as configure_logging
 from agents.runtime.base import Runtime
 
 log = logging.getLogger(__name__)
@@ -105,13 +107,14 @@ class Fence:
                     self.state_dir, attempt_id, self._why(lease), name, killed=action == "kill"
                 )
                 sig = signal.Signals[name]
-                log.warning(
-                    "attempt %d: %s: the node's lease runs out (last renewed at %s)",
-                    attempt_id,
-                    name,
-                    time.strftime("%H:%M:%S", time.localtime(lease.renewed_at_unix)),
-                )
-                self.runtime.signal_attempt(attempt_id, sig)
+                with bound(attempt_id=attempt_id):
+                    log.warning(
+                        "attempt %d: %s: the node's lease runs out (last renewed at %s)",
+                        attempt_id,
+                        name,
+                        time.strftime("%H:%M:%S", time.localtime(lease.renewed_at_unix)),
+                    )
+                    self.runtime.signal_attempt(attempt_id, sig)
                 self._termed.add(attempt_id)
                 done[attempt_id] = action
         return done
@@ -153,7 +156,12 @@ class Fence:
 
 
 def fence_command(
-    state_dir: Path, runtime: str, node_name: str, docker_url: str | None
+    state_dir: Path,
+    runtime: str,
+    node_name: str,
+    docker_url: str | None,
+    *,
+    log_format: str = "plain",
 ) -> list[str]:
     command = [
         sys.executable,
@@ -162,6 +170,7 @@ def fence_command(
         f"--state-dir={state_dir}",
         f"--runtime={runtime}",
         f"--node-name={node_name}",
+        f"--log-format={log_format}",
     ]
     if docker_url:
         command.append(f"--docker-url={docker_url}")
@@ -169,7 +178,12 @@ def fence_command(
 
 
 def ensure_fence(
-    state_dir: Path, runtime: str, node_name: str, docker_url: str | None
+    state_dir: Path,
+    runtime: str,
+    node_name: str,
+    docker_url: str | None,
+    *,
+    log_format: str = "plain",
 ) -> subprocess.Popen[bytes] | None:
     """Start a fence for this state directory unless one runs; returns the one started.
 
@@ -180,7 +194,7 @@ def ensure_fence(
         return None
     with open(Path(state_dir) / "fence.log", "ab") as out:
         process = subprocess.Popen(
-            fence_command(state_dir, runtime, node_name, docker_url),
+            fence_command(state_dir, runtime, node_name, docker_url, log_format=log_format),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -204,15 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-name", default=env("GPUCP_NODE_NAME") or socket.gethostname())
     p.add_argument("--docker-url", default=env("GPUCP_DOCKER_URL") or None)
     p.add_argument("--log-level", default=env("GPUCP_LOG_LEVEL") or "INFO")
+    p.add_argument("--log-format", type=format_option, default=env("GPUCP_LOG_FORMAT") or "plain")
     p.add_argument(
         "--stay",
         action="store_true",
         help="keep guarding when no agent runs (a fence run as a service of its own)",
     )
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s fence: %(message)s",
+    configure_logging(
+        args.log_format,
+        getattr(logging, args.log_level.upper(), logging.INFO),
+        static_fields={"node": args.node_name},
+        plain_format="%(asctime)s %(levelname)s fence: %(message)s",
     )
     state_dir = Path(args.state_dir)
     from agents.runtime import make_runtime

@@ -14,6 +14,8 @@ import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
+from agents.logcontext import check_format as check_log_format
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -455,16 +457,39 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-LOGGING = {
+# How every process of the control plane (web, Celery worker and beat, manage.py) writes its log
+# to stderr: "plain" text lines, or "json", one object per line for a log pipeline
+# (docs/deployment.md, "Logs"). Either way a line about one job, attempt, node or tenant carries
+# their ids; agents.logcontext, shared with the node agent, binds and formats them.
+try:
+    LOG_FORMAT = check_log_format(os.environ.get("LOG_FORMAT") or "plain")
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+
+LOGGING: dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "formatters": {
+        # A line without ids reads as it always did; one with ids ends with them, [job=12 ...].
+        "plain": {
+            "()": "agents.logcontext.PlainFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        },
+        "json": {"()": "agents.logcontext.JsonFormatter"},
+    },
     "filters": {
+        "log_context": {"()": "agents.logcontext.ContextFilter"},
         "client_errors_without_traceback": {
             "()": "controlplane.log_filters.ClientErrorsWithoutTraceback"
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["log_context"],
         }
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
@@ -474,6 +499,14 @@ LOGGING = {
         "django.request": {"filters": ["client_errors_without_traceback"]},
     },
 }
+if LOG_FORMAT == "json":
+    # runserver's access lines (the embedded mode) have a handler and format of their own in
+    # Django's defaults: in JSON they go through ours, so that every line parses.
+    LOGGING["loggers"]["django.server"] = {
+        "handlers": ["console"],
+        "level": "INFO",
+        "propagate": False,
+    }
 
 # Bearer token a Prometheus scraper presents at /metrics (admins' sessions work without it).
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")

@@ -9,6 +9,7 @@ GPUs; the visible-devices variables are always set.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import docker.errors
 import docker.types
 import requests
 
+from agents.logcontext import bound
 from agents.runtime.base import (
     ATTEMPT_LABEL,
     DEFAULT_STOP_SIGNAL,
@@ -419,7 +421,8 @@ class DockerRuntime(Runtime):
                 if stop.get("killed_at") is None:
                     ends_at = float(stop.get("at") or 0) + float(stop.get("grace_s") or 0)
                     self._escalate_after(entry, ends_at - time.time())
-            log.info("adopted container %s (attempt %d)", container.name, attempt_id)
+            with bound(attempt_id=attempt_id):
+                log.info("adopted container %s (attempt %d)", container.name, attempt_id)
         return self.statuses()
 
     # -- stopping and removing -------------------------------------------------------------------
@@ -458,8 +461,9 @@ class DockerRuntime(Runtime):
                 self._save_stop(entry, {**(entry.stop_record or {}), "killed_at": time.time()})
                 self._kill(entry, "SIGKILL")
 
-        # A timer, not a wait: stop() returns at once, whatever the grace.
-        timer = threading.Timer(max(0.0, delay_s), escalate)
+        # A timer, not a wait: stop() returns at once, whatever the grace. Its thread logs with
+        # the ids of the stop that set it (agents.logcontext).
+        timer = threading.Timer(max(0.0, delay_s), contextvars.copy_context().run, (escalate,))
         timer.daemon = True
         timer.start()
 

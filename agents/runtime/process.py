@@ -47,6 +47,7 @@ Attempts started by the former Python supervisor (`supervise.py`, whose exit rec
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -63,6 +64,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from agents.lease import LEASE_DEADLINE_FILE, LEASE_FILE
+from agents.logcontext import bound
 from agents.runtime.base import (
     DEFAULT_STOP_SIGNAL,
     STOP_SIGNAL_NAMES,
@@ -323,7 +325,8 @@ class ProcessRuntime(Runtime):
                     ends_at = float(stop.get("at") or 0) + float(stop.get("grace_s") or 0)
                     self._escalate_after(proc, ends_at - time.time())
         for status in found:
-            log.info("adopted attempt %d (%s)", status.attempt_id, status.state)
+            with bound(attempt_id=status.attempt_id, job_id=status.job_id):
+                log.info("adopted attempt %d (%s)", status.attempt_id, status.state)
         return found
 
     def start(self, spec: AttemptSpec, extra_env: dict[str, str] | None = None) -> AttemptStatus:
@@ -573,7 +576,8 @@ class ProcessRuntime(Runtime):
             self._save_stop(proc, record)
             self._signal_group(group, signal.SIGKILL)
 
-        timer = threading.Timer(max(0.0, delay_s), escalate)
+        # The timer's thread logs with the ids of the stop that set it (agents.logcontext).
+        timer = threading.Timer(max(0.0, delay_s), contextvars.copy_context().run, (escalate,))
         timer.daemon = True
         timer.start()
 

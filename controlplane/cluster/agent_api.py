@@ -30,7 +30,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from agents import limits
+from agents import limits, logcontext
 from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster import gpu_claims, lease, watch_hub
 from controlplane.cluster import heartbeat as hb_logic
@@ -593,7 +593,9 @@ def agent_view(*, node_auth: bool = True) -> Callable:
                 return response
             try:
                 if node_auth:
-                    return view(request, authenticate_node(request))
+                    node = authenticate_node(request)
+                    with logcontext.bound(node=node.name):
+                        return view(request, node)
                 return view(request)
             except AgentAuthError as exc:
                 return unauthorized(str(exc))
@@ -689,9 +691,11 @@ def answer_heartbeat_request(
                 read = hb_logic.read_node(digest)
                 if read is None:
                     raise AgentAuthError("Invalid node token.")
-                answer = hb_logic.answer_heartbeat(read, report)
-                if report.warnings:
-                    answer = with_warnings(answer, report.warnings, read.node.name)
+                # Every line of the heartbeat names its node (agents.logcontext).
+                with logcontext.bound(node=read.node.name):
+                    answer = hb_logic.answer_heartbeat(read, report)
+                    if report.warnings:
+                        answer = with_warnings(answer, report.warnings, read.node.name)
                 return 200, answer, []
             except (OperationalError, InterfaceError) as exc:
                 if not database_unreachable(exc):

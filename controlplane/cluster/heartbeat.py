@@ -16,13 +16,14 @@ import logging
 import random
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from agents import limits
+from agents import limits, logcontext
 from controlplane import bulk
 from controlplane.cluster import actions as cluster_actions
 from controlplane.cluster import lease, telemetry
@@ -904,6 +905,56 @@ def _record_common_reports(
     return recorded
 
 
+def _about(attempt_id: int, w: Work | None) -> AbstractContextManager[None]:
+    """Lines logged inside carry this attempt's ids (agents.logcontext); the node's name is
+    bound around the whole heartbeat (agent_api.answer_heartbeat_request)."""
+    if w is None:
+        return logcontext.bound(attempt_id=attempt_id)
+    return logcontext.bound(attempt_id=attempt_id, job_id=w.job_id, tenant=w.tenant_slug)
+
+
+def _apply_one_report(
+    node: Node,
+    aid: int,
+    w: Work | None,
+    r: AttemptReport,
+    counters: dict[str, float],
+    now: dt.datetime,
+) -> None:
+    """A report the batch did not record: one attempt at a time."""
+    if w is None:
+        # Finished, lost, or not this node's: left out of the answer, so the agent stops it
+        # if it still runs. An exit of one declared lost is how it really ended: recorded.
+        try:
+            _surviving_deadlocks(
+                f"late report on attempt {aid} of {node.name}", _apply_late_report, node, r, now
+            )
+        except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
+            log.info("late report on attempt %s of %s not applied: %s", aid, node.name, exc)
+        return
+    try:
+        _surviving_deadlocks(
+            f"report on attempt {aid} of {node.name}", _apply_report, node, w, r, counters, now
+        )
+    except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
+        # Someone else moved the job on (a cancel, a sweep): the next heartbeat sees where.
+        log.info("report on attempt %s of %s not applied: %s", aid, node.name, exc)
+
+
+def _log_moved(node: Node, w: Work, r: AttemptReport) -> None:
+    """A line for an attempt the report moved on: it started, or it ended and how."""
+    if w.state == AttemptState.RUNNING:
+        log.info("attempt running")
+    elif r.stop_cause is not None and not w.stop_requested:
+        log.warning("attempt ended: %s", _node_stop(node, r))
+    elif r.state == FAILED_TO_START:
+        log.info("attempt failed to start: %s", r.message or "no reason given")
+    elif r.exit_code is None:
+        log.info("attempt ended, exit code unknown")
+    else:
+        log.info("attempt exited with code %s", r.exit_code)
+
+
 def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = None) -> dict:
     """Apply one heartbeat of `node` and return the desired state to answer with."""
     now = now or timezone.now()
@@ -916,48 +967,37 @@ def process_heartbeat(node: Node, hb: Heartbeat, *, now: dt.datetime | None = No
     counters = {s.uuid: s.energy_j for s in hb.gpus if s.energy_j is not None}
     reports = {r.attempt_id: r for r in hb.attempts}
     _record_checkpoints(node, work, reports, now)
+    was = {aid: w.state for aid, w in work.items()}
     recorded = _record_common_reports(node, work, reports, counters, now)
     for aid, r in reports.items():
-        if aid in recorded:
-            continue
         w = work.get(aid)
-        if w is None:
-            # Finished, lost, or not this node's: left out of the answer, so the agent stops it
-            # if it still runs. An exit of one declared lost is how it really ended: recorded.
-            try:
-                _surviving_deadlocks(
-                    f"late report on attempt {aid} of {node.name}",
-                    _apply_late_report,
-                    node,
-                    r,
-                    now,
-                )
-            except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
-                log.info("late report on attempt %s of %s not applied: %s", aid, node.name, exc)
-            continue
-        try:
-            _surviving_deadlocks(
-                f"report on attempt {aid} of {node.name}", _apply_report, node, w, r, counters, now
-            )
-        except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
-            # Someone else moved the job on (a cancel, a sweep): the next heartbeat sees where.
-            log.info("report on attempt %s of %s not applied: %s", aid, node.name, exc)
+        with _about(aid, w):
+            if aid not in recorded:
+                _apply_one_report(node, aid, w, r, counters, now)
+            if w is not None and w.state != was[aid]:
+                _log_moved(node, w, r)
     for aid, w in work.items():
         if aid not in reports and not hb.may_have_reported(aid):
-            try:
-                _surviving_deadlocks(
-                    f"loss of attempt {aid} of {node.name}", _forget_unreported, node, w, hb, now
-                )
-                _surviving_deadlocks(
-                    f"withdrawal of attempt {aid} of {node.name}",
-                    _withdraw_unstarted,
-                    node,
-                    w,
-                    previous_heard,
-                    now,
-                )
-            except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
-                log.info("attempt %s of %s not finished: %s", aid, node.name, exc)
+            with _about(aid, w):
+                try:
+                    _surviving_deadlocks(
+                        f"loss of attempt {aid} of {node.name}",
+                        _forget_unreported,
+                        node,
+                        w,
+                        hb,
+                        now,
+                    )
+                    _surviving_deadlocks(
+                        f"withdrawal of attempt {aid} of {node.name}",
+                        _withdraw_unstarted,
+                        node,
+                        w,
+                        previous_heard,
+                        now,
+                    )
+                except (actions.IllegalTransition, actions.ConcurrentUpdate) as exc:
+                    log.info("attempt %s of %s not finished: %s", aid, node.name, exc)
 
     answer = desired_state(work, caps, node.heartbeat_interval_s)
     remember_answer(node, digest(answer))

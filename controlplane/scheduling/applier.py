@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 
+from agents import logcontext
 from controlplane import bulk, wakeups
 from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import actions
@@ -86,7 +87,8 @@ def _chunks(items: Sequence, size: int = CHUNK) -> Iterator[Sequence]:
 
 
 def _skip(result: ApplyResult, kind: str, pk: int, why: str) -> None:
-    log.info("scheduling plan: skipped %s %s: %s", kind, pk, why)
+    with logcontext.bound(**({"job_id": pk} if kind == "start" else {"attempt_id": pk})):
+        log.info("scheduling plan: skipped %s %s: %s", kind, pk, why)
     result.skipped.append(Skipped(kind=kind, id=pk, why=why))
 
 
@@ -109,12 +111,14 @@ def _apply_preemptions(
         live.append((p, attempt))
     # One batch for the whole plan, guarded per attempt as request_stop is.
     asked = actions.request_stops([(attempt, p.reason) for p, attempt in live], reason="preempted")
+    stopped: list[tuple[m.Preemption, str]] = []
     for p, attempt in live:
         if p.attempt_id not in asked:
             _skip(result, "preemption", p.attempt_id, "the attempt was already told to stop")
             continue
         asked.discard(p.attempt_id)  # a plan naming an attempt twice stops it once
         result.preempted.append(p.attempt_id)
+        stopped.append((p, attempt.node.name))
         # A gang spans nodes: every node holding one of its GPUs must kill its part.
         result.nodes_changed.add(attempt.node.name)
         result.nodes_changed.update(
@@ -122,6 +126,19 @@ def _apply_preemptions(
             for u in loaded.running_gpus.get(p.attempt_id, ())
             if u in loaded.gpu_node
         )
+    if stopped and log.isEnabledFor(logging.INFO):
+        transaction.on_commit(lambda: _log_preemptions(stopped, loaded))
+
+
+def _log_preemptions(stopped: list[tuple[m.Preemption, str]], loaded: LoadedSnapshot) -> None:
+    """A line per preempted attempt, with its ids (agents.logcontext); after the commit, so
+    that it reports only what the database kept."""
+    tenants = {r.attempt_id: r.tenant for r in loaded.snapshot.running}
+    for p, node in stopped:
+        with logcontext.bound(
+            job_id=p.job_id, attempt_id=p.attempt_id, node=node, tenant=tenants.get(p.attempt_id)
+        ):
+            log.info("preempted (for job %s): %s", p.for_job_id, p.reason)
 
 
 def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: ApplyResult) -> None:
@@ -180,7 +197,31 @@ def _apply_starts(starts: Iterable[m.Start], loaded: LoadedSnapshot, result: App
         admitted.append(attempt)
         result.started.append(job_id)
         result.nodes_changed.update(name for name, _ in start.placements)
+    if admitted and log.isEnabledFor(logging.INFO):
+        transaction.on_commit(lambda: _log_admissions(admitted, planned, loaded))
     _limit_checkpoints(admitted, jobs)
+
+
+def _log_admissions(
+    admitted: list[JobAttempt], planned: dict[int, m.Start], loaded: LoadedSnapshot
+) -> None:
+    """A line per admitted job, with its ids (agents.logcontext): where a job went, and when,
+    is what an operator looks up first. After the commit: only what the database kept, and
+    outside the cycle's lock (a cold start admits thousands, at tens of microseconds a line)."""
+    tenants = {p.job_id: p.tenant for p in loaded.snapshot.pending}
+    for attempt in admitted:
+        start = planned[attempt.job_id]
+        with logcontext.bound(
+            job_id=attempt.job_id,
+            attempt_id=attempt.pk,
+            node=start.node,
+            tenant=tenants.get(attempt.job_id),
+        ):
+            log.info(
+                "admitted to %s%s",
+                ", ".join(f"{name} ({len(uuids)} GPUs)" for name, uuids in start.placements),
+                " on borrowed GPUs" if start.borrowed else "",
+            )
 
 
 def _limit_checkpoints(admitted: list[JobAttempt], jobs: dict[int, Job]) -> None:
