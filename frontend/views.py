@@ -368,6 +368,9 @@ def _job_live_context(request, job: Job) -> dict[str, object]:
         context |= {
             "gpus": gpus,
             "gpus_alike": _alike(gpus),
+            # What "cap N W each" is a figure of (frontend/templatetags/power.py).
+            "gpus_cap_of": "gpus:" + "|".join(g.uuid for g in gpus) + ":cap",
+            "gpus_requested_of": "gpus:" + "|".join(g.uuid for g in gpus) + ":requested",
             "log_text": text,
             "log_size_bytes": size_bytes,
             "log_truncated": truncated or text.count("\n") >= LOG_TAIL_LINES,
