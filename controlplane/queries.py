@@ -502,14 +502,6 @@ class GpuRow:
     job: Job | None
     attempt: JobAttempt | None
 
-    @property
-    def cap_w(self) -> float | None:
-        return (
-            self.gpu.power_cap_w
-            if self.gpu.power_cap_w is not None
-            else self.gpu.desired_power_cap_w
-        )
-
 
 def nodes_with_gpus(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, list[GpuRow]]]:
     """Nodes, each with its GPUs and the job that holds each GPU now, in three queries."""
