@@ -146,6 +146,9 @@ class GpuTelemetry(models.Model):
                 fields=["gpu", "bucket_at"], name="telemetry_one_row_per_bucket"
             )
         ]
+        # The pool and cluster charts and the retention prune read a time range over every GPU:
+        # the unique index leads with the GPU and cannot serve them.
+        indexes = [models.Index(fields=["bucket_at"], name="telemetry_bucket_at")]
 
 
 class JoinToken(models.Model):

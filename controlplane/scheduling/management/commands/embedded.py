@@ -156,7 +156,8 @@ class Command(BaseCommand):
             pool, expires_at=timezone.now() + timedelta(days=1), max_uses=count
         )
         connections.close_all()
-        env = {**os.environ, "GPUCP_JOIN_TOKEN": raw}
+        # The agents log as the server does (LOG_FORMAT=json makes every line of `make run` JSON).
+        env = {**os.environ, "GPUCP_JOIN_TOKEN": raw, "GPUCP_LOG_FORMAT": settings.LOG_FORMAT}
         root = Path(agents_dir) if agents_dir else settings.BASE_DIR / "var" / "agents"
         for i in range(1, count + 1):
             name = f"sim-node-{i}"
