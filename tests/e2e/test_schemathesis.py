@@ -80,7 +80,15 @@ def run_schemathesis(url: str, token: str, report: Path) -> tuple[int, str, dict
         "--warnings",
         "off",
     ]
-    env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
+    env = {
+        **os.environ,
+        "NO_COLOR": "1",
+        "SCHEMATHESIS_TELEMETRY": "false",
+        # schemathesis_site/sitecustomize.py: a CPython 3.11 bug under the two workers.
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).with_name("schemathesis_site")), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     # In the test's own directory: schemathesis keeps its example database in the working one.
     done = subprocess.run(
         command, capture_output=True, text=True, env=env, timeout=900, cwd=report.parent

@@ -75,7 +75,7 @@ def test_the_pools_worst_case_counts_busy_gpus_at_their_caps_and_idle_ones_at_th
     idle = node_gpus.count() - held.count()
     expected_w = 600.0 * held.count() + 70.0 * idle
     page = text_of(admin.get(reverse("cluster-overview")))
-    assert f"At most, now {expected_w:.0f} W" in page
+    assert f"If every job drew its cap {expected_w:,.0f} W" in page
     assert "Caps sum" not in page
 
 
