@@ -160,3 +160,13 @@ def _own_request_rate_counts(settings):
 def _fast_password_hashing(settings):
     # PBKDF2's deliberate slowness buys nothing in tests and costs seconds per created user.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _no_history_from_an_earlier_test():
+    # The scheduler keeps its duration history between cycles and reads only what ended since
+    # (controlplane/scheduling/loader.py); rows of a rolled-back test must not outlive it.
+    from controlplane.scheduling import loader
+
+    loader.forget_history()
+    yield

@@ -161,6 +161,15 @@ class Job(models.Model):
                 condition=Q(state="PENDING", hold=""),
                 name="job_schedulable",
             ),
+            # The live jobs that received GPU time in attempts that ended (preempted, lost,
+            # requeued): the scheduler reads their earlier service every cycle, and without
+            # this it joined every attempt ever made to every waiting job.
+            models.Index(
+                fields=["id"],
+                condition=Q(state="PENDING", attempt_count__gt=0)
+                | Q(state__in=["ADMITTED", "RUNNING"], attempt_count__gt=1),
+                name="job_with_earlier_attempts",
+            ),
             models.Index(fields=["array", "state"]),
         ]
         constraints = [
@@ -284,7 +293,16 @@ class JobAttempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number")
         ]
-        indexes = [models.Index(fields=["node", "state"])]
+        indexes = [
+            models.Index(fields=["node", "state"]),
+            # The scheduler's duration history: the latest successful attempts, read every
+            # cycle from the newest end backwards (controlplane/scheduling/loader.py).
+            models.Index(
+                fields=["finished_at", "id"],
+                condition=Q(state="SUCCEEDED", started_at__isnull=False),
+                name="attempt_succeeded_by_end",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"attempt {self.pk} of job {self.job_id} on {self.node_id} ({self.state})"

@@ -11,6 +11,7 @@ pending reasons, positions, estimates and power caps written here are not state.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,12 @@ EXACT_POSITIONS = 100
 POSITION_TOLERANCE = 0.05
 ESTIMATE_TOLERANCE = 0.05
 ESTIMATE_TOLERANCE_S = 1.0
+# Even within those tolerances, a flood of short jobs moves the head by dozens each cycle, and
+# cycles come several times a second: every deep row drifted past its tolerance within a few
+# cycles, and rewriting them (a thousand rows, 30 ms of PostgreSQL a cycle) cost more than the
+# cycle's own work. So beyond EXACT_POSITIONS a position or estimate that only drifted (its
+# reason unchanged) is refreshed at most once every DEEP_REFRESH_S, like the periodic tick.
+DEEP_REFRESH_S = 5.0
 POWER_TOLERANCE_W = 0.5
 
 
@@ -328,9 +335,16 @@ def _close_estimate(stored_s: float | None, planned_s: float | None, now_s: floa
     return abs(stored_s - planned_s) <= max(ESTIMATE_TOLERANCE_S, ESTIMATE_TOLERANCE * wait_s)
 
 
+# When this process last refreshed the drifted rows deep in the queue (snapshot time, s).
+_deep_refreshed_at_s = [-math.inf]
+
+
 def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) -> None:
     """Store each waiting job's reason, position and estimates; only the rows that changed."""
     changed: list[tuple] = []
+    now_s = loaded.snapshot.now_s
+    # A clock that went back counts as due: better one refresh too many than none for long.
+    deep_due = not 0 <= now_s - _deep_refreshed_at_s[0] < DEEP_REFRESH_S
     for decision in plan.pending:
         row = loaded.pending_rows.get(decision.job_id)
         if row is None:
@@ -339,14 +353,17 @@ def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) ->
         estimate_s = (
             round(decision.estimated_start_s) if decision.estimated_start_s is not None else None
         )
-        if (
-            row.reason_code == decision.reason_code
-            and row.reason == decision.reason
-            and _close_position(row.queue_position, decision.queue_position)
-            and _close_estimate(row.estimated_start_s, estimate_s, loaded.snapshot.now_s)
-            and _same(row.predicted_duration_s, predicted_s, 1e-6)
-        ):
-            continue
+        same_reason = row.reason_code == decision.reason_code and row.reason == decision.reason
+        if same_reason and _same(row.predicted_duration_s, predicted_s, 1e-6):
+            if _close_position(row.queue_position, decision.queue_position) and _close_estimate(
+                row.estimated_start_s, estimate_s, now_s
+            ):
+                continue
+            deep = row.queue_position is not None and (
+                min(row.queue_position, decision.queue_position) > EXACT_POSITIONS
+            )
+            if deep and not deep_due:
+                continue
         changed.append(
             (
                 decision.job_id,
@@ -357,6 +374,8 @@ def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) ->
                 predicted_s,
             )
         )
+    if deep_due:
+        _deep_refreshed_at_s[0] = now_s
     # A job that left the queue since the snapshot (cancelled) keeps what its transition wrote.
     result.pending_rows_written += _update_jobs(changed, PENDING_FIELDS, JobState.PENDING)
     started = set(result.started)

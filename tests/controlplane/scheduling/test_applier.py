@@ -11,7 +11,7 @@ from controlplane import wakeups as notify
 from controlplane.cluster.models import GPU, NodeState
 from controlplane.jobs import actions
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobState
-from controlplane.scheduling.applier import apply_plan
+from controlplane.scheduling.applier import DEEP_REFRESH_S, apply_plan
 from controlplane.scheduling.loader import load_snapshot
 from scheduler import model as m
 
@@ -399,10 +399,12 @@ def test_a_position_deep_in_the_queue_is_rewritten_only_when_it_moved_noticeably
 ):
     make_node("n1", gpus=1)
     job = make_job(vision, alice, gpus=4)
+    clock = [time.time()]
 
-    def at(position):
+    def at(position, after_s=DEEP_REFRESH_S):
+        clock[0] += after_s
         plan = m.Plan(pending=(waiting(job, reason="same", position=position),))
-        return apply_plan(plan, load_snapshot()).pending_rows_written
+        return apply_plan(plan, load_snapshot(now_s=clock[0])).pending_rows_written
 
     assert at(500) == 1
     assert at(510) == 0  # 2 % off: not worth a write every cycle
@@ -411,6 +413,36 @@ def test_a_position_deep_in_the_queue_is_rewritten_only_when_it_moved_noticeably
     assert at(99) == 1  # near the head every move is shown
     job.refresh_from_db()
     assert job.queue_position == 99
+
+
+def test_deep_in_a_busy_queue_a_drifted_position_is_refreshed_at_most_every_few_seconds(
+    make_node, make_job, vision, alice
+):
+    """Cycles come several times a second in a flood of short jobs; deep rows that only
+    drifted wait for the next refresh, rows near the head and new reasons do not."""
+    make_node("n1", gpus=1)
+    deep = make_job(vision, alice, gpus=4)
+    head = make_job(vision, alice, gpus=4)
+    clock = [time.time() + 3600.0]
+
+    def cycle(deep_position, head_position, reason="same", after_s=0.5):
+        clock[0] += after_s
+        plan = m.Plan(
+            pending=(
+                waiting(deep, reason=reason, position=deep_position),
+                waiting(head, reason="same", position=head_position),
+            )
+        )
+        apply_plan(plan, load_snapshot(now_s=clock[0]))
+        deep.refresh_from_db()
+        head.refresh_from_db()
+        return deep.queue_position, head.queue_position
+
+    assert cycle(900, 40, after_s=DEEP_REFRESH_S) == (900, 40)
+    assert cycle(700, 30) == (900, 30)  # 22 % off, but refreshed a moment ago
+    assert cycle(600, 20, reason="other") == (600, 20)  # a new reason is written at once
+    assert cycle(500, 10, reason="other") == (600, 10)
+    assert cycle(400, 5, reason="other", after_s=DEEP_REFRESH_S) == (400, 5)  # refresh due
 
 
 def test_a_reason_never_lands_on_a_job_that_left_the_queue(make_node, make_job, vision, alice):

@@ -140,6 +140,11 @@ def test_a_requeued_job_remembers_the_gpu_seconds_of_its_earlier_attempts(
     (pending,) = loaded.snapshot.pending
     assert pending.attained_service_s == pytest.approx(100, abs=5)
     assert loaded.pending_rows[job.pk].attempt_count == 1
+    # Running again, it still counts what the first attempt received, beside the new one's.
+    job.refresh_from_db()
+    _run(job, node, list(node.gpus.all()), started_ago_s=10)
+    (running,) = load_snapshot().snapshot.running
+    assert running.attained_service_s == pytest.approx(100 + 20, abs=5)
 
 
 def test_pending_jobs_are_offered_oldest_first_with_their_request(
@@ -251,3 +256,38 @@ def test_a_spent_budget_reaches_the_scheduler_as_its_tenants_action(
     assert tenants["nlp"].budget_action is None
     # Nothing used yet: 24 kWh spread over what is left of the day is at least 1 kW.
     assert tenants["nlp"].power_pace_w >= 1000.0
+
+
+def test_between_full_reads_the_history_takes_in_each_job_as_it_ends(
+    make_node, make_job, vision, alice
+):
+    """A cycle reads only what ended since the newest record it holds; what it holds leaves as
+    it falls out of the window, and an exit recorded long after it happened (a node back from
+    a partition) joins at the next full read."""
+    from controlplane.scheduling import loader
+
+    node = make_node("n1", gpus=1)
+    gpu = node.gpus.get()
+    now_s = timezone.now().timestamp()
+    first = make_job(vision, alice, name="first")
+    _finish(_run(first, node, [gpu], started_ago_s=60))
+    assert [r.name for r in load_snapshot(now_s=now_s).snapshot.history] == ["first"]
+
+    second = make_job(vision, alice, name="second")
+    _finish(_run(second, node, [gpu], started_ago_s=30))
+    late = make_job(vision, alice, name="late")
+    attempt = _run(late, node, [gpu], started_ago_s=30)
+    _finish(attempt)
+    JobAttempt.objects.filter(pk=attempt.pk).update(
+        finished_at=timezone.now() - timedelta(minutes=10)
+    )
+    history = load_snapshot(now_s=now_s + 1).snapshot.history
+    assert [r.name for r in history] == ["second", "first"]
+
+    after_full_read_s = now_s + loader.HISTORY_FULL_READ_EVERY_S + 1
+    history = load_snapshot(now_s=after_full_read_s).snapshot.history
+    assert [r.name for r in history] == ["second", "first", "late"]
+
+    beyond_window_s = now_s + loader.HISTORY_WINDOW_S + 30
+    assert load_snapshot(now_s=beyond_window_s).snapshot.history == ()
+
