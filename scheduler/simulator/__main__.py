@@ -30,6 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--trace", default="philly", help="philly, alibaba, synthetic or a path")
     parser.add_argument(
+        "--vc-nodes",
+        default=None,
+        metavar="FILE",
+        help="nodes per virtual cluster of a Philly-format --trace path (columns vc,node num; "
+        "default: philly-vc-nodes.csv beside it)",
+    )
+    parser.add_argument(
+        "--node-list",
+        default=None,
+        metavar="FILE",
+        help="node list of an openb --trace path (columns sn,cpu_milli,memory_mib,gpu,model; "
+        "default: openb_node_list_gpu_node.csv beside it)",
+    )
+    parser.add_argument(
         "--policy",
         default="fifo-static,ours",
         help=f"comma-separated, from: {', '.join(PRESETS)}",
@@ -97,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--checkpoint-interval: {exc}", file=sys.stderr)
         return 2
     try:
-        trace = load_trace(args.trace, seed=args.seed).limited(args.limit)
+        trace = load_trace(
+            args.trace, seed=args.seed, vc_nodes=args.vc_nodes, node_list=args.node_list
+        ).limited(args.limit)
     except TraceError as exc:
         print(f"cannot load the trace: {exc}", file=sys.stderr)
         return 2

@@ -314,31 +314,77 @@ def load_alibaba(
     return Trace(f"alibaba:{pods_path.name}", tuple(jobs), tuple(nodes), tenants, notes)
 
 
-def load_trace(spec: str, *, seed: int = 0) -> Trace:
-    """A trace by name (``philly``, ``alibaba``, ``synthetic``) or by path (file or folder)."""
+def load_trace(
+    spec: str,
+    *,
+    seed: int = 0,
+    vc_nodes: Path | str | None = None,
+    node_list: Path | str | None = None,
+) -> Trace:
+    """A trace by name (``philly``, ``alibaba``, ``synthetic``) or by path (file or folder).
+
+    ``vc_nodes``: the nodes per virtual cluster of a Philly-format jobs file (the CLI's
+    ``--vc-nodes``), by default ``philly-vc-nodes.csv`` beside it; ``node_list``: the node list
+    of an openb pod list (``--node-list``), by default ``openb_node_list_gpu_node.csv`` beside
+    it. A companion that is neither given nor found beside the trace is an error that says
+    which option gives it.
+    """
     from scheduler.simulator.trace import synthetic_trace
 
-    if spec == "philly":
-        return load_philly()
-    if spec in ("alibaba", "alibaba-openb"):
-        return load_alibaba()
     if spec == "synthetic":
+        if vc_nodes is not None or node_list is not None:
+            raise TraceError(spec, 0, "(options)", "the synthetic trace takes no node file")
         return synthetic_trace(seed)
-    path = Path(spec)
-    if path.is_dir():
-        if (path / "philly-jobs.csv").exists():
-            return load_philly(path / "philly-jobs.csv")
-        if (path / "openb_pod_list_default.csv").exists():
-            return load_alibaba(path / "openb_pod_list_default.csv")
-        raise TraceError(path, 0, "(file)", "folder holds neither a Philly nor an openb trace")
-    if not path.exists():
+    if spec == "philly":
+        jobs_path = DEFAULT_DATA_DIR / "philly" / "philly-jobs.csv"
+    elif spec in ("alibaba", "alibaba-openb"):
+        jobs_path = DEFAULT_DATA_DIR / "alibaba-openb" / "openb_pod_list_default.csv"
+    else:
+        jobs_path = Path(spec)
+        if jobs_path.is_dir():
+            for name in ("philly-jobs.csv", "openb_pod_list_default.csv"):
+                if (jobs_path / name).exists():
+                    jobs_path = jobs_path / name
+                    break
+            else:
+                raise TraceError(
+                    jobs_path, 0, "(file)", "folder holds neither a Philly nor an openb trace"
+                )
+    if not jobs_path.exists():
         raise TraceError(
-            path, 0, "(file)", "no such file (use philly, alibaba, synthetic or a path)"
+            jobs_path, 0, "(file)", "no such file (use philly, alibaba, synthetic or a path)"
         )
-    with path.open(encoding="utf-8") as handle:
+    with jobs_path.open(encoding="utf-8") as handle:
         header = handle.readline()
     if "num_gpus" in header and "cluster" in header:
-        return load_philly(path)
-    if "gpu_milli" in header:
-        return load_alibaba(path)
-    raise TraceError(path, 1, "(header)", "neither the Philly nor the openb pod-list columns")
+        if node_list is not None:
+            raise TraceError(
+                jobs_path, 1, "(header)", "a Philly trace: --node-list is for openb, use --vc-nodes"
+            )
+        nodes = _companion(jobs_path, vc_nodes, "philly-vc-nodes.csv", "--vc-nodes")
+        return load_philly(jobs_path, nodes)
+    elif "gpu_milli" in header:
+        if vc_nodes is not None:
+            raise TraceError(
+                jobs_path,
+                1,
+                "(header)",
+                "an openb trace: --vc-nodes is for Philly, use --node-list",
+            )
+        nodes = _companion(jobs_path, node_list, "openb_node_list_gpu_node.csv", "--node-list")
+        return load_alibaba(jobs_path, nodes)
+    raise TraceError(jobs_path, 1, "(header)", "neither the Philly nor the openb pod-list columns")
+
+
+def _companion(trace_path: Path, given: Path | str | None, default_name: str, option: str) -> Path:
+    """The node file of a trace: the one given, else the one of the usual name beside it."""
+    path = Path(given) if given is not None else trace_path.parent / default_name
+    if not path.is_file():
+        where = f"{path}" if given is not None else f"no {default_name} beside {trace_path.name}"
+        raise TraceError(
+            path,
+            0,
+            option,
+            f"the node file of {trace_path.name} is missing ({where}); give it with {option} FILE",
+        )
+    return path
