@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
 from scheduler.simulator.checkpoints import CheckpointIntervals
@@ -11,7 +10,15 @@ from scheduler.simulator.compare import compare
 from scheduler.simulator.engine import RestartCost, SimOptions
 from scheduler.simulator.loaders import TraceError, load_trace
 from scheduler.simulator.policies import PRESETS
-from scheduler.simulator.report import summary_table, tenant_table, write_report
+from scheduler.simulator.report import (
+    command_line,
+    guarantees,
+    summary_table,
+    tenant_table,
+    trace_label,
+    write_report,
+)
+from scheduler.simulator.trace import Trace
 
 
 def _restart_cost(text: str) -> RestartCost:
@@ -98,27 +105,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+class UsageError(Exception):
+    """What is wrong with the command line, said as the command prints it."""
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[str], Trace, SimOptions]:
+    """The policies, the trace and the options the parsed command line asks for (shared with
+    ``python -m scheduler.simulator.sweep``); UsageError names what is wrong."""
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
-        print(f"unknown policy {', '.join(unknown)}; known: {', '.join(PRESETS)}", file=sys.stderr)
-        return 2
+        raise UsageError(f"unknown policy {', '.join(unknown)}; known: {', '.join(PRESETS)}")
     try:
         checkpoints = CheckpointIntervals.parse(args.checkpoint_interval, args.checkpoint_seed)
     except ValueError as exc:
-        print(f"--checkpoint-interval: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--checkpoint-interval: {exc}") from None
     try:
         trace = load_trace(
             args.trace, seed=args.seed, vc_nodes=args.vc_nodes, node_list=args.node_list
         ).limited(args.limit)
     except TraceError as exc:
-        print(f"cannot load the trace: {exc}", file=sys.stderr)
-        return 2
-    for note in trace.notes:
-        print(f"trace: {note}", file=sys.stderr)
+        raise UsageError(f"cannot load the trace: {exc}") from None
     options = SimOptions(
         cycle_s=args.cycle_s,
         event_cycles=not args.periodic_only,
@@ -129,24 +136,35 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_knowledge=not args.no_checkpoint_knowledge,
         grace_s=args.grace_s,
     )
+    return names, trace, options
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        names, trace, options = prepare(args)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for note in trace.notes:
+        print(f"trace: {note}", file=sys.stderr)
     result = compare(trace, names, options, load_factor=args.load_factor, progress=not args.quiet)
     power = args.power_budget is not None
     print(summary_table(result.summaries, power=power))
     print()
     print(tenant_table(result.summaries))
     if args.out:
-        command = "python -m scheduler.simulator " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
-        )
-        title = f"{trace.name}: {len(trace.jobs):,} jobs, load factor {args.load_factor:g}"
+        argv = argv if argv is not None else sys.argv[1:]
+        label = trace_label(args.trace, trace, seed=args.seed)
         path = write_report(
             args.out,
             result.summaries,
             result.results,
-            title=title,
+            title=f"{label}: {len(trace.jobs):,} jobs, load factor {args.load_factor:g}",
             notes=trace.notes,
-            command=command,
+            command=command_line("python -m scheduler.simulator", argv),
             plots=not args.no_plots,
+            guarantees=guarantees(trace),
         )
         print(f"\nreport: {path}", file=sys.stderr)
     return 0

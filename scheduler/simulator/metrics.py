@@ -16,8 +16,20 @@ Definitions (what the tables mean):
   FIFO on its own static partition (the reference run), over the jobs finished in both;
   rho <= 1: the tenant is no worse off than alone on its partition. ``rho_job_mean`` is the
   mean over its jobs of the per-job ratio, which weighs short jobs as much as long ones.
-- Jain's index over tenants, of rho: 1 when every tenant fares the same relative to its own
-  partition, 1/n when one tenant gets everything.
+- The reports show max rho (the worst-off tenant), not Jain's index over rho: Jain's index
+  counts a tenant that gains (rho well below 1) as unfairness. ``jain_rho`` is still computed
+  (the what-if's stored summaries carry it).
+- Preempted jobs = jobs preempted at least once (the victims); preemptions per victim is the
+  distribution of their preemption counts (mean, median, p99, max), over finished jobs.
+- Job classes (``job_class``): GPUs requested x the trace's run time (not the JCT, so a job is
+  in the same class under every policy). GPU bins 1, 2-4, 5-8, > 8 (a node of Philly has 8
+  GPUs: > 8 spans nodes); run-time bins < 10 min, 10 min - 1 h, 1 - 8 h, >= 8 h, after the
+  short / long split of Tiresias and the duration bins of Helios' characterization, with the
+  many minute-long Philly jobs (mostly failures) in a bin of their own.
+- Per-tenant series over time (``tenant_series``) are rebuilt from the job outcomes: a job is
+  queued from its submit to its first start; from there to its finish it holds its GPUs for
+  ``held_s`` of that span, and since the outcome does not say when a preempted job waited, its
+  GPUs and its requeued time are spread evenly over the span (exact for jobs never preempted).
 """
 
 from __future__ import annotations
@@ -93,6 +105,12 @@ class Summary:
     plan_calls: int
     plan_wall_s: float
     tenants: tuple[TenantMetrics, ...]
+    # Jobs preempted at least once, and the distribution of their preemption counts.
+    preempted_jobs: int = 0
+    preemptions_per_victim_mean: float = math.nan
+    preemptions_per_victim_p50: float = math.nan
+    preemptions_per_victim_p99: float = math.nan
+    preemptions_per_victim_max: int = 0
 
     @property
     def events_per_s(self) -> float:
@@ -138,6 +156,7 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
             )
         )
     rhos = [t.rho for t in tenant_rows if not math.isnan(t.rho)]
+    victims = [float(o.preemptions) for o in outcomes if o.preemptions > 0]
     return Summary(
         policy=policy,
         jobs=len(outcomes),
@@ -164,7 +183,123 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         plan_calls=result.plan_calls,
         plan_wall_s=result.plan_wall_s,
         tenants=tuple(tenant_rows),
+        preempted_jobs=len(victims),
+        preemptions_per_victim_mean=_mean(victims),
+        preemptions_per_victim_p50=percentile(victims, 50),
+        preemptions_per_victim_p99=percentile(victims, 99),
+        preemptions_per_victim_max=int(max(victims, default=0)),
     )
+
+
+# (label, lowest, highest) GPUs requested; (label, from, below) seconds of run time.
+GPU_BINS: tuple[tuple[str, int, float], ...] = (
+    ("1 GPU", 1, 1),
+    ("2-4 GPUs", 2, 4),
+    ("5-8 GPUs", 5, 8),
+    ("> 8 GPUs", 9, math.inf),
+)
+DURATION_BINS: tuple[tuple[str, float, float], ...] = (
+    ("< 10 min", 0.0, 600.0),
+    ("10 min - 1 h", 600.0, 3600.0),
+    ("1 - 8 h", 3600.0, 8 * 3600.0),
+    (">= 8 h", 8 * 3600.0, math.inf),
+)
+
+
+def job_class(gpus: int, duration_s: float) -> tuple[str, str]:
+    """The (GPU bin, run-time bin) labels of a job; a job of 0 GPUs counts as 1."""
+    gpu_label = next((b[0] for b in GPU_BINS if gpus <= b[2]), GPU_BINS[-1][0])
+    duration_label = next((b[0] for b in DURATION_BINS if duration_s < b[2]), DURATION_BINS[-1][0])
+    return gpu_label, duration_label
+
+
+@dataclass(frozen=True, slots=True)
+class ClassMetrics:
+    gpu_bin: str
+    duration_bin: str
+    jobs: int
+    mean_jct_s: float
+    p99_jct_s: float
+    mean_queue_s: float
+    p99_queue_s: float
+    preempted_jobs: int
+
+
+def class_metrics(outcomes: Sequence[JobOutcome]) -> tuple[ClassMetrics, ...]:
+    """Figures per job class, in bin order, the classes without jobs left out; the counts add
+    up to ``len(outcomes)``."""
+    groups: dict[tuple[str, str], list[JobOutcome]] = {}
+    for o in outcomes:
+        groups.setdefault(job_class(o.gpus, o.duration_s), []).append(o)
+    rows = []
+    for gpu_label, _, _ in GPU_BINS:
+        for duration_label, _, _ in DURATION_BINS:
+            members = groups.get((gpu_label, duration_label))
+            if not members:
+                continue
+            jct = [o.jct_s for o in members]
+            queue = [o.queue_s for o in members]
+            rows.append(
+                ClassMetrics(
+                    gpu_bin=gpu_label,
+                    duration_bin=duration_label,
+                    jobs=len(members),
+                    mean_jct_s=_mean(jct),
+                    p99_jct_s=percentile(jct, 99),
+                    mean_queue_s=_mean(queue),
+                    p99_queue_s=percentile(queue, 99),
+                    preempted_jobs=sum(1 for o in members if o.preemptions > 0),
+                )
+            )
+    return tuple(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSeries:
+    """Bucket averages over time of one tenant: jobs queued and GPUs held."""
+
+    tenant: str
+    mids_s: list[float]
+    queued_jobs: list[float]
+    held_gpus: list[float]
+
+
+def tenant_series(
+    result: Result, start_s: float, end_s: float, bucket_s: float
+) -> dict[str, TenantSeries]:
+    """Per tenant, its queue length and the GPUs it holds, averaged per bucket (see the module's
+    docstring for how a preempted job's time is spread)."""
+    events: dict[str, list[tuple[float, float, float]]] = {t: [] for t in result.tenants}
+    for o in result.outcomes:
+        rows = events.setdefault(o.tenant, [])
+        if o.first_start_s > o.submit_s:
+            rows.append((o.submit_s, 1.0, 0.0))
+            rows.append((o.first_start_s, -1.0, 0.0))
+        span = o.finish_s - o.first_start_s
+        if span > 0:
+            held = min(o.held_s / span, 1.0)
+            rows.append((o.first_start_s, 1.0 - held, o.gpus * held))
+            rows.append((o.finish_s, held - 1.0, -o.gpus * held))
+    out = {}
+    for tenant, rows in events.items():
+        rows.sort()
+        times: list[float] = []
+        queued: list[float] = []
+        gpus: list[float] = []
+        q = g = 0.0
+        for t, dq, dg in rows:
+            q += dq
+            g += dg
+            if times and times[-1] == t:
+                queued[-1], gpus[-1] = q, g
+            else:
+                times.append(t)
+                queued.append(q)
+                gpus.append(g)
+        mids, queue_avg = step_average(times, queued, start_s, end_s, bucket_s)
+        _, gpu_avg = step_average(times, gpus, start_s, end_s, bucket_s)
+        out[tenant] = TenantSeries(tenant, mids, queue_avg, gpu_avg)
+    return out
 
 
 def step_average(
