@@ -1,0 +1,287 @@
+"""python -m scheduler.simulator.sweep: the same comparison at several loads, and the load-sweep
+plot (a metric against the load factor L, a line per policy: the central figure of Gavel and
+Pollux).
+
+    python -m scheduler.simulator.sweep --trace philly --policy fifo-shared,ours --loads 4,6,8 \\
+        --out sweep/
+
+writes, under ``--out``: ``report.md`` (every replay's figures, one row per load and policy; the
+per-class table at the highest load; the plot), ``sweep.png``, ``sweep.csv`` (the same figures,
+unformatted) and a full report per load in ``L<load>/``. Every load runs FIFO on static
+partitions too (for rho); it is shown only if asked for. Options are those of
+``python -m scheduler.simulator`` (``--load-factor`` aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.simulator.__main__ import UsageError, build_parser, prepare
+from scheduler.simulator.compare import Comparison, compare
+from scheduler.simulator.metrics import Summary
+from scheduler.simulator.report import (
+    CLASS_EXPLANATION,
+    class_table,
+    command_line,
+    guarantees,
+    strip_paths,
+    trace_label,
+    write_report,
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One panel of the sweep plot and one column of its table."""
+
+    heading: str
+    value: Callable[[Summary], float]
+    digits: int  # decimals in the table
+    log: bool = False  # a log axis (when the values span more than 20x)
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("mean JCT (s)", lambda s: s.mean_jct_s, 0),
+    Metric("p99 JCT (s)", lambda s: s.p99_jct_s, 0),
+    Metric("mean queue (s)", lambda s: s.mean_queue_s, 1, log=True),
+    Metric("p99 queue (s)", lambda s: s.p99_queue_s, 0, log=True),
+    Metric("max rho", lambda s: s.max_rho, 3),
+    Metric("preempted jobs", lambda s: float(s.preempted_jobs), 0),
+)
+# Columns of the table beyond the plotted metrics: (heading, cell).
+EXTRA_COLUMNS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
+    (
+        "preempt / victim (mean / p99 / max)",
+        lambda s: (
+            "-"
+            if not s.preempted_jobs
+            else f"{s.preemptions_per_victim_mean:.1f} / {s.preemptions_per_victim_p99:.0f} / "
+            f"{s.preemptions_per_victim_max}"
+        ),
+    ),
+    ("GPU-h lost", lambda s: f"{s.preempted_gpu_hours_lost:,.1f}"),
+    ("util", lambda s: "-" if math.isnan(s.utilization) else f"{100 * s.utilization:.1f} %"),
+    ("jobs", lambda s: f"{s.jobs:,}" + (f" (+{s.unfinished} unfinished)" if s.unfinished else "")),
+    ("wall (s)", lambda s: f"{s.wall_s:.1f}"),
+    ("CPU (s)", lambda s: f"{s.cpu_s:.1f}"),
+)
+
+
+def parse_loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected load factors, e.g. 4,6,8") from None
+    if not loads or any(not (x > 0) or math.isinf(x) for x in loads):
+        raise argparse.ArgumentTypeError("expected positive load factors, e.g. 4,6,8")
+    return sorted(set(loads))
+
+
+def build_sweep_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    parser.prog = "python -m scheduler.simulator.sweep"
+    parser.description = (
+        "Compare policies at several load factors and draw every metric against the load."
+    )
+    parser.add_argument(
+        "--loads", type=parse_loads, required=True, help="comma-separated load factors: 4,6,8"
+    )
+    return parser
+
+
+def _cell(value: float, digits: int) -> str:
+    return "-" if math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def sweep_table(runs: Mapping[float, Sequence[Summary]]) -> str:
+    """A row per load and policy: the plotted metrics, then the rest of what a replay shows."""
+    headings = ["L", "policy", *(m.heading for m in METRICS), *(h for h, _ in EXTRA_COLUMNS)]
+    lines = [
+        "| " + " | ".join(headings) + " |",
+        "|---:|---|" + "---:|" * (len(headings) - 2),
+    ]
+    for load, summaries in runs.items():
+        for s in summaries:
+            cells = [f"{load:g}", s.policy]
+            cells += [_cell(m.value(s), m.digits) for m in METRICS]
+            cells += [f(s) for _, f in EXTRA_COLUMNS]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, runs: Mapping[float, Sequence[Summary]]) -> None:
+    fields = (
+        "mean_jct_s",
+        "median_jct_s",
+        "p99_jct_s",
+        "mean_queue_s",
+        "p99_queue_s",
+        "waited_share",
+        "utilization",
+        "max_rho",
+        "preemptions",
+        "preempted_jobs",
+        "preemptions_per_victim_mean",
+        "preemptions_per_victim_p50",
+        "preemptions_per_victim_p99",
+        "preemptions_per_victim_max",
+        "preempted_gpu_hours_lost",
+        "jobs",
+        "unfinished",
+        "wall_s",
+        "cpu_s",
+    )
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("load", "policy", *fields))
+        for load, summaries in runs.items():
+            for s in summaries:
+                writer.writerow((f"{load:g}", s.policy, *(getattr(s, f) for f in fields)))
+
+
+def sweep_plot(path: Path, runs: Mapping[float, Sequence[Summary]]) -> list[str]:
+    """A panel per metric, the load on x, a line per policy (tied policies as one line);
+    returns the ties, in words."""
+    from scheduler.simulator import plots as pl
+
+    loads = list(runs)
+    names: list[str] = []
+    for summaries in runs.values():
+        names += [s.policy for s in summaries if s.policy not in names]
+    fig, axes = pl.grid(len(METRICS), columns=3, size=(4.4, 3.4))
+    ties = []
+    for ax, metric in zip(axes, METRICS, strict=True):
+        xs: dict[str, list[float]] = {}
+        ys: dict[str, list[float]] = {}
+        for name in names:
+            points = [
+                (load, metric.value(s))
+                for load in loads
+                for s in runs[load]
+                if s.policy == name and not math.isnan(metric.value(s))
+            ]
+            if points:
+                xs[name] = [x for x, _ in points]
+                ys[name] = [y for _, y in points]
+        groups = pl.draw_lines(ax, xs, ys, marker="o")
+        ties += [f"{pl.tie_label(g)} ({metric.heading})" for g in groups if len(g) > 1]
+        values = [y for series in ys.values() for y in series if y > 0]
+        if metric.log and values and max(values) > 20 * min(values):
+            ax.set_yscale("log")
+        if metric.heading == "max rho":
+            ax.axhline(1.0, color="black", lw=0.8, ls=":")
+        ax.set_title(metric.heading, fontsize=10)
+        ax.set_xlabel("load factor L", fontsize=8)
+        ax.set_xticks(loads, [f"{x:g}" for x in loads])
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    pl.save(fig, path)
+    return ties
+
+
+def write_sweep(
+    out_dir: Path | str,
+    runs: Mapping[float, Comparison],
+    *,
+    title: str,
+    notes: Sequence[str] = (),
+    command: str = "",
+    tenant_guarantees: Mapping[str, int] | None = None,
+    plots: bool = True,
+) -> Path:
+    """The sweep's report.md, sweep.csv and sweep.png, and a report per load in L<load>/.
+
+    ``title`` names the trace (``philly-jobs.csv: 74,000 jobs``); the loads are added to it."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = {load: c.summaries for load, c in runs.items()}
+    for load, c in runs.items():
+        write_report(
+            out / f"L{load:g}",
+            c.summaries,
+            c.results,
+            title=f"{title}, load factor {load:g}",
+            notes=notes,
+            command=command,
+            plots=plots,
+            guarantees=tenant_guarantees,
+        )
+    write_csv(out / "sweep.csv", summaries)
+    loads = ", ".join(f"{x:g}" for x in runs)
+    parts = [f"# {title}, load factors {loads}", ""]
+    if command:
+        parts += ["```", command, "```", ""]
+    if notes:
+        parts += ["## Trace", ""] + [f"- {n}" for n in notes] + [""]
+    parts += ["## Every replay", "", sweep_table(summaries), ""]
+    parts += [
+        "Queue = total time pending; rho = a tenant's mean JCT over its mean JCT under FIFO on "
+        "its own static partition at the same load (max over tenants); preempted jobs = jobs "
+        "preempted at least once; preempt / victim = preemptions per preempted job; wall and "
+        "CPU seconds of each replay. Unformatted figures: sweep.csv.",
+        "",
+    ]
+    if plots:
+        ties = sweep_plot(out / "sweep.png", summaries)
+        parts += ["## Metrics against the load", ""]
+        if ties:
+            parts += ["Drawn as one line (equal to 3 significant digits): " + "; ".join(ties), ""]
+        parts += ["![every metric against the load factor, a line per policy](sweep.png)", ""]
+    top = max(runs)
+    parts += [
+        f"## Per job class at L = {top:g}",
+        "",
+        class_table(runs[top].summaries, runs[top].results),
+        "",
+        CLASS_EXPLANATION,
+        "",
+        "## Per load",
+        "",
+    ]
+    parts += [f"- [L = {load:g}](L{load:g}/report.md)" for load in runs]
+    path = out / "report.md"
+    path.write_text(strip_paths("\n".join(parts)) + "\n", encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_sweep_parser().parse_args(argv)
+    try:
+        names, trace, options = prepare(args)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if not args.out:
+        print("--out: a folder for the sweep's report is needed", file=sys.stderr)
+        return 2
+    for note in trace.notes:
+        print(f"trace: {note}", file=sys.stderr)
+    runs: dict[float, Comparison] = {}
+    for load in args.loads:
+        print(f"load factor {load:g}", file=sys.stderr)
+        runs[load] = compare(trace, names, options, load_factor=load, progress=not args.quiet)
+    label = trace_label(args.trace, trace, seed=args.seed)
+    argv = argv if argv is not None else sys.argv[1:]
+    path = write_sweep(
+        args.out,
+        runs,
+        title=f"{label}: {len(trace.jobs):,} jobs",
+        notes=trace.notes,
+        command=command_line("python -m scheduler.simulator.sweep", argv),
+        tenant_guarantees=guarantees(trace),
+        plots=not args.no_plots,
+    )
+    print(sweep_table({load: c.summaries for load, c in runs.items()}))
+    print(f"\nreport: {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
