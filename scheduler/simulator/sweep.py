@@ -181,7 +181,8 @@ def sweep_plot(path: Path, runs: Mapping[float, Sequence[Summary]]) -> list[str]
         ax.set_xticks(loads, [f"{x:g}" for x in loads])
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if groups:
+            ax.legend(fontsize=7)
     pl.save(fig, path)
     return ties
 
