@@ -42,6 +42,7 @@ walk only the attempts that could lose. Both keep every decision of a whole-clus
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -67,6 +68,7 @@ from scheduler.model import (
     Start,
     Tenant,
 )
+from scheduler.predict import normalise_name
 from scheduler.priority import las_queue
 from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.policies import Oracle
@@ -140,6 +142,12 @@ class SimOptions:
     checkpoint_knowledge: bool = True
     # The notice every job gets before a preemption stops it (with checkpoint intervals only).
     grace_s: float = 0.0
+    # Hand the plan only the head of each class of alike pending jobs (see _Engine._window),
+    # and skip a cycle of a non-preemptive config with no GPU free: the same decisions as the
+    # whole backlog, at a cost that does not grow with it. It relies on the rules of
+    # scheduler.policy.plan (a job that gets nothing changes nothing): False for a policy of
+    # other rules, or to see the plan at every cycle.
+    window: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +203,12 @@ class Result:
     # The part of preempted_gpu_s_lost that is progress since the last checkpoint (the rest is
     # restarts).
     preempted_gpu_s_progress: float = 0.0
+    # Instants at which more than _MAX_PREEMPTING_CYCLES_AT_ONCE cycles in a row preempted work
+    # (the policy undoing its own decisions): the cycles were held back to the next tick there.
+    # 0 for a policy that does not thrash; anything else is a defect of the policy.
+    thrash_stalls: int = 0
+    # Plans asked again with a larger window of the backlog (see _Engine._window).
+    window_replans: int = 0
 
 
 class _Job:
@@ -211,6 +225,7 @@ class _Job:
         "interval_s",
         "saved_work_left_s",
         "last_checkpoint_s",
+        "queued_as",
     )
 
     def __init__(self, trace: TraceJob, interval_s: float | None):
@@ -226,6 +241,8 @@ class _Job:
         self.first_start_s: float | None = None
         self.pending: Pending | None = None
         self.attempt: _Attempt | None = None
+        # (its class, its entry in the class's queue) while pending and windowed
+        self.queued_as: tuple[tuple[object, ...], tuple[float | int, ...]] | None = None
 
 
 class _Attempt:
@@ -376,6 +393,9 @@ class _Engine:
         self.last_cycle_s = -_INF
         self.preempting_at_s = -_INF
         self.preempting_cycles = 0
+        # Set when the policy thrashed at one instant: no cycle before then (see _cycle).
+        self.hold_cycles_until_s = -_INF
+        self.thrash_stalls = 0
         self.dirty = False
         self.last_start_s = -_INF
         self.last_plan: Plan | None = None
@@ -412,6 +432,28 @@ class _Engine:
         self.events = 0
         self.plan_wall_s = 0.0
         self.power_wall_s = 0.0
+
+        # The window (see _window): pending jobs by class, each class in the plan's own order.
+        # Under FAIR with oracle durations a class's order moves with aging (the aged priority
+        # comes before the duration), so those replays hand the plan the whole backlog.
+        self.windowed = (
+            options.window
+            and not self.power_active
+            and not (config.ordering is Ordering.FAIR and options.oracle is not Oracle.NONE)
+        )
+        self.classes: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
+        self.by_duration = options.oracle is not Oracle.NONE and config.ordering in (
+            Ordering.SJF,
+            Ordering.SRTF,
+            Ordering.QSSF,
+        )
+        self.free_of_type: dict[str, int] = {}
+        for gpu_type in self.gpu_type.values():
+            self.free_of_type[gpu_type] = self.free_of_type.get(gpu_type, 0) + 1
+        self.guaranteed_gpus = {
+            t.name: sum(q.guaranteed_gpus for q in t.quotas) for t in self.tenants
+        }
+        self.window_replans = 0
 
     # ----- power -------------------------------------------------------------------------------
 
@@ -507,6 +549,56 @@ class _Engine:
         self.pending_objs[job.trace.job_id] = job.pending
         self.tenant_pending[job.trace.tenant][job.trace.job_id] = job.pending
         self.pending_tuple = None
+        if self.windowed:
+            self._queue_in_class(job, job.pending)
+
+    def _queue_in_class(self, job: _Job, p: Pending) -> None:
+        """File a pending job in its class, at its place in the plan's order of that class.
+
+        A class is what every step of the plan looks at besides the job's place in the queue:
+        tenant, size, type, priority, resources, and what its duration is predicted from (user,
+        kind of name, GPUs: the same history, so the same prediction), and its LAS queue. Within
+        a class the plan's queue order is submit time under every ordering (FAIR's aged priority
+        rises with waiting, so it too puts older first), or the oracle duration first.
+        """
+        t = job.trace
+        klass: tuple[object, ...] = (
+            t.tenant,
+            t.gpus,
+            t.gpu_type,
+            t.priority,
+            t.preemptible,
+            t.cpus,
+            t.memory_mib,
+            t.user,
+            normalise_name(t.name),
+        )
+        if self.config.ordering is Ordering.LAS:
+            klass = (*klass, las_queue(p.attained_service_s))
+        entry: tuple[float | int, ...]
+        if self.by_duration and p.predicted_duration_s is not None:
+            entry = (p.predicted_duration_s, t.submit_s, t.job_id)
+        else:
+            entry = (t.submit_s, t.job_id)
+        queue = self.classes.get(klass)
+        if queue is None:
+            self.classes[klass] = [entry]
+        elif entry > queue[-1]:
+            queue.append(entry)
+        else:
+            bisect.insort(queue, entry)
+        job.queued_as = (klass, entry)
+
+    def _unqueue_from_class(self, job: _Job) -> None:
+        if job.queued_as is None:
+            return
+        klass, entry = job.queued_as
+        queue = self.classes[klass]
+        i = bisect.bisect_left(queue, entry)
+        del queue[i]
+        if not queue:
+            del self.classes[klass]
+        job.queued_as = None
 
     def _running_now(self, a: _Attempt, now_s: float) -> Running:
         """The attempt as of ``now_s``, for orderings whose ranks move with time; several cycles
@@ -674,20 +766,32 @@ class _Engine:
     def _attained(self, a: _Attempt, now_s: float) -> float:
         return a.job.attained_gpu_s + a.job.trace.gpus * max(now_s - a.start_s, 0.0)
 
-    def _snapshot(self, now_s: float, tenants: tuple[str, ...] | None = None) -> Snapshot:
-        """The cluster as ``plan`` sees it; partitioned, only the partitions of ``tenants``."""
+    def _snapshot(
+        self,
+        now_s: float,
+        tenants: tuple[str, ...] | None = None,
+        window: tuple[Pending, ...] | None = None,
+    ) -> Snapshot:
+        """The cluster as ``plan`` sees it; partitioned, only the partitions of ``tenants``;
+        ``window``: the pending jobs to show (see _window), else every one in play."""
         if self.checkpoint_due:
             self._refresh_checkpoints(now_s)
         if self.partitioned:
             assert tenants is not None
             nodes = self._partition_nodes(tenants)
             running = self._partition_running(now_s, tenants)
-            pending = tuple(p for t in tenants for p in self.tenant_pending[t].values())
+            if window is not None:
+                pending = window
+            else:
+                pending = tuple(p for t in tenants for p in self.tenant_pending[t].values())
         else:
             nodes = self.nodes_tuple
-            if self.pending_tuple is None:
-                self.pending_tuple = tuple(self.pending_objs.values())
-            pending = self.pending_tuple
+            if window is not None:
+                pending = window
+            else:
+                if self.pending_tuple is None:
+                    self.pending_tuple = tuple(self.pending_objs.values())
+                pending = self.pending_tuple
             if self.time_dependent_order:
                 running = tuple(self._running_now(a, now_s) for a in self.running.values())
             else:
@@ -706,6 +810,102 @@ class _Engine:
             pools=self.pools,
             history=history,
         )
+
+    def _window(
+        self, tenants: tuple[str, ...] | None, heads: dict[tuple[object, ...], int]
+    ) -> tuple[tuple[Pending, ...], dict[tuple[object, ...], int]]:
+        """The head of every class of pending jobs (of ``tenants``), and how many each showed
+        where it showed fewer than it has.
+
+        Why the plan decides alike with and without the tail of a class: the jobs of a class
+        differ in nothing the plan looks at but their place in its queue, and it meets them in
+        their class's order; whatever one of them can get (GPUs free now or set aside, victims,
+        room beside a reservation) a later one of the class can only get less of, since a cycle
+        only takes such things. So when the last job shown of a class got nothing, its tail
+        gets nothing either, and a job that gets nothing changes nothing the plan decides after
+        it (a reservation goes to the first job of its type that waits, which is shown). The
+        first window shows as many jobs per class as the free GPUs could start, plus one; one
+        whose last job got GPUs or victims is doubled and the plan asked again (_cycle).
+
+        FAIR also walks each tenant's queue to mark the jobs within its guarantee, which raises
+        them in the queue: a window's tail must hold none of those, so it shows at least as
+        many jobs per class as the tenant's unused guarantee holds, plus one.
+        """
+        wanted = None if tenants is None else set(tenants)
+        fair = self.config.ordering is Ordering.FAIR
+        free_all = self.total_gpus - self.busy_gpus
+        room: dict[str, int] = {}
+        if fair:
+            for t in self.tenants:
+                used = self.usage.get((t.name, ANY_GPU_TYPE), 0)
+                room[t.name] = self.guaranteed_gpus[t.name] - (used if self.grace_s <= 0 else 0)
+        pending_objs = self.pending_objs
+        out: list[Pending] = []
+        cut: dict[tuple[object, ...], int] = {}
+        for klass, queue in self.classes.items():
+            tenant = klass[0]
+            if wanted is not None and tenant not in wanted:
+                continue
+            shown = heads.get(klass)
+            if shown is None:
+                gpus = klass[1]
+                assert isinstance(gpus, int) and isinstance(tenant, str)
+                size = max(gpus, 1)
+                gpu_type = str(klass[2])
+                free = self.free_of_type.get(gpu_type, 0) if gpu_type else free_all
+                shown = free // size + 1
+                if fair:
+                    shown = max(shown, room[tenant] // size + 1)
+            if shown >= len(queue):
+                out.extend(pending_objs[int(e[-1])] for e in queue)
+            else:
+                cut[klass] = shown
+                out.extend(pending_objs[int(e[-1])] for e in queue[:shown])
+        return tuple(out), cut
+
+    def _window_holds(
+        self, plan: Plan, cut: dict[tuple[object, ...], int]
+    ) -> list[tuple[object, ...]] | None:
+        """The classes whose last job shown got GPUs or victims: their tail might too. None:
+        the tail of any class might get something (the plan is asked with the whole backlog).
+
+        A cycle only takes resources, except one: an attempt preempted for a job may free more
+        GPUs than the job needs, and the rest are there for any later job entitled to GPUs being
+        freed (under SRTF and LAS every job; under FAIR one within its guarantee, which no tail
+        holds, or one that may preempt its own tenant's lower-priority work).
+        """
+        if not cut:
+            return []
+        if (plan.preemptions or self.grace_s > 0) and self._tail_may_claim(cut):
+            return None
+        started = {s.job_id for s in plan.starts}
+        waiting_for_victims = {
+            d.job_id for d in plan.pending if d.reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+        }
+        short = []
+        for klass, shown in cut.items():
+            last = int(self.classes[klass][shown - 1][-1])
+            if last in started or last in waiting_for_victims:
+                short.append(klass)
+        return short
+
+    def _tail_may_claim(self, cut: dict[tuple[object, ...], int]) -> bool:
+        """Whether a job of a cut class may take GPUs that are being freed (see _window_holds)."""
+        if self.config.ordering in (Ordering.SRTF, Ordering.LAS):
+            return True
+        if self.config.ordering is not Ordering.FAIR:
+            return False  # the other orderings do not preempt, beyond guarantees (no tail)
+        lowest: dict[str, int] = {}
+        for a in self.running.values():
+            t = a.job.trace
+            if t.preemptible and t.priority < lowest.get(t.tenant, t.priority + 1):
+                lowest[t.tenant] = t.priority
+        for klass in cut:
+            tenant, priority = klass[0], klass[3]
+            assert isinstance(tenant, str) and isinstance(priority, int)
+            if tenant in lowest and lowest[tenant] < priority:
+                return True
+        return False
 
     def _history_for(self, pending: tuple[Pending, ...]) -> tuple[HistoryRecord, ...]:
         tenants = set()
@@ -729,6 +929,7 @@ class _Engine:
     # ----- events ------------------------------------------------------------------------------
 
     def _request_cycle(self, at_s: float) -> None:
+        at_s = max(at_s, self.hold_cycles_until_s)
         if at_s < self.cycle_at:
             self.cycle_at = at_s
 
@@ -774,6 +975,7 @@ class _Engine:
             del self.gpu_owner[uuid]
             self._set_draw(uuid, self._idle_draw(uuid))
         self.busy_gpus -= len(a.gpus)
+        self.free_of_type[a.gpu_type] += len(a.gpus)
         for key, count in self._quota_keys(job.trace.tenant, a.gpus).items():
             self.usage[key] -= count
         held = now_s - a.start_s
@@ -934,6 +1136,7 @@ class _Engine:
         del self.pending_objs[t.job_id]
         del self.tenant_pending[t.tenant][t.job_id]
         self.pending_tuple = None
+        self._unqueue_from_class(job)
         a = _Attempt()
         a.attempt_id = self.next_attempt_id
         self.next_attempt_id += 1
@@ -963,6 +1166,7 @@ class _Engine:
             self.gpu_owner[uuid] = a
             self._set_draw(uuid, self._draw(uuid, busy=True))
         self.busy_gpus += n
+        self.free_of_type[gpu_type] -= n
         a.running = self._make_running(a, now_s)
         a.running_at_s = now_s
         a.shielded = False
@@ -1054,13 +1258,33 @@ class _Engine:
                 self.cycles_skipped += 1
                 self._request_tick(now_s)
                 return
-        snapshot = self._snapshot(now_s, tenants)
+        if self.windowed and not self.config.preemption and not self._any_free(tenants):
+            # Nothing can start and nothing be preempted: the plan would change nothing.
+            self.dirty = False
+            self.cycles_skipped += 1
+            return
+        heads: dict[tuple[object, ...], int] = {}
+        window, cut = self._window(tenants, heads) if self.windowed else (None, {})
+        snapshot = self._snapshot(now_s, tenants, window)
         self.dirty = False
         self._advance_power(now_s)
         preempted = False
         if self.pending:
             t0 = time.perf_counter()
             plan = self.policy(snapshot, self.config)
+            while short := self._window_holds(plan, cut) if cut else None:
+                for klass in short:
+                    heads[klass] = cut[klass] * 2
+                for klass, shown in cut.items():
+                    heads.setdefault(klass, shown)
+                window, cut = self._window(tenants, heads)
+                snapshot = self._snapshot(now_s, tenants, window)
+                plan = self.policy(snapshot, self.config)
+                self.window_replans += 1
+            if cut and short is None:
+                snapshot = self._snapshot(now_s, tenants)
+                plan = self.policy(snapshot, self.config)
+                self.window_replans += 1
             self.plan_wall_s += time.perf_counter() - t0
             self.plan_calls += 1
             self.last_plan = plan
@@ -1088,17 +1312,35 @@ class _Engine:
             if now_s == self.preempting_at_s:
                 self.preempting_cycles += 1
                 if self.preempting_cycles > _MAX_PREEMPTING_CYCLES_AT_ONCE:
-                    raise PlanError(
-                        f"t={now_s:.0f}: {self.preempting_cycles} cycles in a row at this instant "
-                        f"preempted work (last: {[p.attempt_id for p in plan.preemptions]}); "
-                        "the policy keeps undoing its own decisions"
-                    )
+                    # The policy keeps undoing its own decisions. Stopping the replay would
+                    # lose every figure of it; holding the cycles back to the next tick lets
+                    # time move (the victims restart then), and the result says it happened.
+                    self.thrash_stalls += 1
+                    self.hold_cycles_until_s = self._next_tick(now_s, strictly_after=True)
+                    self.preempting_cycles = 0
             else:
                 self.preempting_at_s, self.preempting_cycles = now_s, 1
             self._changed(now_s)
             if tenants is not None:
                 self.dirty_tenants.update(tenants)
         self._request_tick(now_s)
+
+    def _any_free(self, tenants: tuple[str, ...] | None) -> bool:
+        """Whether a GPU some pending job (of ``tenants``) could use is free."""
+        if self.busy_gpus < self.total_gpus and not self.partitioned:
+            return True
+        for klass in self.classes:
+            gpu_type = klass[2]
+            if tenants is not None and klass[0] not in tenants:
+                continue
+            if not klass[1]:
+                return True  # a job without GPUs needs none free
+            if gpu_type:
+                if self.free_of_type.get(str(gpu_type), 0) > 0:
+                    return True
+            elif self.busy_gpus < self.total_gpus:
+                return True
+        return False
 
     def _request_tick(self, now_s: float) -> None:
         if self._time_dependent(now_s):
@@ -1187,6 +1429,8 @@ class _Engine:
             power_wall_s=self.power_wall_s,
             first_submit_s=jobs[0].submit_s if jobs else 0.0,
             preempted_gpu_s_progress=self.lost_progress_gpu_s,
+            thrash_stalls=self.thrash_stalls,
+            window_replans=self.window_replans,
         )
 
     def _total_budget(self) -> float | None:

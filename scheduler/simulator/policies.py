@@ -129,6 +129,46 @@ PRESETS: dict[str, Preset] = {
             sharing=Sharing.STATIC,
         ),
         Preset("ours", "our default policy (Config defaults), predictions from history", Config()),
+        Preset(
+            "sjf-shared",
+            "shortest job first, oracle durations, guarantees with idle GPUs lent out",
+            Config(ordering=Ordering.SJF, borrowing=True, preemption=False, backfill=False),
+            oracle=Oracle.DURATION,
+        ),
+        # A preempted job pays its restart before it progresses again, and the oracle counts it
+        # in the job's remaining time (see the engine's _make_pending): a victim is taken only
+        # by a job that ends sooner than it would even after paying that. The minimum run time
+        # is the restart itself (a job restarting is not taken again before it could progress),
+        # so two jobs of nearly equal remaining time never trade GPUs back and forth.
+        Preset(
+            "srtf-shared",
+            "shortest remaining time first, oracle, preemptive, guarantees with idle GPUs lent out",
+            Config(
+                ordering=Ordering.SRTF,
+                borrowing=True,
+                preemption=True,
+                backfill=False,
+                min_runtime_s=60.0,
+            ),
+            oracle=Oracle.REMAINING,
+        ),
+        Preset(
+            "tiresias-shared",
+            "Tiresias 2D-LAS, no duration knowledge, preemptive, guarantees with idle GPUs lent out",
+            Config(
+                ordering=Ordering.LAS,
+                borrowing=True,
+                preemption=True,
+                backfill=False,
+                min_runtime_s=60.0,
+            ),
+        ),
+        Preset(
+            "ours-oracle",
+            "our default policy with the oracle's durations instead of predictions",
+            Config(),
+            oracle=Oracle.DURATION,
+        ),
     )
 }
 # The reference of finish-time fairness: every tenant alone on its own partition.
