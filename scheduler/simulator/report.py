@@ -480,6 +480,7 @@ def _tenant_figures(
         ),
     ):
         fig, axes = pl.grid(len(shown))
+        legend: dict[str, object] = {}
         for ax, tenant in zip(axes, shown, strict=True):
             xs: dict[str, list[float]] = {}
             ys: dict[str, list[float]] = {}
@@ -498,10 +499,26 @@ def _tenant_figures(
         if axes:
             axes[0].set_ylabel(ylabel, fontsize=8)
             axes[-1].set_xlabel("days since the first submit", fontsize=8)
-            handles, labels = axes[0].get_legend_handles_labels()
-            fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), fontsize=8)
+            # Every label of every panel: policies tied in one panel may differ in another.
+            for ax in axes:
+                for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                    legend.setdefault(label, handle)
+            ncol = min(len(legend), 4)
+            fig.legend(
+                list(legend.values()), list(legend), loc="upper center", ncol=ncol, fontsize=8
+            )
             fig.suptitle(caption, y=0.0, va="bottom", fontsize=9)
-        fig.tight_layout(rect=(0, 0.03, 1, 0.94))
+        # Fixed margins (tight_layout measures every panel's text: seconds for a big grid).
+        height = fig.get_figheight()
+        legend_rows = math.ceil(len(legend) / 4)
+        fig.subplots_adjust(
+            left=0.06,
+            right=0.98,
+            top=1 - (0.35 + 0.22 * legend_rows) / height,
+            bottom=0.75 / height,
+            hspace=0.45,
+            wspace=0.22,
+        )
         fig.savefig(out / file, dpi=100)
         pl.pyplot().close(fig)
         note = "" if len(shown) == len(tenants) else f" (the {len(shown)} busiest tenants)"
