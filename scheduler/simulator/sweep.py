@@ -115,6 +115,55 @@ def sweep_table(runs: Mapping[float, Sequence[Summary]]) -> str:
     return "\n".join(lines)
 
 
+# The comparison the issue of record asks for: every policy against FIFO on the shared pool, and
+# the share of the mean-JCT gap between that and oracle SRTF on the shared pool it closes.
+BASELINE = "fifo-shared"
+ORACLE = "srtf-shared"
+
+
+def _change(value: float, base: float) -> str:
+    if math.isnan(value) or math.isnan(base) or base == 0:
+        return "-"
+    return f"{100 * (value - base) / base:+.1f} %"
+
+
+def relative_table(
+    runs: Mapping[float, Sequence[Summary]], baseline: str = BASELINE, oracle: str = ORACLE
+) -> str:
+    """Per load, every other policy's mean / p99 JCT and queue against ``baseline`` (+ = worse),
+    and the share of the baseline's mean-JCT gap to ``oracle`` it closes; '' without the
+    baseline."""
+    lines = []
+    for load, summaries in runs.items():
+        by = {s.policy: s for s in summaries}
+        base = by.get(baseline)
+        if base is None:
+            continue
+        target = by.get(oracle)
+        gap = base.mean_jct_s - target.mean_jct_s if target else math.nan
+        for s in summaries:
+            if s.policy == baseline:
+                continue
+            closed = (
+                "-"
+                if math.isnan(gap) or gap <= 0 or s.policy == oracle
+                else f"{100 * (base.mean_jct_s - s.mean_jct_s) / gap:.0f} %"
+            )
+            lines.append(
+                f"| {load:g} | {s.policy} | {_change(s.mean_jct_s, base.mean_jct_s)} | "
+                f"{_change(s.p99_jct_s, base.p99_jct_s)} | "
+                f"{_change(s.mean_queue_s, base.mean_queue_s)} | "
+                f"{_change(s.p99_queue_s, base.p99_queue_s)} | {closed} |"
+            )
+    if not lines:
+        return ""
+    head = [
+        f"| L | policy | mean JCT | p99 JCT | mean queue | p99 queue | {oracle} gap closed |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    return "\n".join(head + lines)
+
+
 def write_csv(path: Path, runs: Mapping[float, Sequence[Summary]]) -> None:
     fields = (
         "mean_jct_s",
@@ -229,6 +278,18 @@ def write_sweep(
         "CPU seconds of each replay. Unformatted figures: sweep.csv.",
         "",
     ]
+    relative = relative_table(summaries)
+    if relative:
+        parts += [
+            f"## Against {BASELINE}",
+            "",
+            relative,
+            "",
+            f"Change from {BASELINE} at the same load (+ = longer). Gap closed = how much of "
+            f"the mean JCT between {BASELINE} and {ORACLE} (oracle SRTF on the shared pool) a "
+            f"policy closes: 100 % = as good as {ORACLE}, 0 % = no better than {BASELINE}.",
+            "",
+        ]
     if plots:
         ties = sweep_plot(out / "sweep.png", summaries)
         parts += ["## Metrics against the load", ""]

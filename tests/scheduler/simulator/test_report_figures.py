@@ -12,7 +12,13 @@ import pytest
 from scheduler.simulator import plots
 from scheduler.simulator.__main__ import main
 from scheduler.simulator.engine import JobOutcome, Result
-from scheduler.simulator.metrics import class_metrics, job_class, summarize, tenant_series
+from scheduler.simulator.metrics import (
+    Summary,
+    class_metrics,
+    job_class,
+    summarize,
+    tenant_series,
+)
 from scheduler.simulator.report import (
     class_rows,
     command_line,
@@ -21,7 +27,7 @@ from scheduler.simulator.report import (
     write_report,
 )
 from scheduler.simulator.sweep import main as sweep_main
-from scheduler.simulator.sweep import sweep_plot
+from scheduler.simulator.sweep import relative_table, sweep_plot
 from tests.scheduler.simulator.builders import job, run, trace
 
 PHILLY_JOBS = "timestamp,duration,num_gpus,gpu_time,cluster\n" + "".join(
@@ -263,3 +269,16 @@ def test_the_load_sweep_plot_draws_tied_policies_as_one_line(tmp_path):
     assert "fifo-shared = ours = srtf-shared (preempted jobs)" in ties
     assert not any("srtf-shared" in t for t in ties if "preempted" not in t)
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_sweep_compares_each_policy_with_fifo_shared_and_the_gap_to_oracle_srtf():
+    def run_of(name: str, finish: float) -> Summary:
+        return summarize(name, result([outcome(1, "a", submit=0, start=0, finish=finish)]))
+
+    runs = {6.0: [run_of("fifo-shared", 200), run_of("ours", 150), run_of("srtf-shared", 100)]}
+    table = relative_table(runs)
+    # ours: mean JCT 150 against 200 (-25 %), half of the way to SRTF's 100
+    assert "| 6 | ours | -25.0 % | -25.0 % |" in table and table.splitlines()[2].endswith(
+        "| 50 % |"
+    )
+    assert relative_table({6.0: [run_of("ours", 150)]}) == ""
