@@ -69,7 +69,7 @@ from scheduler.model import (
     Tenant,
 )
 from scheduler.predict import normalise_name
-from scheduler.priority import las_queue
+from scheduler.priority import LAS_QUEUE_THRESHOLDS_GPU_S, las_queue
 from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.policies import Oracle
 from scheduler.simulator.trace import PARTITION_SEPARATOR, TraceJob
@@ -401,6 +401,9 @@ class _Engine:
         self.last_plan: Plan | None = None
         self.time_dependent_order = config.ordering in (Ordering.LAS, Ordering.SRTF)
         self.las_preempts = config.ordering is Ordering.LAS and config.preemption
+        # (when, attempt id, threshold): a running attempt's attained service crosses a LAS queue
+        # threshold, the one change of LAS ranks that time alone makes (see _note_crossings).
+        self.las_crossings: list[tuple[float, int, float]] = []
 
         # Power: per-GPU draw, per-pool sums, integrated energy.
         self._draw_memo: dict[tuple[float, float, float, bool], float] = {}
@@ -1167,6 +1170,11 @@ class _Engine:
             self._set_draw(uuid, self._draw(uuid, busy=True))
         self.busy_gpus += n
         self.free_of_type[gpu_type] -= n
+        if self.las_preempts and n:
+            for threshold in LAS_QUEUE_THRESHOLDS_GPU_S:
+                if job.attained_gpu_s < threshold:
+                    at_s = now_s + (threshold - job.attained_gpu_s) / n
+                    heapq.heappush(self.las_crossings, (at_s, a.attempt_id, threshold))
         a.running = self._make_running(a, now_s)
         a.running_at_s = now_s
         a.shielded = False
@@ -1221,8 +1229,6 @@ class _Engine:
         """Whether plan could decide differently later with no event in between."""
         if not self.pending or not self.running:
             return False
-        if self.las_preempts:
-            return True
         if self.config.preemption and now_s - self.last_start_s < self.config.min_runtime_s:
             return True
         if self.partitioned:
@@ -1231,6 +1237,45 @@ class _Engine:
         return plan is not None and any(d.reason_code in _TIME_BOUND_REASONS for d in plan.pending)
 
     def _cycle(self, now_s: float) -> None:
+        if self.las_crossings:
+            self._note_crossings(now_s)
+        self._plan_cycle(now_s)
+        if self.las_crossings and self.pending:
+            self._request_crossing(now_s)
+
+    def _note_crossings(self, now_s: float) -> None:
+        """Mark dirty the tenants of attempts that crossed a LAS queue threshold by now.
+
+        Under LAS with preemption, ranks move with time only when a running attempt's attained
+        service crosses a queue threshold: only then may a job pending in an earlier queue take
+        its GPUs. Between crossings (and events) a plan would decide what the last one did, so
+        the engine plans at the first tick after each crossing instead of at every tick.
+        """
+        heap = self.las_crossings
+        while heap and heap[0][0] <= now_s:
+            _, attempt_id, threshold = heapq.heappop(heap)
+            a = self.running.get(attempt_id)
+            if a is None:
+                continue  # it ended or was preempted since; a new attempt has its own
+            if self._attained(a, now_s) < threshold:
+                # Rounding put the crossing a hair past this instant: the next tick has it.
+                heapq.heappush(heap, (math.nextafter(now_s, _INF), attempt_id, threshold))
+                break
+            self.dirty = True
+            self.dirty_tenants.add(a.job.trace.tenant)
+
+    def _request_crossing(self, now_s: float) -> None:
+        """Ask for a cycle at the first tick after the next LAS crossing (see _note_crossings)."""
+        heap = self.las_crossings
+        while heap and heap[0][1] not in self.running:
+            heapq.heappop(heap)
+        if heap:
+            at_s = self._next_tick(heap[0][0], strictly_after=False)
+            if at_s <= now_s:
+                at_s = self._next_tick(now_s, strictly_after=True)
+            self._request_cycle(at_s)
+
+    def _plan_cycle(self, now_s: float) -> None:
         self.cycle_at = _INF
         self.last_cycle_s = now_s
         plan_power = self.power_active and self.config.power_planning
@@ -1245,9 +1290,9 @@ class _Engine:
         if self.partitioned:
             # An event concerns its own partition only: the others' last plans still hold (no
             # change of theirs since, and a wait that time alone ends gets its tick). The tick
-            # plans every tenant with work pending, and so does every cycle of an ordering whose
-            # ranks move with time alone (LAS with preemption), as a whole-cluster plan would.
-            if now_s >= self.tick_at or self.las_preempts:
+            # plans every tenant with work pending, as a whole-cluster plan would. Under LAS
+            # with preemption, a partition whose attempt crossed a queue threshold is dirty.
+            if now_s >= self.tick_at:
                 self.tick_at = _INF
                 tenants = self._pending_tenants()
             else:

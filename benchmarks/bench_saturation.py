@@ -1,0 +1,125 @@
+"""The dev file where the shared pool saturates: every preset at L = 4, 6, 8 (and 12), timed.
+
+    .venv/bin/python benchmarks/bench_saturation.py                          # L = 6, 8, 12, all
+    .venv/bin/python benchmarks/bench_saturation.py --loads 4,6,8 \\
+        --policies fifo-shared,tiresias-shared,srtf-shared,ours-oracle,ours --results DIR
+
+Issue 19 asks the dev file (../shared/data/philly/philly-jobs.csv: 74k jobs, 2,816 GPUs) to
+replay in under 2 minutes per policy at L = 6, 8 and 12, and `ours` to beat `fifo-shared` at
+L = 6 and 8. Printed per replay as soon as it ends: wall and CPU seconds, plan calls, plans
+asked again with a larger window, thrash stalls (must be 0), the load average of the machine
+(it is shared: CPU seconds are the figure to compare); then per load factor the table of mean /
+p99 JCT, mean / p99 queue, max rho (against FIFO on each tenant's own partition) and
+preemptions per victim (mean / max), and where `ours` stands between fifo-shared and
+srtf-shared. ``--results DIR`` keeps every replay (``L<load>-<policy>.pkl``) and reuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler.simulator.compare import run_preset  # noqa: E402
+from scheduler.simulator.engine import Result, SimOptions  # noqa: E402
+from scheduler.simulator.loaders import load_trace  # noqa: E402
+from scheduler.simulator.metrics import Summary, summarize  # noqa: E402
+from scheduler.simulator.policies import PRESETS, REFERENCE_PRESET  # noqa: E402
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def replay(
+    trace_spec: str, name: str, load: float, limit: int | None, results: Path | None
+) -> Result:
+    path = (
+        results / f"L{load:g}-{name}{'' if limit is None else f'-n{limit}'}.pkl"
+        if results
+        else None
+    )
+    if path is not None and path.exists():
+        with path.open("rb") as handle:
+            cached: Result = pickle.load(handle)
+        return cached
+    trace = load_trace(trace_spec).limited(limit)
+    before = _load()
+    result = run_preset(trace, name, SimOptions(), load_factor=load)
+    print(
+        f"  L={load:<4g} {name:<16} wall {result.wall_s:7.1f} s  cpu {result.cpu_s:7.1f} s  "
+        f"plans {result.plan_calls:>7,}  re-asked {result.window_replans:>6,}  "
+        f"thrash stalls {result.thrash_stalls}  unfinished {len(result.unfinished_job_ids)}  "
+        f"load {before} -> {_load()}",
+        flush=True,
+    )
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            pickle.dump(result, handle)
+    return result
+
+
+def table(rows: list[Summary]) -> str:
+    head = (
+        "| policy | mean JCT s | p99 JCT s | mean queue s | p99 queue s | max rho | "
+        "preempted jobs | preemptions per victim mean / max | wall s | CPU s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for s in rows:
+        per_victim = (
+            f"{s.preemptions_per_victim_mean:.2f} / {s.preemptions_per_victim_max}"
+            if s.preempted_jobs
+            else "-"
+        )
+        lines.append(
+            f"| {s.policy} | {s.mean_jct_s:,.0f} | {s.p99_jct_s:,.0f} | {s.mean_queue_s:,.0f} | "
+            f"{s.p99_queue_s:,.0f} | {s.max_rho:.3f} | {s.preempted_jobs:,} | {per_victim} | "
+            f"{s.wall_s:.1f} | {s.cpu_s:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", default="philly")
+    parser.add_argument("--loads", default="6,8,12")
+    parser.add_argument("--policies", default=",".join(PRESETS))
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--results", type=Path, default=None)
+    args = parser.parse_args()
+    loads = [float(x) for x in args.loads.split(",")]
+    names = [n for n in args.policies.split(",") if n]
+    for load in loads:
+        print(f"\nL = {load:g}", flush=True)
+        t0 = time.perf_counter()
+        runs = {
+            n: replay(args.trace, n, load, args.limit, args.results)
+            for n in dict.fromkeys([REFERENCE_PRESET, *names])
+        }
+        reference = runs[REFERENCE_PRESET]
+        rows = [summarize(n, runs[n], reference) for n in names]
+        print(table(rows))
+        by = {s.policy: s for s in rows}
+        if {"fifo-shared", "srtf-shared", "ours"} <= by.keys():
+            fifo, srtf, ours = by["fifo-shared"], by["srtf-shared"], by["ours"]
+            gap = fifo.mean_jct_s - srtf.mean_jct_s
+            closed = (fifo.mean_jct_s - ours.mean_jct_s) / gap if gap > 0 else float("nan")
+            print(
+                f"ours vs fifo-shared: mean JCT {ours.mean_jct_s / fifo.mean_jct_s - 1:+.1%}, "
+                f"mean queue {ours.mean_queue_s / fifo.mean_queue_s - 1:+.1%}, "
+                f"p99 queue {ours.p99_queue_s / fifo.p99_queue_s - 1:+.1%}; "
+                f"closes {closed:.0%} of the mean-JCT gap to srtf-shared"
+            )
+        print(f"({time.perf_counter() - t0:.0f} s for L = {load:g})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
