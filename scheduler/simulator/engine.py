@@ -387,6 +387,13 @@ class _Engine:
         self.history_joined: dict[tuple[str, ...], tuple[HistoryRecord, ...]] = {}
         self.user_tenants: dict[str, set[str]] = {}
         self.uses_history = options.oracle is Oracle.NONE
+        # The durations of the history by what the predictor matches a job on, each list sorted
+        # ((user, kind, GPUs), (tenant, kind, GPUs)): windowed replays predict each class here,
+        # as scheduler.predict would from the same records, instead of handing the plan a
+        # history whose index it would rebuild after every completion (see _window).
+        self.durations_by_user: dict[tuple[str, str, int], list[float]] = {}
+        self.durations_by_tenant: dict[tuple[str, str, int], list[float]] = {}
+        self.predicted_objs: dict[int, Pending] = {}  # job id -> its Pending with the prediction
 
         # Cycle control.
         self.cycle_at = _INF
@@ -553,6 +560,7 @@ class _Engine:
         self.tenant_pending[job.trace.tenant][job.trace.job_id] = job.pending
         self.pending_tuple = None
         if self.windowed:
+            self.predicted_objs.pop(job.trace.job_id, None)  # its Pending was made anew
             self._queue_in_class(job, job.pending)
 
     def _queue_in_class(self, job: _Job, p: Pending) -> None:
@@ -802,7 +810,8 @@ class _Engine:
                     self.running_tuple = tuple(self.running_objs.values())
                 running = self.running_tuple
         history: tuple[HistoryRecord, ...] = ()
-        if self.uses_history and self.history:
+        if self.uses_history and self.history and window is None:
+            # A window carries its predictions (see _window): no history to index.
             history = self._history_for(pending)
         return Snapshot(
             now_s=now_s,
@@ -859,11 +868,23 @@ class _Engine:
                 shown = free // size + 1
                 if fair:
                     shown = max(shown, room[tenant] // size + 1)
-            if shown >= len(queue):
-                out.extend(pending_objs[int(e[-1])] for e in queue)
-            else:
+            if shown < len(queue):
                 cut[klass] = shown
-                out.extend(pending_objs[int(e[-1])] for e in queue[:shown])
+            heads_of_queue = queue[:shown] if shown < len(queue) else queue
+            if self.uses_history:
+                guess = self._predicted(klass)
+                objs = self.predicted_objs
+                for e in heads_of_queue:
+                    job_id = int(e[-1])
+                    p = objs.get(job_id)
+                    if p is None or p.predicted_duration_s != guess:
+                        p = pending_objs[job_id]
+                        if p.predicted_duration_s is None:
+                            p = replace(p, predicted_duration_s=guess)
+                        objs[job_id] = p
+                    out.append(p)
+            else:
+                out.extend(pending_objs[int(e[-1])] for e in heads_of_queue)
         return tuple(out), cut
 
     def _window_holds(
@@ -909,6 +930,42 @@ class _Engine:
             if tenant in lowest and lowest[tenant] < priority:
                 return True
         return False
+
+    def _index_duration(self, rec: HistoryRecord, remove: bool = False) -> None:
+        kind = normalise_name(rec.name)
+        for index, key in (
+            (self.durations_by_user, (rec.user, kind, rec.gpus)),
+            (self.durations_by_tenant, (rec.tenant, kind, rec.gpus)),
+        ):
+            runs = index.get(key)
+            if remove:
+                assert runs is not None, "a record leaving the history was indexed"
+                del runs[bisect.bisect_left(runs, rec.duration_s)]
+                if not runs:
+                    del index[key]
+            elif runs is None:
+                index[key] = [rec.duration_s]
+            else:
+                bisect.insort(runs, rec.duration_s)
+
+    def _predicted(self, klass: tuple[object, ...]) -> float:
+        """What scheduler.predict says of a job of this class, from the same history.
+
+        The median of the runs of the same user, kind of name and GPUs, else of the tenant's,
+        else the default (trace jobs give no estimate and no runtime limit).
+        """
+        tenant, gpus, user, kind = klass[0], klass[1], klass[7], klass[8]
+        assert isinstance(tenant, str) and isinstance(gpus, int)
+        assert isinstance(user, str) and isinstance(kind, str)
+        runs = self.durations_by_user.get((user, kind, gpus)) or self.durations_by_tenant.get(
+            (tenant, kind, gpus)
+        )
+        if not runs:
+            return max(self.config.default_duration_s, 0.0)
+        mid = len(runs) // 2
+        if len(runs) % 2:
+            return max(runs[mid], 0.0)
+        return max((runs[mid - 1] + runs[mid]) / 2.0, 0.0)
 
     def _history_for(self, pending: tuple[Pending, ...]) -> tuple[HistoryRecord, ...]:
         tenants = set()
@@ -1021,6 +1078,9 @@ class _Engine:
             history = self.history.get(t.tenant)
             if history is None:
                 history = self.history[t.tenant] = deque(maxlen=self.options.history_per_tenant)
+            if history.maxlen is not None and len(history) == history.maxlen and history:
+                self._index_duration(history[0], remove=True)  # the deque drops it below
+            self._index_duration(HistoryRecord(t.tenant, t.user, t.name, t.gpus, t.duration_s))
             history.append(HistoryRecord(t.tenant, t.user, t.name, t.gpus, t.duration_s))
             self.history_of.pop(t.tenant, None)
             self.history_joined.clear()
@@ -1140,6 +1200,7 @@ class _Engine:
         del self.tenant_pending[t.tenant][t.job_id]
         self.pending_tuple = None
         self._unqueue_from_class(job)
+        self.predicted_objs.pop(t.job_id, None)
         a = _Attempt()
         a.attempt_id = self.next_attempt_id
         self.next_attempt_id += 1
