@@ -4,10 +4,11 @@ drawn as one line, and the figures themselves.
 - Colours: the presets have fixed ones (``POLICY_COLORS``); any other name (a what-if row, a
   variant) gets one from a hash of its name, so it too is the same in every report. Presets that
   know the future (an oracle) are drawn dashed.
-- Ties: policies whose series are equal once rounded to ``TIE_DIGITS`` significant digits (what
-  a figure can show apart) are one line labelled with all their names, ``fifo-shared = ours``,
-  in the first one's colour; otherwise the later line hides the earlier and a reader sees one
-  policy missing.
+- Ties: policies whose series are equal as shown are one line labelled with all their names,
+  ``fifo-shared = ours``, in the first one's colour; otherwise the later line hides the earlier
+  and a reader sees one policy missing. "As shown": to the decimals of the table beside the
+  figure where there is one (the load sweep), else to ``TIE_DIGITS`` significant digits (a CDF
+  on a log axis cannot show more apart).
 
 matplotlib is imported only when a figure is drawn, so the simulator runs without it.
 """
@@ -76,12 +77,19 @@ def round_sig(value: float, digits: int = TIE_DIGITS) -> float | None:
 
 
 def tie_groups(
-    series: Mapping[str, Sequence[float]], digits: int = TIE_DIGITS
+    series: Mapping[str, Sequence[float]],
+    digits: int = TIE_DIGITS,
+    *,
+    decimals: int | None = None,
 ) -> list[tuple[str, ...]]:
-    """The names of ``series`` grouped by equal series (after rounding), in first-seen order."""
+    """The names of ``series`` grouped by equal series, in first-seen order: equal to ``digits``
+    significant digits, or to ``decimals`` decimals when given."""
     groups: dict[tuple[float | None, ...], list[str]] = {}
     for name, values in series.items():
-        key = tuple(round_sig(float(v), digits) for v in values)
+        if decimals is None:
+            key = tuple(round_sig(float(v), digits) for v in values)
+        else:
+            key = tuple(None if math.isnan(v) else round(float(v), decimals) for v in values)
         groups.setdefault(key, []).append(name)
     return [tuple(names) for names in groups.values()]
 
@@ -113,10 +121,12 @@ def draw_lines(
     marker: str | None = None,
     lw: float = 1.5,
     step: bool = False,
+    decimals: int | None = None,
 ) -> list[tuple[str, ...]]:
-    """One line per group of tied series (ties judged on x and y together); returns the groups."""
+    """One line per group of tied series (ties judged on x and y together, see ``tie_groups``);
+    returns the groups."""
     keyed = {name: [*xs[name], math.inf, *ys[name]] for name in ys}
-    groups = tie_groups(keyed)
+    groups = tie_groups(keyed, decimals=decimals)
     for names in groups:
         first = names[0]
         kwargs: dict[str, Any] = {

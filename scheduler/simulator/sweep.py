@@ -218,7 +218,8 @@ def sweep_plot(path: Path, runs: Mapping[float, Sequence[Summary]]) -> list[str]
             if points:
                 xs[name] = [x for x, _ in points]
                 ys[name] = [y for _, y in points]
-        groups = pl.draw_lines(ax, xs, ys, marker="o")
+        # Tied as the table shows them: to its decimals.
+        groups = pl.draw_lines(ax, xs, ys, marker="o", decimals=metric.digits)
         ties += [f"{pl.tie_label(g)} ({metric.heading})" for g in groups if len(g) > 1]
         values = [y for series in ys.values() for y in series if y > 0]
         if metric.log and values and max(values) > 20 * min(values):
@@ -294,7 +295,7 @@ def write_sweep(
         ties = sweep_plot(out / "sweep.png", summaries)
         parts += ["## Metrics against the load", ""]
         if ties:
-            parts += ["Drawn as one line (equal to 3 significant digits): " + "; ".join(ties), ""]
+            parts += ["Drawn as one line (equal in the table): " + "; ".join(ties), ""]
         parts += ["![every metric against the load factor, a line per policy](sweep.png)", ""]
     top = max(runs)
     parts += [
