@@ -17,20 +17,30 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduler.model import HistoryRecord, Node
+    from scheduler.model import HistoryRecord, Node, Running
     from scheduler.placement import Topology
     from scheduler.predict import HistoryIndex
+    from scheduler.quota import RunningTotals
     from scheduler.reasons import Fleet
 
 
 class PlanMemo:
-    __slots__ = ("_topology", "_history_index", "_fleet")
+    __slots__ = ("_topology", "_history_index", "_fleet", "_running")
 
     def __init__(self) -> None:
         # (the tuple it was built from, the index): kept together, replaced together.
         self._topology: tuple[tuple[Node, ...], Topology] | None = None
         self._history_index: tuple[tuple[HistoryRecord, ...], HistoryIndex] | None = None
         self._fleet: tuple[Sequence[Node], Fleet] | None = None
+        self._running: RunningTotals | None = None
+
+    def running_totals(self, running: tuple[Running, ...]) -> RunningTotals:
+        """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call."""
+        from scheduler.quota import RunningTotals
+
+        if self._running is None:
+            self._running = RunningTotals()
+        return self._running.update(running)
 
     def topology(self, nodes: tuple[Node, ...]) -> Topology:
         from scheduler.placement import Topology

@@ -215,14 +215,20 @@ class ClusterIndex:
     __slots__ = ("topo", "types", "cpus_free", "mem_free", "track_cpus", "track_mem", "_nodes_of")
 
     def __init__(
-        self, nodes: tuple[Node, ...], running: tuple[Running, ...], topo: Topology | None = None
+        self,
+        nodes: tuple[Node, ...],
+        running: tuple[Running, ...],
+        topo: Topology | None = None,
+        held: set[str] | None = None,
     ):
         # The topology of `nodes` (static: which GPU is where), built here unless the caller's
-        # memo (scheduler.memo) already has it.
+        # memo (scheduler.memo) already has it; `held`: the GPUs the running attempts hold,
+        # when the caller's memo has them summed already (read only here).
         topo = self.topo = topo if topo is not None else Topology(nodes)
-        held: set[str] = set()
-        for r in running:
-            held.update(r.gpus)
+        if held is None:
+            held = set()
+            for r in running:
+                held.update(r.gpus)
         self.track_cpus = any(topo.node_cpus)
         self.track_mem = any(topo.node_mem)
         # None when no node states any: nothing is booked then. Memory left becomes fractional

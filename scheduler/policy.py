@@ -77,11 +77,14 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
         config = replace(config, ordering=Ordering(config.ordering))
     steps: dict[str, float] = {}
     t0 = perf_counter()
-    index = ClusterIndex(snapshot.nodes, snapshot.running, memo.topology(snapshot.nodes))
+    totals = memo.running_totals(snapshot.running)
+    index = ClusterIndex(
+        snapshot.nodes, snapshot.running, memo.topology(snapshot.nodes), totals.held
+    )
     t1 = perf_counter()
     steps["index"] = t1 - t0
 
-    books = quota.build_books(snapshot, config)
+    books = quota.build_books(snapshot, config, totals)
     capacity = {t: ti.total_cap for t, ti in index.types.items()}
     for book in books.values():
         fairness.refresh(book, capacity)

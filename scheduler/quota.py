@@ -13,6 +13,8 @@ on what stays. GPUs claimed this cycle for a job that waits for a preemption cou
 
 from __future__ import annotations
 
+import bisect
+
 from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode, Running, Snapshot, Tenant
 
 ANY = ANY_GPU_TYPE
@@ -139,31 +141,104 @@ _BUDGET = Verdict(False, False, ReasonCode.BUDGET_NO_BORROWING, False)
 _NOT_PREEMPTIBLE = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "not_preemptible")
 
 
-def build_books(snapshot: Snapshot, config: Config) -> dict[str, Book]:
-    """A book per tenant named anywhere in the snapshot, with what its attempts use now."""
+class RunningTotals:
+    """What a snapshot's running attempts add up to, kept up to date from one call to the next.
+
+    A scheduling loop hands plan() a running tuple that differs from the last one in a few
+    attempts (the trace simulator: one start or one completion, among thousands running), so a
+    memo (scheduler.memo) keeps these sums and applies only the attempts that came and went,
+    told apart by identity (the objects are immutable; the totals hold the last ones, so an id
+    is never reused while it is counted). A caller that builds every object anew (the control
+    plane) pays one pass over them, as before.
+    """
+
+    __slots__ = ("_seen", "held", "gpus", "jobs", "started")
+
+    def __init__(self) -> None:
+        self._seen: dict[int, Running] = {}
+        self.held: set[str] = set()  # GPU uuids held by any attempt
+        self.gpus: dict[tuple[str, str, bool], int] = {}  # (tenant, type, stopping) -> GPUs
+        self.jobs: dict[str, int] = {}  # tenant -> attempts not stopping
+        # (tenant, type, priority) -> start times, sorted, of preemptible attempts not stopping
+        self.started: dict[tuple[str, str, int], list[float]] = {}
+
+    def _reset(self) -> None:
+        self._seen, self.held, self.gpus, self.jobs, self.started = {}, set(), {}, {}, {}
+
+    def update(self, running: tuple[Running, ...]) -> RunningTotals:
+        seen = self._seen
+        now = {id(r): r for r in running}
+        if len(seen) > 2 * len(now) + 64:
+            # Most of it went: counting afresh is cheaper than taking each away.
+            self._reset()
+            seen = self._seen
+        for key in seen.keys() - now.keys():
+            self._count(seen.pop(key), -1)
+        for key in now.keys() - seen.keys():
+            r = now[key]
+            seen[key] = r
+            self._count(r, 1)
+        return self
+
+    def _count(self, r: Running, sign: int) -> None:
+        if sign > 0:
+            self.held.update(r.gpus)
+        else:
+            self.held.difference_update(r.gpus)
+        key = (r.tenant, r.gpu_type, r.stopping)
+        n = self.gpus.get(key, 0) + sign * len(r.gpus)
+        if n:
+            self.gpus[key] = n
+        else:
+            self.gpus.pop(key, None)
+        if not r.stopping:
+            count = self.jobs.get(r.tenant, 0) + sign
+            if count:
+                self.jobs[r.tenant] = count
+            else:
+                self.jobs.pop(r.tenant, None)
+            if r.preemptible:
+                held = (r.tenant, r.gpu_type, r.priority)
+                times = self.started.get(held)
+                if sign > 0:
+                    if times is None:
+                        self.started[held] = [r.started_at_s]
+                    else:
+                        bisect.insort(times, r.started_at_s)
+                elif times is not None:
+                    del times[bisect.bisect_left(times, r.started_at_s)]
+                    if not times:
+                        del self.started[held]
+
+
+def build_books(
+    snapshot: Snapshot, config: Config, totals: RunningTotals | None = None
+) -> dict[str, Book]:
+    """A book per tenant named anywhere in the snapshot, with what its attempts use now.
+
+    ``totals``: the snapshot's running attempts summed already (RunningTotals.update).
+    """
     books = {t.name: Book(t) for t in snapshot.tenants}
     old_enough_s = snapshot.now_s - config.min_runtime_s
-    # GPUs are summed per (tenant, type, stopping) first and booked once per group: the trace
-    # simulator builds books for a few hundred attempts on every one of its many plans.
-    gpus: dict[tuple[str, str, bool], int] = {}
-    jobs: dict[str, int] = {}
+    if totals is None:
+        totals = RunningTotals().update(snapshot.running)
     lowest: dict[tuple[str, str], int] = {}
-    for r in snapshot.running:
-        key = (r.tenant, r.gpu_type, r.stopping)
-        gpus[key] = gpus.get(key, 0) + len(r.gpus)
-        if not r.stopping:
-            jobs[r.tenant] = jobs.get(r.tenant, 0) + 1
-            if r.preemptible and r.started_at_s <= old_enough_s:
-                held = (r.tenant, r.gpu_type)
-                if r.priority < lowest.get(held, r.priority + 1):
-                    lowest[held] = r.priority
-    for (tenant, gpu_type, stopping), n in gpus.items():
+    for (tenant, gpu_type, priority), times in totals.started.items():
+        if times[0] <= old_enough_s:
+            held = (tenant, gpu_type)
+            if priority < lowest.get(held, priority + 1):
+                lowest[held] = priority
+    # GPUs are summed per (tenant, type, stopping) first and booked once per group.
+    for (tenant, gpu_type, stopping), n in sorted(totals.gpus.items()):
         book = books.get(tenant)
         if book is None:
             book = books[tenant] = Book(Tenant(name=tenant), known=False)
         book.add(gpu_type, n, active=not stopping)
-    for tenant, count in jobs.items():
-        books[tenant].running_jobs += count
+    for tenant, count in totals.jobs.items():
+        book = books.get(tenant)
+        if book is None:  # its attempts hold no GPU
+            book = books[tenant] = Book(Tenant(name=tenant), known=False)
+        book.running_jobs += count
     for (tenant, gpu_type), priority in lowest.items():
         books[tenant].lowest_preemptible[gpu_type] = priority
     for p in snapshot.pending:
