@@ -22,6 +22,8 @@ from pathlib import Path
 
 from scheduler.simulator.engine import Result
 from scheduler.simulator.metrics import (
+    DURATION_BINS,
+    GPU_BINS,
     ClassMetrics,
     Summary,
     class_metrics,
@@ -154,8 +156,6 @@ def class_rows(
             (r.gpu_bin, r.duration_bin) for r in rows if (r.gpu_bin, r.duration_bin) not in order
         ]
     # Keep the bins' order whatever policy first had a class.
-    from scheduler.simulator.metrics import DURATION_BINS, GPU_BINS
-
     rank = {
         (g[0], d[0]): i * len(DURATION_BINS) + k
         for i, g in enumerate(GPU_BINS)
