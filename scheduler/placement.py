@@ -26,6 +26,10 @@ from scheduler.model import Node, Pending, Running
 Fits = Callable[[int, int], bool]
 
 
+# Entries of Topology.held_nodes before it starts afresh (a long-lived memo must not grow forever).
+_HELD_NODES_MAX = 200_000
+
+
 class Topology:
     """Where every GPU is, and which ones could ever be handed out (healthy, schedulable)."""
 
@@ -41,11 +45,16 @@ class Topology:
         "draining",
         "caps",
         "volumes",
+        "held_nodes",
     )
 
     def __init__(self, nodes: tuple[Node, ...]):
         ordered = sorted(nodes, key=attrgetter("name"))
         self.nodes = nodes
+        # (type, GPU uuids) -> node ordinal -> usable GPUs of the type there: what an attempt
+        # holds where depends on its GPUs and these nodes alone, so it outlives a cycle (a
+        # caller's memo keeps the topology while the nodes stay the same; see ClusterIndex).
+        self.held_nodes: dict[tuple[str, tuple[str, ...]], dict[int, int]] = {}
         self.names: list[str] = [n.name for n in ordered]
         self.gpu_node: dict[str, int] = {}
         # uuid -> (type, node ordinal) for GPUs a job may be given
@@ -212,7 +221,7 @@ class TypeIndex:
 class ClusterIndex:
     """The free capacity of one cycle: mutated as the cycle starts jobs and claims GPUs."""
 
-    __slots__ = ("topo", "types", "cpus_free", "mem_free", "track_cpus", "track_mem", "_nodes_of")
+    __slots__ = ("topo", "types", "cpus_free", "mem_free", "track_cpus", "track_mem")
 
     def __init__(
         self,
@@ -237,7 +246,6 @@ class ClusterIndex:
         self.mem_free: list[float] | None = list(topo.node_mem) if self.track_mem else None
         if self.track_cpus or self.track_mem:
             self._charge_all(running)
-        self._nodes_of: dict[int, dict[int, int]] = {}
         self.types: dict[str, TypeIndex] = {}
         for gpu_type in sorted(topo.by_type):
             per_node = topo.by_type[gpu_type]
@@ -325,8 +333,10 @@ class ClusterIndex:
                 ti.add_soon(where[1], 1)
 
     def nodes_of(self, r: Running) -> dict[int, int]:
-        """How many usable GPUs of its type an attempt holds on each node."""
-        out = self._nodes_of.get(r.attempt_id)
+        """How many usable GPUs of its type an attempt holds on each node (shared: read only)."""
+        key = (r.gpu_type, r.gpus)
+        held = self.topo.held_nodes
+        out = held.get(key)
         if out is not None:
             return out
         usable = self.topo.usable
@@ -337,7 +347,9 @@ class ClusterIndex:
             if where is not None and where[0] == gpu_type:
                 node = where[1]
                 out[node] = out.get(node, 0) + 1
-        self._nodes_of[r.attempt_id] = out
+        if len(held) >= _HELD_NODES_MAX:
+            held.clear()
+        held[key] = out
         return out
 
     def fits_for(self, job: Pending) -> Fits | None:
