@@ -9,7 +9,10 @@ writes, under ``--out``: ``report.md`` (every replay's figures, one row per load
 per-class table at the highest load; the plot), ``sweep.png``, ``sweep.csv`` (the same figures,
 unformatted) and a full report per load in ``L<load>/``. Every load runs FIFO on static
 partitions too (for rho); it is shown only if asked for. Options are those of
-``python -m scheduler.simulator`` (``--load-factor`` aside).
+``python -m scheduler.simulator`` (``--load-factor`` aside). ``--results DIR`` keeps every replay
+there (``L<load>-<policy>[-n<limit>].pkl``, the names ``benchmarks/bench_saturation.py`` uses)
+and reuses what it finds, so a report can be redrawn, or drawn from the benchmark's replays,
+without replaying.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scheduler.simulator.__main__ import UsageError, build_parser, prepare
-from scheduler.simulator.compare import Comparison, compare
-from scheduler.simulator.metrics import Summary
+from scheduler.simulator.compare import Comparison, compare, progress_bar, run_preset
+from scheduler.simulator.engine import Result, SimOptions
+from scheduler.simulator.metrics import Summary, summarize
+from scheduler.simulator.policies import REFERENCE_PRESET
 from scheduler.simulator.report import (
     CLASS_EXPLANATION,
     class_table,
@@ -34,6 +40,7 @@ from scheduler.simulator.report import (
     trace_label,
     write_report,
 )
+from scheduler.simulator.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,47 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--loads", type=parse_loads, required=True, help="comma-separated load factors: 4,6,8"
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="keep every replay in this folder (L<load>-<policy>[-n<limit>].pkl, as "
+        "benchmarks/bench_saturation.py does) and reuse those found there; the name says only "
+        "the load, policy and limit, so reuse them with the same options",
+    )
     return parser
+
+
+def cached_compare(
+    trace: Trace,
+    names: Sequence[str],
+    options: SimOptions,
+    *,
+    load_factor: float,
+    results: Path,
+    limit: int | None,
+    progress: bool = False,
+) -> Comparison:
+    """``compare`` with every replay (the reference too) kept in and reused from ``results``."""
+    found: dict[str, Result] = {}
+    for name in dict.fromkeys([REFERENCE_PRESET, *names]):
+        path = results / f"L{load_factor:g}-{name}{'' if limit is None else f'-n{limit}'}.pkl"
+        if path.exists():
+            with path.open("rb") as handle:
+                found[name] = pickle.load(handle)  # our own replays, written below
+            print(f"{name:>16}: reused {path.name}", file=sys.stderr)
+            continue
+        opts = replace(options, progress=progress_bar(name)) if progress else options
+        found[name] = run_preset(trace, name, opts, load_factor=load_factor)
+        if progress:
+            sys.stderr.write("\n")
+        results.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            pickle.dump(found[name], handle)
+    reference = found[REFERENCE_PRESET]
+    return Comparison(
+        [summarize(n, found[n], reference) for n in names], {n: found[n] for n in names}
+    )
 
 
 def _cell(value: float, digits: int) -> str:
@@ -329,7 +376,18 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[float, Comparison] = {}
     for load in args.loads:
         print(f"load factor {load:g}", file=sys.stderr)
-        runs[load] = compare(trace, names, options, load_factor=load, progress=not args.quiet)
+        if args.results:
+            runs[load] = cached_compare(
+                trace,
+                names,
+                options,
+                load_factor=load,
+                results=args.results,
+                limit=args.limit,
+                progress=not args.quiet,
+            )
+        else:
+            runs[load] = compare(trace, names, options, load_factor=load, progress=not args.quiet)
     label = trace_label(args.trace, trace, seed=args.seed)
     argv = argv if argv is not None else sys.argv[1:]
     path = write_sweep(

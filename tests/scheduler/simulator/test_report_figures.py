@@ -284,3 +284,16 @@ def test_the_sweep_compares_each_policy_with_fifo_shared_and_the_gap_to_oracle_s
         "| 50 % |"
     )
     assert relative_table({6.0: [run_of("ours", 150)]}) == ""
+
+
+def test_the_sweep_keeps_its_replays_and_reuses_them(tmp_path, capsys):
+    argv = ["--trace", "synthetic", "--policy", "ours", "--loads", "2", "--limit", "30"]
+    argv += ["--quiet", "--no-plots", "--results", str(tmp_path / "res")]
+    assert sweep_main([*argv, "--out", str(tmp_path / "a")]) == 0
+    kept = sorted(p.name for p in (tmp_path / "res").iterdir())
+    assert kept == ["L2-fifo-static-n30.pkl", "L2-ours-n30.pkl"]
+    capsys.readouterr()
+    assert sweep_main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert "reused L2-ours-n30.pkl" in capsys.readouterr().err
+    table = [(tmp_path / d / "sweep.csv").read_text() for d in ("a", "b")]
+    assert table[0] == table[1]
