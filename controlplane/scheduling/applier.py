@@ -339,6 +339,16 @@ def _close_estimate(stored_s: float | None, planned_s: float | None, now_s: floa
 _deep_refreshed_at_s = [-math.inf]
 
 
+def _close_prediction(stored_s: float | None, predicted_s: float | None) -> bool:
+    # Every job that ends adds to the history, which moves every waiting job's prediction a
+    # little; shown rounded, a change of a few percent is not worth a write.
+    if stored_s is None or predicted_s is None or math.isinf(stored_s) or math.isinf(predicted_s):
+        return stored_s == predicted_s
+    return abs(stored_s - predicted_s) <= max(
+        ESTIMATE_TOLERANCE_S, ESTIMATE_TOLERANCE * predicted_s
+    )
+
+
 def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) -> None:
     """Store each waiting job's reason, position and estimates; only the rows that changed."""
     changed: list[tuple] = []
@@ -353,10 +363,11 @@ def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) ->
         estimate_s = (
             round(decision.estimated_start_s) if decision.estimated_start_s is not None else None
         )
-        same_reason = row.reason_code == decision.reason_code and row.reason == decision.reason
-        if same_reason and _same(row.predicted_duration_s, predicted_s, 1e-6):
-            if _close_position(row.queue_position, decision.queue_position) and _close_estimate(
-                row.estimated_start_s, estimate_s, now_s
+        if row.reason_code == decision.reason_code and row.reason == decision.reason:
+            if (
+                _close_position(row.queue_position, decision.queue_position)
+                and _close_estimate(row.estimated_start_s, estimate_s, now_s)
+                and _close_prediction(row.predicted_duration_s, predicted_s)
             ):
                 continue
             deep = row.queue_position is not None and (

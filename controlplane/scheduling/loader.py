@@ -43,7 +43,7 @@ HISTORY_MAX_RECORDS = 5000
 # jobs the cycle ran several times a second and re-read 5,000 rows each time. An exit reported
 # later than that (a node back from a partition) joins at the next full read.
 HISTORY_FULL_READ_EVERY_S = 60.0
-HISTORY_LATE_EXITS_S = 30.0
+HISTORY_LATE_EXITS_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)

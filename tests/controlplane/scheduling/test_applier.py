@@ -415,6 +415,25 @@ def test_a_position_deep_in_the_queue_is_rewritten_only_when_it_moved_noticeably
     assert job.queue_position == 99
 
 
+def test_a_prediction_that_moved_by_a_job_ending_is_rewritten_only_when_it_moved_noticeably(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=1)
+    job = make_job(vision, alice, gpus=4)
+
+    def predicted(duration_s):
+        plan = m.Plan(pending=(waiting(job),), predicted_duration_s={job.pk: duration_s})
+        return apply_plan(plan, load_snapshot()).pending_rows_written
+
+    assert predicted(600.0) == 1
+    assert predicted(606.0) == 0  # 1 %: the history took in one more job
+    assert predicted(900.0) == 1
+    assert predicted(float("inf")) == 1
+    assert predicted(float("inf")) == 0
+    job.refresh_from_db()
+    assert job.predicted_duration_s == float("inf")
+
+
 def test_deep_in_a_busy_queue_a_drifted_position_is_refreshed_at_most_every_few_seconds(
     make_node, make_job, vision, alice
 ):

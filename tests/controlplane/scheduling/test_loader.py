@@ -290,4 +290,3 @@ def test_between_full_reads_the_history_takes_in_each_job_as_it_ends(
 
     beyond_window_s = now_s + loader.HISTORY_WINDOW_S + 30
     assert load_snapshot(now_s=beyond_window_s).snapshot.history == ()
-
