@@ -755,7 +755,10 @@ class Agent:
             meta.ended_at = self._clock()
             self.gpu.detach_load(meta.attempt_id)
             self._speeds.pop(meta.attempt_id, None)
-            self._save_meta(meta)
+            # Not worth an fsync: after a crash of the host the runtime's exit record (which
+            # is fsynced) shows the end again and this is worked out anew, the energy then
+            # interpolated to the exit.
+            self._save_meta(meta, durable=False)
             log.info("attempt %d ended: %s %s", meta.attempt_id, status.state, status.exit_code)
         self._take_checkpoints(meta, status)
 
@@ -1200,8 +1203,9 @@ class Agent:
 
     # -- persistence -----------------------------------------------------------------------------
 
-    def _save_meta(self, meta: AttemptMeta) -> None:
-        write_json_atomic(self._attempts_dir / f"{meta.attempt_id}.json", asdict(meta))
+    def _save_meta(self, meta: AttemptMeta, *, durable: bool = True) -> None:
+        path = self._attempts_dir / f"{meta.attempt_id}.json"
+        write_json_atomic(path, asdict(meta), durable=durable)
 
     def _load_tombstones(self) -> None:
         """The snapshot, then the log appended since (a torn last line is one never synced)."""

@@ -464,13 +464,18 @@ def read_file_range(path: Path, offset: int, max_bytes: int) -> bytes:
         return b""
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write a small record so that a crash leaves the old or the new one, never half of one."""
+def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
+    """Write a small record so that a crash leaves the old or the new one, never half of one.
+
+    `durable=False` skips the fsync: a crash of the process still leaves the old or the new
+    record (the kernel has the write), a crash of the host may leave the old one. For records
+    whose loss the next look at the host makes good again; an fsync costs milliseconds."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

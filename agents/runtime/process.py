@@ -270,6 +270,7 @@ class ProcessRuntime(Runtime):
         self._lease_path = Path(state_dir) / LEASE_FILE
         self._deadline_path = Path(state_dir) / LEASE_DEADLINE_FILE
         self._root.mkdir(parents=True, exist_ok=True)
+        self._trash = _Trash(Path(state_dir) / "process-trash")
         self._job_path_prepend = tuple(job_path_prepend)
         self._procs: dict[int, _Proc] = {}
         self._lock = threading.Lock()
@@ -293,6 +294,7 @@ class ProcessRuntime(Runtime):
 
     def close(self) -> None:
         self._exits.stop()
+        self._trash.close()
 
     def _dir(self, attempt_id: int) -> Path:
         return self._root / str(attempt_id)
@@ -626,7 +628,56 @@ class ProcessRuntime(Runtime):
             proc = self._procs.pop(attempt_id, None)
         if proc is not None and proc.popen is not None:
             proc.popen.poll()
-        shutil.rmtree(self._dir(attempt_id), ignore_errors=True)
+        self._trash.throw(self._dir(attempt_id))
+
+
+class _Trash:
+    """Ended attempts' folders, deleted by a thread of their own.
+
+    Deleting a folder (its records, output and work folder: a dozen unlinks on a journaling
+    file system) took the agent's loop longer than anything else it does for an attempt, and
+    in a flood of short jobs the loop's turn is what a freed GPU waits for. A rename out of the
+    runtime's folder is one system call and atomic: from then on no adopt(), fence or start
+    sees the attempt, and what is left is only disk space, which the thread frees (at once,
+    or, after a crash, when the next agent starts)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="process-trash", daemon=True)
+        self._thread.start()
+        self._wake.set()  # what an earlier agent left
+
+    def throw(self, folder: Path) -> None:
+        target = self._path / f"{folder.name}-{time.monotonic_ns()}"
+        try:
+            os.rename(folder, target)
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # another file system (a state dir moved by hand): delete here
+            log.warning("cannot move %s to the trash (%s); deleting it now", folder, exc)
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        self._wake.set()
+
+    def empty(self) -> None:
+        for entry in list(self._path.iterdir()):
+            shutil.rmtree(entry, ignore_errors=True)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self.empty()
+            except OSError as exc:
+                log.warning("cannot empty %s: %s", self._path, exc)
 
 
 class _ExitWatch:

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -297,6 +298,23 @@ def test_remove_forgets_the_attempt_and_its_files(state_dir):
     assert runtime.statuses() == []
     assert not (state_dir / "process" / "1").exists()
     assert ProcessRuntime(state_dir).adopt() == []
+    # Its files go in the background, soon.
+    deadline = time.monotonic() + 10
+    while any((state_dir / "process-trash").iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any((state_dir / "process-trash").iterdir())
+
+
+def test_what_a_crash_left_in_the_trash_is_deleted_by_the_next_agent(state_dir):
+    left = state_dir / "process-trash" / "7-123"
+    (left / "work").mkdir(parents=True)
+    (left / "output.log").write_text("old")
+    runtime = ProcessRuntime(state_dir)
+    deadline = time.monotonic() + 10
+    while left.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not left.exists()
+    assert runtime.adopt() == []
 
 
 # --- the supervisor's promises ---------------------------------------------------------------
