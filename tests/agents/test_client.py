@@ -116,3 +116,54 @@ def test_backoff_delays_of_many_agents_spread_out():
     delays = {round(Backoff(base_s=4.0, max_s=4.0).next_delay_s(), 3) for _ in range(50)}
     assert len(delays) > 10
     assert all(2.0 <= d <= 4.0 for d in delays)
+
+
+@pytest.fixture
+def recording_proxy():
+    """A real HTTP listener standing in for a forward proxy: it notes each request line it is
+    sent and answers 502, as a proxy whose upstream failed does."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            seen.append(self.path)
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+
+
+@pytest.mark.parametrize("bypassed", [False, True])
+def test_the_proxy_settings_of_the_environment_are_honoured(
+    control_plane, state_dir, recording_proxy, monkeypatch, bypassed
+):
+    proxy_url, seen = recording_proxy
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, proxy_url)
+    for name in ("NO_PROXY", "no_proxy"):
+        if bypassed:
+            monkeypatch.setenv(name, "127.0.0.1")
+        else:
+            monkeypatch.delenv(name, raising=False)
+    (state_dir / "node-token").write_text("gcpn_x\n")
+    client = ControlPlaneClient(control_plane.url, state_dir=state_dir, timeout_s=5)
+    body = {"seq": 1, "sent_at": 0.0, "gpus": [], "attempts": []}
+    if bypassed:
+        with pytest.raises(Unauthorized):  # the control plane itself refused the token
+            client.heartbeat(body)
+        assert seen == []
+    else:
+        with pytest.raises(ControlPlaneUnavailable):
+            client.heartbeat(body)
+        assert len(seen) == 1 and seen[0].startswith(control_plane.url)
