@@ -406,7 +406,11 @@ class _Engine:
         self.dirty = False
         self.last_start_s = -_INF
         self.last_plan: Plan | None = None
-        self.time_dependent_order = config.ordering in (Ordering.LAS, Ordering.SRTF)
+        # LAS ranks running attempts by the service they attained, which moves with time: their
+        # objects are made anew for each instant. SRTF's remaining time moves too, but the plan
+        # works it out itself from predicted_end_s (the oracle's end) when remaining_s is None,
+        # to the same value: the objects stay, and a cycle does not remake thousands of them.
+        self.time_dependent_order = config.ordering is Ordering.LAS
         self.las_preempts = config.ordering is Ordering.LAS and config.preemption
         # (when, attempt id, threshold): a running attempt's attained service crosses a LAS queue
         # threshold, the one change of LAS ranks that time alone makes (see _note_crossings).
