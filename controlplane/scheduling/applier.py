@@ -40,16 +40,17 @@ PENDING_FIELDS = [*PENDING_ONLY_FIELDS, "predicted_duration_s"]
 # rewriting 10,000 rows each cycle for that costs more than the rest of the cycle. Near the head
 # of the queue, where people watch, a position is kept exact; further back it is rewritten when
 # it is off by more than a few percent, as is an estimated start relative to the wait left.
-EXACT_POSITIONS = 100
+EXACT_POSITIONS = 20
 POSITION_TOLERANCE = 0.05
 ESTIMATE_TOLERANCE = 0.05
 ESTIMATE_TOLERANCE_S = 1.0
-# Even within those tolerances, a flood of short jobs moves the head by dozens each cycle, and
-# cycles come several times a second: every deep row drifted past its tolerance within a few
-# cycles, and rewriting them (a thousand rows, 30 ms of PostgreSQL a cycle) cost more than the
-# cycle's own work. So beyond EXACT_POSITIONS a position or estimate that only drifted (its
-# reason unchanged) is refreshed at most once every DEEP_REFRESH_S, like the periodic tick.
-DEEP_REFRESH_S = 5.0
+# Even within those tolerances, a flood of short jobs moves the head by dozens each cycle (by
+# 17 a cycle, every row up to position 340 is more than 5 % off), and cycles come several times
+# a second: rewriting those rows cost PostgreSQL more than the rest of the cycle. So beyond
+# EXACT_POSITIONS a position or estimate that only drifted (its reason unchanged) is refreshed
+# at most once every DEEP_REFRESH_S: a job a thousand places back shows where it was up to ten
+# seconds ago, one near the head where it is now.
+DEEP_REFRESH_S = 10.0
 POWER_TOLERANCE_W = 0.5
 
 

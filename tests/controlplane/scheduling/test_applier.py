@@ -11,7 +11,7 @@ from controlplane import wakeups as notify
 from controlplane.cluster.models import GPU, NodeState
 from controlplane.jobs import actions
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobState
-from controlplane.scheduling.applier import DEEP_REFRESH_S, apply_plan
+from controlplane.scheduling.applier import DEEP_REFRESH_S, EXACT_POSITIONS, apply_plan
 from controlplane.scheduling.loader import load_snapshot
 from scheduler import model as m
 
@@ -409,10 +409,10 @@ def test_a_position_deep_in_the_queue_is_rewritten_only_when_it_moved_noticeably
     assert at(500) == 1
     assert at(510) == 0  # 2 % off: not worth a write every cycle
     assert at(600) == 1
-    assert at(100) == 1
-    assert at(99) == 1  # near the head every move is shown
+    assert at(EXACT_POSITIONS) == 1
+    assert at(EXACT_POSITIONS - 1, after_s=0.1) == 1  # near the head every move is shown
     job.refresh_from_db()
-    assert job.queue_position == 99
+    assert job.queue_position == EXACT_POSITIONS - 1
 
 
 def test_a_prediction_that_moved_by_a_job_ending_is_rewritten_only_when_it_moved_noticeably(
@@ -457,10 +457,11 @@ def test_deep_in_a_busy_queue_a_drifted_position_is_refreshed_at_most_every_few_
         head.refresh_from_db()
         return deep.queue_position, head.queue_position
 
-    assert cycle(900, 40, after_s=DEEP_REFRESH_S) == (900, 40)
-    assert cycle(700, 30) == (900, 30)  # 22 % off, but refreshed a moment ago
-    assert cycle(600, 20, reason="other") == (600, 20)  # a new reason is written at once
-    assert cycle(500, 10, reason="other") == (600, 10)
+    near = EXACT_POSITIONS
+    assert cycle(900, near, after_s=DEEP_REFRESH_S) == (900, near)
+    assert cycle(700, near - 3) == (900, near - 3)  # 22 % off, but refreshed a moment ago
+    assert cycle(600, near - 6, reason="other") == (600, near - 6)  # a new reason: at once
+    assert cycle(500, near - 9, reason="other") == (600, near - 9)
     assert cycle(400, 5, reason="other", after_s=DEEP_REFRESH_S) == (400, 5)  # refresh due
 
 
