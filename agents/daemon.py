@@ -393,13 +393,24 @@ class Agent:
             self._wake.wait(wait_s)
 
     def _retry_delay_s(self) -> float:
-        """The backoff, but never so long that the lease runs out between two tries."""
+        """The backoff, but never so long that the fence acts between two tries.
+
+        What counts is the first stop signal the fence would send (the lease's kill time less
+        the longest grace of the attempts here), not the kill: a chaos run saw a node whose
+        retries, spaced by a quarter of the time to the kill, missed the one window in which
+        the control plane answered before the fence signalled a job."""
         delay_s = self.backoff.next_delay_s()
-        if self.lease is not None:
-            remaining_s = self.lease.remaining_s()
-            if remaining_s > 0:
-                delay_s = min(delay_s, max(0.5, remaining_s / 4))
-        return delay_s
+        lease = self.lease
+        if lease is None:
+            return delay_s
+        remaining_s = lease.remaining_s()
+        if remaining_s <= 0:
+            return delay_s  # the fence has acted already: nothing to save
+        longest_grace_s = max(
+            (lease.grace_of(attempt_id) for attempt_id in self._meta), default=lease.grace_s
+        )
+        to_first_signal_s = remaining_s - longest_grace_s
+        return min(delay_s, max(0.5, to_first_signal_s / 4))
 
     def _shutdown(self) -> None:
         if self.config.stop_jobs_on_exit:

@@ -92,8 +92,22 @@ def test_retries_come_often_enough_that_the_lease_cannot_run_out_between_two(
     agent = make_agent(control_plane, state_dir)
     agent.backoff.max_s = 30.0
     agent.backoff.failures = 10
-    agent.lease = write_lease(state_dir, kill_in_s=8.0)
+    agent.lease = write_lease(state_dir, kill_in_s=8.0, grace_s=0.0)
     assert agent._retry_delay_s() <= 8.0 / 4 + 0.01
+
+
+def test_retries_come_often_enough_to_renew_before_the_fence_signals_a_job(
+    control_plane, state_dir
+):
+    """The fence signals a job its grace before the kill: that is the deadline that counts."""
+    agent = make_agent(control_plane, state_dir)
+    agent.backoff.max_s = 30.0
+    agent.backoff.failures = 10
+    agent.lease = write_lease(state_dir, kill_in_s=10.0, grace_s=6.0)
+    assert agent._retry_delay_s() <= (10.0 - 6.0) / 4 + 0.01
+    # Once the first signal is due, every half second until the kill.
+    agent.lease = write_lease(state_dir, kill_in_s=3.0, grace_s=6.0)
+    assert agent._retry_delay_s() <= 0.5
 
 
 # --- what the agent will not start -------------------------------------------------------------
