@@ -3,7 +3,8 @@
 Each attempt gets a folder `<state-dir>/process/<attempt-id>/` with its record (the supervisor's
 pid and start time, which guard against a reused pid), the job's pid, its output and, once it
 ended, its exit code, so an agent restarted while jobs run re-adopts them and still learns the
-exit code of those that ended while it was down.
+exit code of those that ended while it was down. Once its end is acknowledged, the folder is
+renamed into `<state-dir>/process-trash/` and deleted there by a thread (_Trash).
 
 The supervisor is `supervise.sh`, run by `bash -p` (no startup files, no functions from the
 environment): a fork and an exec of a small shell per attempt, where a Python interpreter cost
