@@ -284,6 +284,8 @@ def test_the_sweep_compares_each_policy_with_fifo_shared_and_the_gap_to_oracle_s
         "| 50 % |"
     )
     assert relative_table({6.0: [run_of("ours", 150)]}) == ""
+    # without oracle SRTF there is no gap to close: no such column
+    assert "gap" not in relative_table({6.0: [run_of("fifo-shared", 200), run_of("ours", 150)]})
 
 
 def test_the_sweep_keeps_its_replays_and_reuses_them(tmp_path, capsys):
