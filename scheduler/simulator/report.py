@@ -67,16 +67,6 @@ TABLE_COLUMNS: Columns = (
     ("CPU (s)", lambda s: f"{s.cpu_s:.1f}"),
     ("events/s", lambda s: f"{s.events_per_s:,.0f}"),
 )
-# The columns the what-if page picks from by name (it still shows Jain's index; the simulator's
-# own tables use TABLE_COLUMNS, with max rho instead).
-SUMMARY_COLUMNS: Columns = (
-    *TABLE_COLUMNS[:8],
-    ("preempt", lambda s: f"{s.preemptions:,}"),
-    ("GPU-h lost", lambda s: f"{s.preempted_gpu_hours_lost:,.1f}"),
-    ("max rho", lambda s: _num(s.max_rho)),
-    ("Jain(rho)", lambda s: _num(s.jain_rho)),
-    *TABLE_COLUMNS[13:],
-)
 POWER_COLUMNS: Columns = (
     ("energy (MWh)", lambda s: f"{s.energy_j / 3.6e9:,.2f}"),
     ("peak (kW)", lambda s: f"{s.peak_power_w / 1000:,.1f}"),

@@ -23,7 +23,7 @@ from controlplane.scheduling.whatif.replay import WhatIfOutcome
 from scheduler.simulator.engine import Result
 from scheduler.simulator.metrics import Summary, TenantMetrics
 from scheduler.simulator.policies import preset
-from scheduler.simulator.report import SUMMARY_COLUMNS, tenant_rows, write_report
+from scheduler.simulator.report import TABLE_COLUMNS, tenant_rows, write_report
 
 EXPLANATION = (
     "JCT = finish - submit; queue = JCT - time holding GPUs (before the first start and after "
@@ -48,7 +48,6 @@ _SHARED_COLUMNS = (
     "preempt",
     "GPU-h lost",
     "max rho",
-    "Jain(rho)",
     "jobs",
 )
 
@@ -59,7 +58,7 @@ def _fixed(value: float, scale: float = 1.0, digits: int = 1) -> str:
     return f"{value / scale:,.{digits}f}"
 
 
-COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c[0] in _SHARED_COLUMNS) + (
+COLUMNS = tuple(c for c in TABLE_COLUMNS if c[0] in _SHARED_COLUMNS) + (
     ("energy (kWh)", lambda s: _fixed(s.energy_j, 3.6e6)),
     ("peak (kW)", lambda s: _fixed(s.peak_power_w, 1000.0)),
     ("over budget (s)", lambda s: _fixed(s.over_budget_s, digits=0)),

@@ -39,7 +39,7 @@ def test_an_admin_reads_the_report_and_downloads_it(
     whatif = runs.get_by_role("row").filter(
         has=page.get_by_role("rowheader", name="simulated: what-if")
     )
-    expect(whatif.get_by_role("cell").nth(12)).to_have_text("1 (+1 unfinished)")
+    expect(whatif.get_by_role("cell").nth(11)).to_have_text("1 (+1 unfinished)")
     expect(report.get_by_role("listitem").first).to_have_text("vision: weight 1 -> 2")
 
     with page.expect_download() as download:

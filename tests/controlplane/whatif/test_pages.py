@@ -241,17 +241,18 @@ def test_the_report_page_shows_the_figures_of_the_stored_summary(client, cluster
     assert (
         "<li>2 finished jobs submitted from 2026-11-01 00:00 to 2026-12-01 00:00 UTC.</li>" in html
     )
-    # mean JCT, median, p99, mean queue, p99 queue, waited, makespan, util, preempt, GPU-h lost,
-    # max rho, Jain, jobs, energy, peak, over budget: unknown figures (null) show as "-".
+    # mean JCT, median, p99, mean queue, p99 queue, waited, makespan, util, max rho (not Jain's
+    # index, which penalises gains), preempt, GPU-h lost, jobs, energy, peak, over budget:
+    # unknown figures (null) show as "-".
     assert _cells(html, "what really happened") == [
-        "900.0", "900.0", "1,194.0", "300.0", "594.0", "50.0 %", "0.01", "50.0 %", "0", "0.0",
-        "1.000", "1.000", "2", "0.0", "-", "-",
+        "900.0", "900.0", "1,194.0", "300.0", "594.0", "50.0 %", "0.01", "50.0 %", "1.000", "0",
+        "0.0", "2", "0.0", "-", "-",
     ]  # fmt: skip
     whatif_cells = _cells(html, "simulated: what-if")
     assert whatif_cells[0] == "1,234.6" and whatif_cells[3] == "12.3"
     assert whatif_cells[5] == "25.0 %"
-    assert whatif_cells[12] == "1 (+1 unfinished)"
-    assert whatif_cells[13:] == ["2.0", "2.9", "8,684"]
+    assert whatif_cells[11] == "1 (+1 unfinished)"
+    assert whatif_cells[12:] == ["2.0", "2.9", "8,684"]
     assert '<th scope="col" class="num nowrap">mean JCT (s)</th>' in html
     assert "<p>JCT = finish - submit; queue = JCT - time holding GPUs" in html
 
