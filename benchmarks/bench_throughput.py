@@ -19,7 +19,8 @@ and --agents `python -m agents` processes (process runtime) on 127.0.0.1, and me
    POST, then lists of --submit-batch jobs per POST (batch submit): jobs per second accepted
    (201) by the API, and the web's and PostgreSQL's CPU per job.
 
---batch N makes the end-to-end run's clients submit lists of N jobs per POST.
+--batch N makes the end-to-end run's clients submit lists of N jobs per POST; --array submits
+the end-to-end run's jobs as one job array instead.
 
 Every process group of ours runs under a small reaper (this script with --reap): a Linux
 child subreaper, so that the job supervisors the agents detach, and the jobs, are reaped by
@@ -257,6 +258,11 @@ def main() -> None:
         help="jobs per POST in the end-to-end run (1: one job per request, like sbatch)",
     )
     parser.add_argument(
+        "--array",
+        action="store_true",
+        help="the end-to-end run as one job array of --jobs tasks (POST /api/v1/arrays/)",
+    )
+    parser.add_argument(
         "--submit-batch",
         type=int,
         default=100,
@@ -307,7 +313,10 @@ def main() -> None:
     from controlplane.tenancy.models import ApiToken
 
     admin = get_user_model().objects.create_superuser("bench-admin", "b@example.org", "x" * 16)
-    tenant = tenancy_actions.create_tenant(actor=admin, slug="bench", name="Bench")
+    # An array run submits all the jobs as one array.
+    tenant = tenancy_actions.create_tenant(
+        actor=admin, slug="bench", name="Bench", max_array_size=max(1000, args.jobs)
+    )
     tenancy_actions.create_quota(
         tenant, actor=admin, gpu_type="", guaranteed_gpus=10_000, limit_gpus=10_000
     )
@@ -428,9 +437,22 @@ def main() -> None:
         )
         time.sleep(2)
         before = meter.read()
-        ids, failures, t0, last_201 = submit_all(
-            url, user_token, args.jobs, args.clients, args.batch
-        )
+        if args.array:
+            t0 = time.time()
+            response = session.post(
+                f"{url}/api/v1/arrays/", json={**JOB, "array": f"0-{args.jobs - 1}"}, timeout=120
+            )
+            last_201 = time.time()
+            if response.status_code != 201:
+                sys.exit(f"array submit failed: {response.status_code} {response.text[:300]}")
+            ids = list(
+                Job.objects.filter(array_id=response.json()["id"]).values_list("pk", flat=True)
+            )
+            failures = 0
+        else:
+            ids, failures, t0, last_201 = submit_all(
+                url, user_token, args.jobs, args.clients, args.batch
+            )
         deadline = time.monotonic() + args.timeout_s
         # Polled on the state index and the id range of this run's jobs: a list of 2,000 ids
         # four times a second cost PostgreSQL more than half a millisecond per job.
@@ -446,8 +468,11 @@ def main() -> None:
         wall = t_end - t0
         failed = Job.objects.filter(pk__in=ids).exclude(state=JobState.SUCCEEDED).count()
         how = "one per POST" if args.batch == 1 else f"{args.batch} per POST"
+        if args.array:
+            how = "one array"
         print(
-            f"2. end to end: {len(ids)} jobs ({how}) from {args.clients} clients in {wall:.1f} s -> "
+            f"2. end to end: {len(ids)} jobs ({how}) from {1 if args.array else args.clients} "
+            f"client(s) in {wall:.1f} s -> "
             f"{len(ids) / wall:.1f} jobs/s ({failures} refused submits, {failed} not "
             f"SUCCEEDED); submits took {last_201 - t0:.1f} s ({len(ids) / (last_201 - t0):.1f}/s "
             f"while jobs ran)  (load {loadavg()})"
