@@ -499,13 +499,15 @@ def load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
     return tuple(tenants)
 
 
+@dataclass(frozen=True, slots=True)
 class _HistoryCache:
-    """The last history read, kept by this process between cycles (see _load_history)."""
+    """The last history read, kept by this process between cycles (see _load_history); replaced
+    whole, so that two threads loading snapshots (the embedded loop and a what-if replay) never
+    see the rows of one read with the records of another."""
 
-    def __init__(self) -> None:
-        self.rows: dict[int, tuple] = {}  # attempt id -> row
-        self.full_read_at_s = -math.inf
-        self.history: tuple[m.HistoryRecord, ...] = ()
+    rows: dict[int, tuple] = field(default_factory=dict)  # attempt id -> row
+    full_read_at_s: float = -math.inf
+    history: tuple[m.HistoryRecord, ...] = ()
 
 
 _history_cache = _HistoryCache()
@@ -517,10 +519,12 @@ def forget_history() -> None:
     _history_cache = _HistoryCache()
 
 
-def _history_rows(since):
+def _history_rows(since_s: float) -> list[tuple]:
     return raw_rows(
         JobAttempt.objects.filter(
-            state=AttemptState.SUCCEEDED, finished_at__gte=since, started_at__isnull=False
+            state=AttemptState.SUCCEEDED,
+            finished_at__gte=from_unix_s(since_s),
+            started_at__isnull=False,
         )
         .order_by("-finished_at", "-id")
         .values_list(
@@ -538,25 +542,40 @@ def _history_rows(since):
 
 def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
     """The most recent successful attempts: how long a job of that kind really ran."""
+    global _history_cache
     cache = _history_cache
     cutoff_s = now_s - HISTORY_WINDOW_S
-    full = not 0 <= now_s - cache.full_read_at_s < HISTORY_FULL_READ_EVERY_S
-    if full:
-        rows = {row[0]: row for row in _history_rows(from_unix_s(cutoff_s))}
-        cache.full_read_at_s = now_s
+    full_read_at_s = cache.full_read_at_s
+    if not 0 <= now_s - full_read_at_s < HISTORY_FULL_READ_EVERY_S:
+        rows = {row[0]: row for row in _history_rows(cutoff_s)}
+        full_read_at_s = now_s
     else:
         newest_s = max((row[1] for row in cache.rows.values()), default=cutoff_s)
-        since_s = max(cutoff_s, newest_s - HISTORY_LATE_EXITS_S)
         rows = {k: row for k, row in cache.rows.items() if row[1] >= cutoff_s}
-        rows.update((row[0], row) for row in _history_rows(from_unix_s(since_s)))
+        rows.update(
+            (row[0], row) for row in _history_rows(max(cutoff_s, newest_s - HISTORY_LATE_EXITS_S))
+        )
         if len(rows) > HISTORY_MAX_RECORDS:
             kept = sorted(rows.values(), key=lambda row: (row[1], row[0]), reverse=True)
             rows = {row[0]: row for row in kept[:HISTORY_MAX_RECORDS]}
     # The same rows as last time give the same tuple, which the core's duration-prediction
     # index is cached on; it changes only when a job finishes (or leaves the window).
-    if rows.keys() == cache.rows.keys():
-        cache.rows = rows
-        return cache.history
+    history = cache.history
+    if rows.keys() != cache.rows.keys():
+        ordered = sorted(rows.values(), key=lambda row: (row[1], row[0]), reverse=True)
+        history = tuple(
+            m.HistoryRecord(
+                tenant=tenant,
+                user=user,
+                name=name,
+                gpus=gpus,
+                duration_s=max(0.0, finished_at - started_at),
+                group=array_id,
+            )
+            for _, finished_at, tenant, user, name, gpus, started_at, array_id in ordered
+        )
+    _history_cache = _HistoryCache(rows, full_read_at_s, history)
+    return history
     ordered = sorted(rows.values(), key=lambda row: (row[1], row[0]), reverse=True)
     cache.rows = rows
     cache.history = tuple(
