@@ -286,7 +286,14 @@ def state_dir(tmp_path) -> Path:
     yield path
     from agents.runtime.process import ProcessRuntime
 
-    for process_dir in path.glob("**/process"):
+    process_dirs = []
+    # os.walk, not glob("**/process"): a runtime's trash thread may be deleting folders of
+    # process-trash/ meanwhile, which glob does not survive (walk skips what vanished).
+    for root, dirs, _ in os.walk(path):
+        if "process" in dirs:
+            process_dirs.append(Path(root) / "process")
+        dirs[:] = [d for d in dirs if d not in ("process", "process-trash")]
+    for process_dir in process_dirs:
         runtime = ProcessRuntime(process_dir.parent)
         for attempt_id in runtime.running_attempts():
             runtime.signal_attempt(attempt_id, signal.SIGKILL)
