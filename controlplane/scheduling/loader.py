@@ -507,7 +507,7 @@ class _HistoryCache:
 
     rows: dict[int, tuple] = field(default_factory=dict)  # attempt id -> row
     full_read_at_s: float = -math.inf
-    history: tuple[m.HistoryRecord, ...] = ()
+    history: tuple[m.HistoryRecord, ...] = ()  # newest first
 
 
 _history_cache = _HistoryCache()
@@ -551,18 +551,16 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
         full_read_at_s = now_s
     else:
         newest_s = max((row[1] for row in cache.rows.values()), default=cutoff_s)
+        since_s = max(cutoff_s, newest_s - HISTORY_LATE_EXITS_S)
         rows = {k: row for k, row in cache.rows.items() if row[1] >= cutoff_s}
-        rows.update(
-            (row[0], row) for row in _history_rows(max(cutoff_s, newest_s - HISTORY_LATE_EXITS_S))
-        )
-        if len(rows) > HISTORY_MAX_RECORDS:
-            kept = sorted(rows.values(), key=lambda row: (row[1], row[0]), reverse=True)
-            rows = {row[0]: row for row in kept[:HISTORY_MAX_RECORDS]}
+        rows.update((row[0], row) for row in _history_rows(since_s))
     # The same rows as last time give the same tuple, which the core's duration-prediction
     # index is cached on; it changes only when a job finishes (or leaves the window).
     history = cache.history
     if rows.keys() != cache.rows.keys():
         ordered = sorted(rows.values(), key=lambda row: (row[1], row[0]), reverse=True)
+        ordered = ordered[:HISTORY_MAX_RECORDS]
+        rows = {row[0]: row for row in ordered}
         history = tuple(
             m.HistoryRecord(
                 tenant=tenant,
@@ -576,17 +574,3 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
         )
     _history_cache = _HistoryCache(rows, full_read_at_s, history)
     return history
-    ordered = sorted(rows.values(), key=lambda row: (row[1], row[0]), reverse=True)
-    cache.rows = rows
-    cache.history = tuple(
-        m.HistoryRecord(
-            tenant=tenant,
-            user=user,
-            name=name,
-            gpus=gpus,
-            duration_s=max(0.0, finished_at - started_at),
-            group=array_id,
-        )
-        for _, finished_at, tenant, user, name, gpus, started_at, array_id in ordered
-    )
-    return cache.history
