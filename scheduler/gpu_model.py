@@ -59,6 +59,11 @@ GPU_TYPES: dict[str, GpuType] = {
         GpuType("A40", min_w=100.0, max_w=300.0, idle_w=30.0, memory_mib=46068),
         GpuType("P100-PCIE-16GB", min_w=125.0, max_w=250.0, idle_w=30.0, memory_mib=16384),
         GpuType("RTX6000", min_w=100.0, max_w=260.0, idle_w=20.0, memory_mib=24576),
+        # Datasheet limits (not measured here): the H200 shares the H100's board power, the
+        # 40 GB A100 the 80 GB one's; the L4 is the 72 W inference card.
+        GpuType("H200-SXM-141GB", min_w=200.0, max_w=700.0, idle_w=75.0, memory_mib=143771),
+        GpuType("A100-SXM4-40GB", min_w=100.0, max_w=400.0, idle_w=50.0, memory_mib=40960),
+        GpuType("L4", min_w=40.0, max_w=72.0, idle_w=16.0, memory_mib=23034),
     )
 }
 # The GPU of each zeus file (summary_power_<key>.csv).

@@ -45,6 +45,9 @@ MAX_SM_CLOCK_MHZ = {
     "A40": 1740.0,
     "P100-PCIE-16GB": 1329.0,
     "RTX6000": 1770.0,
+    "H200-SXM-141GB": 1980.0,
+    "A100-SXM4-40GB": 1410.0,
+    "L4": 2040.0,
 }
 # The host a node of these boards comes in, per GPU: (CPU threads, memory MiB), from the
 # vendors' 8-GPU servers (a DGX H100 has 224 threads and 2 TiB, a DGX A100 256 and 1 TiB). A
