@@ -78,7 +78,11 @@ class Admission:
         index: ClusterIndex,
         books: dict[str, Book],
         predicted_s: dict[int, float],
+        releases: backfill.ReleaseIndex | None = None,
     ):
+        # `releases`: the running attempts' ends kept in the caller's memo (PlanMemo.releases);
+        # built from the snapshot when a reservation is first made otherwise.
+        self._release_index = releases
         self.snapshot = snapshot
         self.config = config
         self.now_s = snapshot.now_s
@@ -632,32 +636,40 @@ class Admission:
 
             node_ok = roomy
 
-        return backfill.reserve(job.job_id, job.gpus, ti, self.now_s, self._releases(ti), node_ok)
+        return backfill.reserve(
+            job.job_id,
+            job.gpus,
+            ti,
+            self.now_s,
+            self._releases(),
+            self._released_besides(ti),
+            self.preempted,
+            node_ok,
+        )
 
     def _needs_resources(self, job: Pending) -> bool:
         return bool(
             (job.cpus and self.index.track_cpus) or (job.memory_mib and self.index.track_mem)
         )
 
-    def _releases(self, ti: TypeIndex) -> list[Release]:
-        """When the GPUs of a type that are not free now will be: stopping ones first."""
+    def _releases(self) -> backfill.ReleaseIndex:
+        """When the running attempts that are not stopping will free their GPUs."""
+        if self._release_index is None:
+            self._release_index = backfill.ReleaseIndex(
+                self.index.topo, self.config.default_duration_s
+            ).add_all(self.snapshot.running)
+        return self._release_index
+
+    def _released_besides(self, ti: TypeIndex) -> list[Release]:
+        """GPUs of a type that free up besides the running attempts' ends: stopping ones (and
+        those preempted in this cycle) when their notice ends, this cycle's starts and GPUs
+        set aside when they are predicted to end."""
         t = ti.gpu_type
         now_s = self.now_s
         out: list[Release] = []
         if ti.soon:
             until = self._soon_until_by_node()
             out = [(until.get((t, node), now_s), node, count) for node, count in ti.soon.items()]
-        default_s = self.config.default_duration_s
-        for r in self.snapshot.running:
-            if r.gpu_type != t or r.stopping or r.attempt_id in self.preempted:
-                continue
-            end_s = r.predicted_end_s
-            if end_s is None:
-                end_s = r.started_at_s + default_s
-            if end_s < now_s:
-                end_s = now_s
-            for node, count in self.index.nodes_of(r).items():
-                out.append((end_s, node, count))
         out.extend(self.occupied.get(t, ()))
         return out
 

@@ -18,12 +18,70 @@ which is the greedy regime the baselines are measured in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Iterator
 
-from scheduler.placement import TypeIndex
+from scheduler.model import Running
+from scheduler.placement import Topology, TypeIndex, nodes_of
 
 # (predicted end in seconds, node ordinal, GPUs of the type it frees there)
 Release = tuple[float, int, int]
+
+
+class ReleaseIndex:
+    """When the running attempts that are not stopping free their GPUs, by type and node.
+
+    Kept in the caller's memo (scheduler.memo) from one plan to the next and updated with the
+    attempts that came and went (scheduler.quota.RunningTotals), so a reservation walks sorted
+    lists instead of every running attempt. An attempt ends at its predicted end, or
+    `default_s` after its start when it has none; ends already past count as now (reserve
+    does that: the order of the lists is the same either way).
+    """
+
+    __slots__ = ("topo", "default_s", "epoch", "by_node", "by_type")
+
+    def __init__(self, topo: Topology, default_s: float):
+        self.topo = topo
+        self.default_s = default_s
+        self.epoch = -1  # the RunningTotals update it is in step with (see PlanMemo.releases)
+        # type -> node -> [(end, attempt id, GPUs there)], sorted
+        self.by_node: dict[str, dict[int, list[tuple[float, int, int]]]] = {}
+        # type -> [(end, attempt id, node, GPUs there)], sorted
+        self.by_type: dict[str, list[tuple[float, int, int, int]]] = {}
+
+    def _entries(self, r: Running) -> Iterator[tuple[float, int, int]]:
+        end_s = r.predicted_end_s
+        if end_s is None:
+            end_s = r.started_at_s + self.default_s
+        for node, count in nodes_of(self.topo, r).items():
+            yield end_s, node, count
+
+    def add(self, r: Running) -> None:
+        if r.stopping:
+            return
+        t, a = r.gpu_type, r.attempt_id
+        per_node = self.by_node.setdefault(t, {})
+        flat = self.by_type.setdefault(t, [])
+        for end_s, node, count in self._entries(r):
+            insort(per_node.setdefault(node, []), (end_s, a, count))
+            insort(flat, (end_s, a, node, count))
+
+    def remove(self, r: Running) -> None:
+        if r.stopping:
+            return
+        t, a = r.gpu_type, r.attempt_id
+        per_node = self.by_node[t]
+        flat = self.by_type[t]
+        for end_s, node, count in self._entries(r):
+            on_node = per_node[node]
+            del on_node[bisect_left(on_node, (end_s, a, count))]
+            del flat[bisect_left(flat, (end_s, a, node, count))]
+
+    def add_all(self, running: Iterable[Running]) -> ReleaseIndex:
+        for r in running:
+            self.add(r)
+        return self
 
 
 class Reservation:
@@ -68,39 +126,81 @@ def reserve(
     n: int,
     ti: TypeIndex,
     now_s: float,
-    releases: list[Release],
+    releases: ReleaseIndex,
+    extra: list[Release],
+    skip: set[int],
     node_ok: Callable[[int], bool] | None,
 ) -> Reservation | None:
-    """The earliest reservation for n GPUs of this type, or None if they never free up."""
+    """The earliest reservation for n GPUs of this type, or None if they never free up.
+
+    `releases`: the running attempts' ends; `extra`: GPUs that free up besides (stopping
+    attempts, this cycle's starts); `skip`: attempt ids whose GPUs are not to be counted as
+    releases (preempted this cycle: they are in `extra` with the end of their notice).
+    """
+    t = ti.gpu_type
     if n <= ti.max_node_cap:
-        by_node: dict[int, list[tuple[float, int]]] = {}
-        for end_s, node, count in releases:
-            by_node.setdefault(node, []).append((end_s, count))
+        more: dict[int, list[tuple[float, int]]] = {}
+        for end_s, node, count in extra:
+            more.setdefault(node, []).append((end_s, count))
+        per_node = releases.by_node.get(t, {})
+        node_cap = ti.node_cap
         best: tuple[float, int] | None = None
-        for node in sorted(ti.node_cap):
-            if ti.node_cap[node] < n or (node_ok is not None and not node_ok(node)):
+        best_events: list[tuple[float, int]] = []
+        for node in sorted(node_cap):
+            if node_cap[node] < n or (node_ok is not None and not node_ok(node)):
                 continue
-            free = ti.free_on(node)
-            start_s = _when(n - free, by_node.get(node, []), now_s)
+            listed = per_node.get(node, ())
+            if skip:
+                events = [(end_s, c) for end_s, a, c in listed if a not in skip]
+            else:
+                events = [(end_s, c) for end_s, _, c in listed]
+            beside = more.get(node)
+            if beside:
+                events.extend(beside)
+                events.sort()
+            start_s = _when(n - ti.free_on(node), events, now_s)
             if start_s is not None and (best is None or (start_s, node) < best):
                 best = (start_s, node)
+                best_events = events
+                if start_s <= now_s:
+                    break  # nodes are met in order: no later one is earlier
         if best is None:
             return None
         start_s, node = best
-        freed = sum(c for end_s, c in by_node.get(node, []) if end_s <= start_s)
-        return Reservation(job_id, ti.gpu_type, n, start_s, node, ti.free_on(node) + freed - n)
-    start_s = _when(n - ti.total_free, [(end_s, c) for end_s, _, c in releases], now_s)
-    if start_s is None:
+        freed = sum(c for end_s, c in best_events if end_s <= start_s)
+        return Reservation(job_id, t, n, start_s, node, ti.free_on(node) + freed - n)
+    flat = releases.by_type.get(t, [])
+    listed = (
+        ((end_s, c) for end_s, a, _, c in flat if a not in skip)
+        if skip
+        else ((end_s, c) for end_s, _, _, c in flat)
+    )
+    merged = heapq.merge(listed, sorted((end_s, c) for end_s, _, c in extra))
+    need = n - ti.total_free
+    got = 0
+    start: float | None = now_s if need <= 0 else None
+    freed = 0
+    for end_s, c in merged:
+        if start is None:
+            got += c
+            if got >= need:
+                start = max(end_s, now_s)
+            freed += c
+        elif end_s <= start:
+            freed += c
+        else:
+            break
+    if start is None:
         return None
-    freed = sum(c for end_s, _, c in releases if end_s <= start_s)
-    return Reservation(job_id, ti.gpu_type, n, start_s, None, ti.total_free + freed - n)
+    return Reservation(job_id, t, n, start, None, ti.total_free + freed - n)
 
 
 def _when(need: int, events: list[tuple[float, int]], now_s: float) -> float | None:
+    """When `need` GPUs have freed up, from `events` sorted by time."""
     if need <= 0:
         return now_s
     got = 0
-    for end_s, count in sorted(events):
+    for end_s, count in events:
         got += count
         if got >= need:
             return max(end_s, now_s)

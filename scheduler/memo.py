@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scheduler.backfill import ReleaseIndex
     from scheduler.model import HistoryRecord, Node, Running
     from scheduler.placement import Topology
     from scheduler.predict import HistoryIndex
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 
 class PlanMemo:
-    __slots__ = ("_topology", "_history_index", "_fleet", "_running")
+    __slots__ = ("_topology", "_history_index", "_fleet", "_running", "_releases")
 
     def __init__(self) -> None:
         # (the tuple it was built from, the index): kept together, replaced together.
@@ -33,6 +34,7 @@ class PlanMemo:
         self._history_index: tuple[tuple[HistoryRecord, ...], HistoryIndex] | None = None
         self._fleet: tuple[Sequence[Node], Fleet] | None = None
         self._running: RunningTotals | None = None
+        self._releases: ReleaseIndex | None = None
 
     def running_totals(self, running: tuple[Running, ...]) -> RunningTotals:
         """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call."""
@@ -41,6 +43,34 @@ class PlanMemo:
         if self._running is None:
             self._running = RunningTotals()
         return self._running.update(running)
+
+    def releases(
+        self, topology: Topology, default_s: float, running: tuple[Running, ...]
+    ) -> ReleaseIndex:
+        """The running attempts' ends (scheduler.backfill.ReleaseIndex), kept from call to call.
+
+        Call after running_totals(running) in the same plan: it applies what that update
+        changed, or builds the index afresh when it missed an update or the topology changed.
+        """
+        from scheduler.backfill import ReleaseIndex
+
+        totals = self._running
+        assert totals is not None, "running_totals() first"
+        index = self._releases
+        if (
+            index is None
+            or index.topo is not topology
+            or index.default_s != default_s
+            or index.epoch != totals.epoch - 1
+        ):
+            index = self._releases = ReleaseIndex(topology, default_s).add_all(running)
+        else:
+            for r in totals.removed:
+                index.remove(r)
+            for r in totals.added:
+                index.add(r)
+        index.epoch = totals.epoch
+        return index
 
     def topology(self, nodes: tuple[Node, ...]) -> Topology:
         from scheduler.placement import Topology

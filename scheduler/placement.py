@@ -334,23 +334,7 @@ class ClusterIndex:
 
     def nodes_of(self, r: Running) -> dict[int, int]:
         """How many usable GPUs of its type an attempt holds on each node (shared: read only)."""
-        key = (r.gpu_type, r.gpus)
-        held = self.topo.held_nodes
-        out = held.get(key)
-        if out is not None:
-            return out
-        usable = self.topo.usable
-        out = {}
-        gpu_type = r.gpu_type
-        for u in r.gpus:
-            where = usable.get(u)
-            if where is not None and where[0] == gpu_type:
-                node = where[1]
-                out[node] = out.get(node, 0) + 1
-        if len(held) >= _HELD_NODES_MAX:
-            held.clear()
-        held[key] = out
-        return out
+        return nodes_of(self.topo, r)
 
     def fits_for(self, job: Pending) -> Fits | None:
         """A check of a node for a share of the job, or None when any node would do.
@@ -504,3 +488,24 @@ def commit(
     out = [(names[node], ti.take(node, count)) for node, count in sorted(where)]
     index.charge(job, where)
     return tuple(out)
+
+
+def nodes_of(topo: Topology, r: Running) -> dict[int, int]:
+    """How many usable GPUs of its type an attempt holds on each node (shared: read only)."""
+    key = (r.gpu_type, r.gpus)
+    held = topo.held_nodes
+    out = held.get(key)
+    if out is not None:
+        return out
+    usable = topo.usable
+    out = {}
+    gpu_type = r.gpu_type
+    for u in r.gpus:
+        where = usable.get(u)
+        if where is not None and where[0] == gpu_type:
+            node = where[1]
+            out[node] = out.get(node, 0) + 1
+    if len(held) >= _HELD_NODES_MAX:
+        held.clear()
+    held[key] = out
+    return out

@@ -78,8 +78,13 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     steps: dict[str, float] = {}
     t0 = perf_counter()
     totals = memo.running_totals(snapshot.running)
-    index = ClusterIndex(
-        snapshot.nodes, snapshot.running, memo.topology(snapshot.nodes), totals.held
+    topology = memo.topology(snapshot.nodes)
+    index = ClusterIndex(snapshot.nodes, snapshot.running, topology, totals.held)
+    # Kept in step with every update of the totals (cheap), so no plan rebuilds it.
+    releases = (
+        memo.releases(topology, config.default_duration_s, snapshot.running)
+        if config.backfill
+        else None
     )
     t1 = perf_counter()
     steps["index"] = t1 - t0
@@ -97,7 +102,7 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     t3 = perf_counter()
     steps["predict"] = t3 - t2
 
-    admission = Admission(snapshot, config, index, books, predicted_s)
+    admission = Admission(snapshot, config, index, books, predicted_s, releases)
     admission.drain()
     t4 = perf_counter()
     steps["drain"] = t4 - t3

@@ -152,10 +152,17 @@ class RunningTotals:
     plane) pays one pass over them, as before.
     """
 
-    __slots__ = ("_seen", "held", "gpus", "jobs", "started")
+    __slots__ = ("_seen", "_last", "held", "gpus", "jobs", "started", "added", "removed", "epoch")
 
     def __init__(self) -> None:
         self._seen: dict[int, Running] = {}
+        self._last: tuple[Running, ...] | None = None  # the tuple of the last update
+        # What the last update changed, for other indexes kept beside these sums (the memo's
+        # ReleaseIndex): the attempts that came and went, and a count of updates, bumped by
+        # every one, so an index that missed one (or a reset) knows to start afresh.
+        self.added: list[Running] = []
+        self.removed: list[Running] = []
+        self.epoch = 0
         self.held: set[str] = set()  # GPU uuids held by any attempt
         self.gpus: dict[tuple[str, str, bool], int] = {}  # (tenant, type, stopping) -> GPUs
         self.jobs: dict[str, int] = {}  # tenant -> attempts not stopping
@@ -166,18 +173,31 @@ class RunningTotals:
         self._seen, self.held, self.gpus, self.jobs, self.started = {}, set(), {}, {}, {}
 
     def update(self, running: tuple[Running, ...]) -> RunningTotals:
+        self.epoch += 1
+        if running is self._last:
+            # The very same tuple (a caller that keeps it while nothing ran or ended).
+            self.added, self.removed = [], []
+            return self
+        self._last = running
         seen = self._seen
-        now = {id(r): r for r in running}
+        now = dict(zip(map(id, running), running, strict=True))
+        removed: list[Running] = []
         if len(seen) > 2 * len(now) + 64:
             # Most of it went: counting afresh is cheaper than taking each away.
+            removed = list(seen.values())
             self._reset()
             seen = self._seen
         for key in seen.keys() - now.keys():
-            self._count(seen.pop(key), -1)
+            r = seen.pop(key)
+            removed.append(r)
+            self._count(r, -1)
+        added: list[Running] = []
         for key in now.keys() - seen.keys():
             r = now[key]
             seen[key] = r
+            added.append(r)
             self._count(r, 1)
+        self.added, self.removed = added, removed
         return self
 
     def _count(self, r: Running, sign: int) -> None:
