@@ -79,7 +79,10 @@ class Admission:
         books: dict[str, Book],
         predicted_s: dict[int, float],
         releases: backfill.ReleaseIndex | None = None,
+        totals: quota.RunningTotals | None = None,
     ):
+        # `totals`: snapshot.running summed in the caller's memo (PlanMemo.running_totals).
+        self._totals = totals
         # `releases`: the running attempts' ends kept in the caller's memo (PlanMemo.releases);
         # built from the snapshot when a reservation is first made otherwise.
         self._release_index = releases
@@ -116,7 +119,7 @@ class Admission:
     def borrowed(self) -> set[int]:
         """Attempt ids running beyond their tenant's guarantee (worked out when first needed)."""
         if self._borrowed is None:
-            self._borrowed = quota.label_borrowed(self.snapshot.running, self.books)
+            self._borrowed = quota.label_borrowed(self.snapshot.running, self.books, self._totals)
         return self._borrowed
 
     @property

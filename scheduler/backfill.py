@@ -170,24 +170,24 @@ def reserve(
         freed = sum(c for end_s, c in best_events if end_s <= start_s)
         return Reservation(job_id, t, n, start_s, node, ti.free_on(node) + freed - n)
     flat = releases.by_type.get(t, [])
-    listed = (
+    ends: Iterable[tuple[float, int]] = (
         ((end_s, c) for end_s, a, _, c in flat if a not in skip)
         if skip
         else ((end_s, c) for end_s, _, _, c in flat)
     )
-    merged = heapq.merge(listed, sorted((end_s, c) for end_s, _, c in extra))
+    beside_all: list[tuple[float, int]] = sorted((end_s, c) for end_s, _, c in extra)
     need = n - ti.total_free
     got = 0
     start: float | None = now_s if need <= 0 else None
     freed = 0
-    for end_s, c in merged:
+    for when, count in heapq.merge(ends, beside_all):
         if start is None:
-            got += c
+            got += count
             if got >= need:
-                start = max(end_s, now_s)
-            freed += c
-        elif end_s <= start:
-            freed += c
+                start = max(when, now_s)
+            freed += count
+        elif when <= start:
+            freed += count
         else:
             break
     if start is None:

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from scheduler.backfill import ReleaseIndex
     from scheduler.model import HistoryRecord, Node, Running
-    from scheduler.placement import Topology
+    from scheduler.placement import FreeGPUs, Topology
     from scheduler.predict import HistoryIndex
     from scheduler.quota import RunningTotals
     from scheduler.reasons import Fleet
 
 
 class PlanMemo:
-    __slots__ = ("_topology", "_history_index", "_fleet", "_running", "_releases")
+    __slots__ = ("_topology", "_history_index", "_fleet", "_running", "_releases", "_free")
 
     def __init__(self) -> None:
         # (the tuple it was built from, the index): kept together, replaced together.
@@ -35,6 +35,7 @@ class PlanMemo:
         self._fleet: tuple[Sequence[Node], Fleet] | None = None
         self._running: RunningTotals | None = None
         self._releases: ReleaseIndex | None = None
+        self._free: FreeGPUs | None = None
 
     def running_totals(self, running: tuple[Running, ...]) -> RunningTotals:
         """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call."""
@@ -71,6 +72,21 @@ class PlanMemo:
                 index.add(r)
         index.epoch = totals.epoch
         return index
+
+    def free_gpus(self, topology: Topology, running: tuple[Running, ...]) -> FreeGPUs:
+        """The free GPUs per type and node (scheduler.placement.FreeGPUs), kept from call to
+        call; like releases(), call after running_totals(running) in the same plan."""
+        from scheduler.placement import FreeGPUs
+
+        totals = self._running
+        assert totals is not None, "running_totals() first"
+        free = self._free
+        if free is None or free.topo is not topology or free.epoch != totals.epoch - 1:
+            free = self._free = FreeGPUs(topology, totals.held, running)
+        else:
+            free.update(totals.held, totals.added, totals.removed)
+        free.epoch = totals.epoch
+        return free
 
     def topology(self, nodes: tuple[Node, ...]) -> Topology:
         from scheduler.placement import Topology

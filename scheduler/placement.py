@@ -16,7 +16,7 @@ change under a cached copy.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import attrgetter
 
@@ -156,7 +156,8 @@ class TypeIndex:
         free = self.free[node]
         k = len(free)
         taken = tuple(free[:count])
-        del free[:count]
+        # A new list, not one cut in place: the lists may be shared with the memo's FreeGPUs.
+        self.free[node] = free[count:]
         bucket = self.buckets[k]
         del bucket[bisect_left(bucket, node)]
         if k > count:
@@ -229,11 +230,16 @@ class ClusterIndex:
         running: tuple[Running, ...],
         topo: Topology | None = None,
         held: set[str] | None = None,
+        base: FreeGPUs | None = None,
     ):
         # The topology of `nodes` (static: which GPU is where), built here unless the caller's
         # memo (scheduler.memo) already has it; `held`: the GPUs the running attempts hold,
-        # when the caller's memo has them summed already (read only here).
+        # when the caller's memo has them summed already (read only here); `base`: the free
+        # GPUs of `running` kept in the caller's memo (copied here, never changed).
         topo = self.topo = topo if topo is not None else Topology(nodes)
+        if base is not None and base.topo is topo:
+            self._from_base(running, base)
+            return
         if held is None:
             held = set()
             for r in running:
@@ -268,6 +274,29 @@ class ClusterIndex:
         for r in running:
             if r.stopping:
                 self.add_soon(r)
+
+    def _from_base(self, running: tuple[Running, ...], base: FreeGPUs) -> None:
+        """The same index as the walk over every node, copied from what the memo keeps."""
+        topo = self.topo
+        self.track_cpus = any(topo.node_cpus)
+        self.track_mem = any(topo.node_mem)
+        self.cpus_free = list(topo.node_cpus) if self.track_cpus else None
+        self.mem_free = list(topo.node_mem) if self.track_mem else None
+        if self.track_cpus or self.track_mem:
+            self._charge_all(running)
+        self.types = {}
+        for gpu_type in sorted(topo.by_type):
+            node_cap, _, max_cap, total_cap = topo.caps[gpu_type]
+            ti = TypeIndex(gpu_type, node_cap, max_cap, total_cap)
+            free, buckets, total = base.types[gpu_type]
+            ti.free = dict(free)  # the lists are shared: TypeIndex.take replaces, never cuts
+            ti.buckets = [b.copy() for b in buckets]
+            ti.total_free = total
+            self.types[gpu_type] = ti
+        if base.stopping:
+            for r in running:
+                if r.stopping:
+                    self.add_soon(r)
 
     def _charge_all(self, running: tuple[Running, ...]) -> None:
         """Book what running attempts hold of their nodes' CPUs and memory.
@@ -509,3 +538,62 @@ def nodes_of(topo: Topology, r: Running) -> dict[int, int]:
         held.clear()
     held[key] = out
     return out
+
+
+class FreeGPUs:
+    """The free GPUs of every type per node, as ClusterIndex finds them for a running tuple,
+    kept in the caller's memo (scheduler.memo) and updated with the attempts that came and went:
+    only the nodes they hold GPUs on are looked at again. ClusterIndex copies it each cycle.
+    """
+
+    __slots__ = ("topo", "types", "stopping", "epoch")
+
+    def __init__(self, topo: Topology, held: set[str], running: Iterable[Running]):
+        self.topo = topo
+        self.epoch = -1  # the RunningTotals update it is in step with (see PlanMemo.free_gpus)
+        # type -> (node -> free uuids in GPU order, nodes by free count (sorted), free in all)
+        self.types: dict[str, tuple[dict[int, list[str]], list[list[int]], int]] = {}
+        for gpu_type in sorted(topo.by_type):
+            per_node = topo.by_type[gpu_type]
+            _, order, max_cap, _ = topo.caps[gpu_type]
+            free_by_node: dict[int, list[str]] = {}
+            buckets: list[list[int]] = [[] for _ in range(max_cap + 1)]
+            total = 0
+            for i in order:
+                uuids = per_node[i]
+                free = (
+                    list(uuids) if held.isdisjoint(uuids) else [u for u in uuids if u not in held]
+                )
+                if free:
+                    free_by_node[i] = free
+                    buckets[len(free)].append(i)
+                    total += len(free)
+            self.types[gpu_type] = (free_by_node, buckets, total)
+        self.stopping = sum(1 for r in running if r.stopping)  # attempts told to stop
+
+    def update(self, held: set[str], added: list[Running], removed: list[Running]) -> None:
+        """Look again at the nodes the attempts that came and went hold GPUs on."""
+        usable = self.topo.usable
+        touched: set[tuple[str, int]] = set()
+        for group, sign in ((added, 1), (removed, -1)):
+            for r in group:
+                if r.stopping:
+                    self.stopping += sign
+                for u in r.gpus:
+                    where = usable.get(u)
+                    if where is not None:
+                        touched.add(where)
+        by_type = self.topo.by_type
+        for gpu_type, i in touched:
+            free_by_node, buckets, total = self.types[gpu_type]
+            before = free_by_node.get(i)
+            k = len(before) if before else 0
+            free = [u for u in by_type[gpu_type][i] if u not in held]
+            if k:
+                del buckets[k][bisect_left(buckets[k], i)]
+            if free:
+                free_by_node[i] = free
+                insort(buckets[len(free)], i)
+            elif before is not None:
+                del free_by_node[i]
+            self.types[gpu_type] = (free_by_node, buckets, total + len(free) - k)

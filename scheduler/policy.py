@@ -79,7 +79,13 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     t0 = perf_counter()
     totals = memo.running_totals(snapshot.running)
     topology = memo.topology(snapshot.nodes)
-    index = ClusterIndex(snapshot.nodes, snapshot.running, topology, totals.held)
+    index = ClusterIndex(
+        snapshot.nodes,
+        snapshot.running,
+        topology,
+        totals.held,
+        memo.free_gpus(topology, snapshot.running),
+    )
     # Kept in step with every update of the totals (cheap), so no plan rebuilds it.
     releases = (
         memo.releases(topology, config.default_duration_s, snapshot.running)
@@ -102,7 +108,7 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     t3 = perf_counter()
     steps["predict"] = t3 - t2
 
-    admission = Admission(snapshot, config, index, books, predicted_s, releases)
+    admission = Admission(snapshot, config, index, books, predicted_s, releases, totals)
     admission.drain()
     t4 = perf_counter()
     steps["drain"] = t4 - t3

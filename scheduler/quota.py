@@ -152,7 +152,19 @@ class RunningTotals:
     plane) pays one pass over them, as before.
     """
 
-    __slots__ = ("_seen", "_last", "held", "gpus", "jobs", "started", "added", "removed", "epoch")
+    __slots__ = (
+        "_seen",
+        "_last",
+        "held",
+        "gpus",
+        "jobs",
+        "started",
+        "by_tenant",
+        "kinds",
+        "added",
+        "removed",
+        "epoch",
+    )
 
     def __init__(self) -> None:
         self._seen: dict[int, Running] = {}
@@ -168,9 +180,14 @@ class RunningTotals:
         self.jobs: dict[str, int] = {}  # tenant -> attempts not stopping
         # (tenant, type, priority) -> start times, sorted, of preemptible attempts not stopping
         self.started: dict[tuple[str, str, int], list[float]] = {}
+        # tenant -> its attempts not stopping, in the order they fill its guarantee (see
+        # label_borrowed): (preemptible, start, attempt id, type, GPUs), sorted
+        self.by_tenant: dict[str, list[tuple[bool, float, int, str, int]]] = {}
+        self.kinds: dict[tuple[str, str], int] = {}  # (tenant, type) -> attempts not stopping
 
     def _reset(self) -> None:
         self._seen, self.held, self.gpus, self.jobs, self.started = {}, set(), {}, {}, {}
+        self.by_tenant, self.kinds = {}, {}
 
     def update(self, running: tuple[Running, ...]) -> RunningTotals:
         self.epoch += 1
@@ -187,12 +204,25 @@ class RunningTotals:
             removed = list(seen.values())
             self._reset()
             seen = self._seen
-        for key in seen.keys() - now.keys():
+        gone = seen.keys() - now.keys()
+        new = now.keys() - seen.keys()
+        if gone and new:
+            # An attempt remade with only what the sums do not look at changed (under LAS the
+            # simulator remakes every attempt with its attained service) counts as the same.
+            same: dict[tuple[object, ...], int] = {_counted(seen[k]): k for k in gone}
+            for key in list(new):
+                old = same.pop(_counted(now[key]), None)
+                if old is not None:
+                    del seen[old]
+                    seen[key] = now[key]
+                    gone.discard(old)
+                    new.discard(key)
+        for key in gone:
             r = seen.pop(key)
             removed.append(r)
             self._count(r, -1)
         added: list[Running] = []
-        for key in now.keys() - seen.keys():
+        for key in new:
             r = now[key]
             seen[key] = r
             added.append(r)
@@ -212,6 +242,23 @@ class RunningTotals:
         else:
             self.gpus.pop(key, None)
         if not r.stopping:
+            entry = (r.preemptible, r.started_at_s, r.attempt_id, r.gpu_type, len(r.gpus))
+            filling = self.by_tenant.get(r.tenant)
+            if sign > 0:
+                if filling is None:
+                    self.by_tenant[r.tenant] = [entry]
+                else:
+                    bisect.insort(filling, entry)
+            elif filling is not None:
+                del filling[bisect.bisect_left(filling, entry)]
+                if not filling:
+                    del self.by_tenant[r.tenant]
+            kind = (r.tenant, r.gpu_type)
+            alike = self.kinds.get(kind, 0) + sign
+            if alike:
+                self.kinds[kind] = alike
+            else:
+                self.kinds.pop(kind, None)
             count = self.jobs.get(r.tenant, 0) + sign
             if count:
                 self.jobs[r.tenant] = count
@@ -229,6 +276,21 @@ class RunningTotals:
                     del times[bisect.bisect_left(times, r.started_at_s)]
                     if not times:
                         del self.started[held]
+
+
+def _counted(r: Running) -> tuple[object, ...]:
+    """What RunningTotals and the indexes kept beside it (scheduler.memo) read of an attempt."""
+    return (
+        r.attempt_id,
+        r.tenant,
+        r.gpu_type,
+        r.gpus,
+        r.stopping,
+        r.preemptible,
+        r.priority,
+        r.started_at_s,
+        r.predicted_end_s,
+    )
 
 
 def build_books(
@@ -309,13 +371,18 @@ def quota_need(book: Book, gpu_type: str, n: int, config: Config, preemptible: b
     return need
 
 
-def label_borrowed(running: tuple[Running, ...], books: dict[str, Book]) -> set[int]:
+def label_borrowed(
+    running: tuple[Running, ...], books: dict[str, Book], summed: RunningTotals | None = None
+) -> set[int]:
     """Attempt ids that run beyond their tenant's guarantee.
 
     Attempts fill the guarantee in the order they started (ones that cannot be preempted
     first): those that pushed the tenant past a guarantee are the borrowed ones, exactly as the
-    start that created them was marked borrowed.
+    start that created them was marked borrowed. ``summed``: `running` summed already
+    (RunningTotals.update), whose attempts are kept in that order per tenant.
     """
+    if summed is not None:
+        return _label_sorted(summed, books)
     by_tenant: dict[str, list[Running]] = {}
     for r in running:
         if not r.stopping:
@@ -348,4 +415,34 @@ def label_borrowed(running: tuple[Running, ...], books: dict[str, Book]) -> set[
                 over = True
             if over:
                 borrowed.add(r.attempt_id)
+    return borrowed
+
+
+def _label_sorted(totals: RunningTotals, books: dict[str, Book]) -> set[int]:
+    """label_borrowed over the attempts RunningTotals keeps sorted per tenant."""
+    borrowed: set[int] = set()
+    usage: dict[str, dict[str, int]] = {}
+    gpus = totals.gpus
+    for tenant, gpu_type in totals.kinds:
+        usage.setdefault(tenant, {})[gpu_type] = gpus.get((tenant, gpu_type, False), 0)
+    for tenant, attempts in totals.by_tenant.items():
+        g = books[tenant].guaranteed
+        held = usage.get(tenant, {})
+        if (
+            all(t in g or ANY in g for t in held)
+            and all(n <= g[t] for t, n in held.items() if t in g)
+            and (ANY not in g or sum(held.values()) <= g[ANY])
+        ):
+            continue
+        used: dict[str, int] = {}
+        for _, _, attempt_id, t, n in attempts:
+            used[t] = used.get(t, 0) + n
+            used[ANY] = used.get(ANY, 0) + n if t != ANY else used[t]
+            over = not (t in g or ANY in g)
+            if t in g and used[t] > g[t]:
+                over = True
+            if ANY in g and used[ANY] > g[ANY]:
+                over = True
+            if over:
+                borrowed.add(attempt_id)
     return borrowed

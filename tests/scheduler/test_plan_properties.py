@@ -432,3 +432,27 @@ def test_no_job_is_expected_to_start_before_the_gpus_it_waits_for_are_released(s
                 default=snap.now_s,
             )
             assert d.estimated_start_s <= max(latest, snap.now_s)
+
+
+SPLITS = st.lists(st.integers(0, 2), min_size=0, max_size=40)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(snapshots(), configs, SPLITS)
+def test_a_memo_kept_over_changing_running_attempts_plans_as_a_fresh_one(snap, config, splits):
+    # A scheduling loop hands one memo snapshots whose running attempts are mostly the same
+    # objects as the last one's, a few come and gone: the indexes it keeps up to date from
+    # those differences (running totals, free GPUs, backfill ends, attempts in guarantee order)
+    # must give the plan a fresh memo gives.
+    from dataclasses import replace
+
+    from scheduler.memo import PlanMemo
+
+    memo = PlanMemo()
+    running = snap.running
+    # Each attempt is in the first, second or both of two partial snapshots, then all of it.
+    first = tuple(r for r, k in zip(running, splits, strict=False) if k != 1)
+    second = tuple(r for r, k in zip(running, splits, strict=False) if k != 0)
+    for part in (first, second, running, first, running):
+        s = replace(snap, running=part)
+        assert plan(s, config, memo) == plan(s, config)

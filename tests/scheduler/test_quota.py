@@ -3,7 +3,7 @@
 import pytest
 
 from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode
-from scheduler.quota import build_books, label_borrowed
+from scheduler.quota import RunningTotals, build_books, label_borrowed
 from tests.scheduler.builders import cluster, decision, start_of, started
 
 
@@ -154,6 +154,9 @@ def test_attempts_past_the_guarantee_in_start_order_are_the_borrowed_ones(guaran
     )
     snap = c.snapshot()
     assert label_borrowed(snap.running, build_books(snap, Config())) == borrowed
+    # The same from the attempts a memo keeps sorted (RunningTotals), as plan() asks it.
+    summed = RunningTotals().update(snap.running)
+    assert label_borrowed(snap.running, build_books(snap, Config()), summed) == borrowed
 
 
 def test_every_attempt_on_a_type_without_quota_is_borrowed():
@@ -167,3 +170,5 @@ def test_every_attempt_on_a_type_without_quota_is_borrowed():
     )
     snap = c.snapshot()
     assert label_borrowed(snap.running, build_books(snap, Config())) == {1}
+    summed = RunningTotals().update(snap.running)
+    assert label_borrowed(snap.running, build_books(snap, Config()), summed) == {1}
