@@ -26,9 +26,21 @@ if TYPE_CHECKING:
 
 
 class PlanMemo:
-    __slots__ = ("_topology", "_history_index", "_fleet", "_running", "_releases", "_free")
+    __slots__ = (
+        "_topology",
+        "_history_index",
+        "_fleet",
+        "_running",
+        "_releases",
+        "_free",
+        "sentences",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, sentences: bool = True) -> None:
+        # False: PendingDecision.reason is left empty (a caller that reads only the codes, such
+        # as the trace simulator, spares a sentence per waiting job per cycle); no decision
+        # depends on it.
+        self.sentences = sentences
         # (the tuple it was built from, the index): kept together, replaced together.
         self._topology: tuple[tuple[Node, ...], Topology] | None = None
         self._history_index: tuple[tuple[HistoryRecord, ...], HistoryIndex] | None = None

@@ -113,6 +113,11 @@ class Running:
     stopping: bool = False  # already told to stop; its GPUs free up soon
     submitted_at_s: float = 0.0
     attained_service_s: float = 0.0  # GPU-seconds received so far, over all attempts (for LAS)
+    # None: attained_service_s is as of the snapshot. Else the time it was counted up to, and
+    # the attempt has received len(gpus) GPU-seconds per second since (scheduler.priority.
+    # attained_now): a caller that hands the same objects to many cycles (the simulator) need
+    # not remake every one as its service grows.
+    attained_as_of_s: float | None = None
     remaining_s: float | None = None  # oracle remaining time (simulator only, for SRTF)
     power_profile: PowerProfile = field(default_factory=PowerProfile)
     # What it holds besides GPUs, so a node's tracked CPUs and memory are not promised twice.

@@ -121,7 +121,9 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     t6 = perf_counter()
     steps["admit"] = t6 - t5
 
-    pending = reasons.decisions(admission.waiting, snapshot.now_s, snapshot.nodes, memo.fleet)
+    pending = reasons.decisions(
+        admission.waiting, snapshot.now_s, snapshot.nodes, memo.fleet, memo.sentences
+    )
     t7 = perf_counter()
     steps["reasons"] = t7 - t6
 

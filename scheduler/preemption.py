@@ -39,22 +39,31 @@ from collections.abc import Callable
 
 from scheduler.model import Config, Ordering, Running, VictimOrder
 from scheduler.placement import ClusterIndex, Fits, TypeIndex
-from scheduler.priority import las_queue
+from scheduler.priority import attained_now, las_queue
 from scheduler.quota import Book
 
 
 class Candidate:
     """A running attempt that may be preempted, with where its GPUs are."""
 
-    __slots__ = ("run", "tenant", "size", "nodes", "remaining_s", "queue", "lost_s")
+    __slots__ = ("run", "tenant", "size", "nodes", "remaining_s", "attained_s", "queue", "lost_s")
 
-    def __init__(self, run: Running, nodes: dict[int, int], remaining_s: float, lost_s: float):
+    def __init__(
+        self,
+        run: Running,
+        nodes: dict[int, int],
+        remaining_s: float,
+        lost_s: float,
+        attained_s: float | None = None,
+    ):
         self.run = run
         self.tenant = run.tenant
         self.size = len(run.gpus)
         self.nodes = nodes
         self.remaining_s = remaining_s
-        self.queue = las_queue(run.attained_service_s)
+        # its attained service now (priority.attained_now)
+        self.attained_s = run.attained_service_s if attained_s is None else attained_s
+        self.queue = las_queue(self.attained_s)
         # Seconds of run time per GPU a preemption now would cost it (see lost_work_s).
         self.lost_s = lost_s
 
@@ -148,6 +157,7 @@ class Victims:
                 self._index.nodes_of(r),
                 remaining_s,
                 lost_work_s(r, self._now_s, self._config.restart_cost_s),
+                attained_now(r, self._now_s),
             )
         return c
 
@@ -224,7 +234,7 @@ class Victims:
             if self._config.ordering is Ordering.SRTF:
                 found.sort(key=lambda c: (-c.remaining_s, *_youngest(c)))
             else:
-                found.sort(key=lambda c: (-c.queue, -c.run.attained_service_s, *_youngest(c)))
+                found.sort(key=lambda c: (-c.queue, -c.attained_s, *_youngest(c)))
             self._baseline[key] = found
         return found
 

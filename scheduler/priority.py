@@ -24,7 +24,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterator
 
-from scheduler.model import ANY_GPU_TYPE, Config, Ordering, Pending
+from scheduler.model import ANY_GPU_TYPE, Config, Ordering, Pending, Running
 from scheduler.quota import ANY, Book
 
 # Tiresias' queue boundaries in attained GPU-seconds: under 1 GPU-hour, under 10, the rest.
@@ -37,6 +37,13 @@ def las_queue(attained_gpu_s: float) -> int:
         if attained_gpu_s < threshold:
             return i
     return len(LAS_QUEUE_THRESHOLDS_GPU_S)
+
+
+def attained_now(r: Running, now_s: float) -> float:
+    """A running attempt's attained service (GPU-seconds) at now_s (see Running)."""
+    if r.attained_as_of_s is None:
+        return r.attained_service_s
+    return r.attained_service_s + len(r.gpus) * max(now_s - r.attained_as_of_s, 0.0)
 
 
 def aged_priority(p: Pending, now_s: float, config: Config) -> int:

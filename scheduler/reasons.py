@@ -53,13 +53,15 @@ def decisions(
     now_s: float,
     nodes: Sequence[Node] = (),
     fleet_of: Callable[[Sequence[Node]], Fleet] | None = None,
+    sentences: bool = True,
 ) -> tuple[PendingDecision, ...]:
     """One PendingDecision per waiting job, numbered in the order the cycle considered them.
 
     `nodes` are all the snapshot's nodes, whether they take work or not: a job no node that
     takes work now could hold, but one of these could, waits for them (NODES_UNAVAILABLE).
     `fleet_of` builds their summary; plan() passes its memo's, which reuses it while the node
-    tuple stays the same.
+    tuple stays the same. `sentences` False leaves every reason empty (codes, positions and
+    estimated starts are the same).
     """
     hopeless = [w for w in waiting if w.code is RC.NO_MATCHING_GPUS]
     if hopeless and nodes:
@@ -79,7 +81,7 @@ def decisions(
         PendingDecision(
             job_id=w.job.job_id,
             reason_code=w.code,
-            reason=sentence(w, now_s),
+            reason=sentence(w, now_s) if sentences else "",
             queue_position=position,
             estimated_start_s=w.start_s,
         )

@@ -53,7 +53,7 @@ def run_preset(
     opts = replace(options, oracle=p.oracle, partitioned_tenants=independent(trace, p.sharing))
     if p.strict:
         if policy is None:
-            policy = planner_with_memo()
+            policy = planner_with_memo(sentences=options.on_cycle is not None)
         policy = head_of_line(policy)
     return replay(jobs, nodes, tenants, config, opts, policy=policy)
 

@@ -411,6 +411,14 @@ class _Engine:
         # works it out itself from predicted_end_s (the oracle's end) when remaining_s is None,
         # to the same value: the objects stay, and a cycle does not remake thousands of them.
         self.time_dependent_order = config.ordering is Ordering.LAS
+        # On the shared pool (one plan for the whole cluster) an attempt's object states its
+        # attained service as of its start and the plan adds the rest (Running.attained_as_of_s):
+        # the same objects serve every cycle. Partitions keep remaking theirs (_shield_rank).
+        self.attained_lazily = (
+            self.time_dependent_order
+            and not self.partitioned
+            and options.oracle is not Oracle.REMAINING
+        )
         self.las_preempts = config.ordering is Ordering.LAS and config.preemption
         # (when, attempt id, threshold): a running attempt's attained service crosses a LAS queue
         # threshold, the one change of LAS ranks that time alone makes (see _note_crossings).
@@ -646,7 +654,13 @@ class _Engine:
             interval_s = job.interval_s
         attained = job.attained_gpu_s
         remaining = None
-        if self.time_dependent_order:
+        as_of_s = None
+        if self.attained_lazily:
+            # The plan adds the service since the start itself (priority.attained_now), to the
+            # same value as _attained: one object serves every cycle of the attempt.
+            assert len(a.gpus) == t.gpus, "an attempt holds the GPUs its job asked for"
+            as_of_s = a.start_s
+        elif self.time_dependent_order:
             attained = self._attained(a, now_s)
             if self.options.oracle is Oracle.REMAINING:
                 remaining = max(a.end_s - now_s, 0.0)
@@ -663,6 +677,7 @@ class _Engine:
             predicted_end_s=a.predicted_end_s,
             submitted_at_s=t.submit_s,
             attained_service_s=attained,
+            attained_as_of_s=as_of_s,
             remaining_s=remaining,
             power_profile=_DEFAULT_PROFILE,
             cpus=t.cpus,
@@ -807,7 +822,7 @@ class _Engine:
                 if self.pending_tuple is None:
                     self.pending_tuple = tuple(self.pending_objs.values())
                 pending = self.pending_tuple
-            if self.time_dependent_order:
+            if self.time_dependent_order and not self.attained_lazily:
                 running = tuple(self._running_now(a, now_s) for a in self.running.values())
             else:
                 if self.running_tuple is None:
@@ -1548,13 +1563,15 @@ class _Engine:
         return sum(budgets) if budgets else None
 
 
-def planner_with_memo() -> PlanFunction:
+def planner_with_memo(sentences: bool = True) -> PlanFunction:
     """scheduler.policy.plan with a memo of this run's own: the engine hands it the same node
-    and history tuples until they change, so their indexes are built once per change."""
+    and history tuples until they change, so their indexes are built once per change.
+    ``sentences`` False: the plans' reasons are left empty (the engine reads only the codes;
+    a caller that watches the cycles, SimOptions.on_cycle, gets them)."""
     from scheduler.memo import PlanMemo
     from scheduler.policy import plan
 
-    return partial(plan, memo=PlanMemo())
+    return partial(plan, memo=PlanMemo(sentences))
 
 
 def replay(
@@ -1575,7 +1592,8 @@ def replay(
     :class:`PlanError`. Jobs that can never start (larger than anything they may use) are left
     in ``Result.unfinished_job_ids``.
     """
+    options = options or SimOptions()
     if policy is None:
-        policy = planner_with_memo()
-    engine = _Engine(jobs, nodes, tenants, config, options or SimOptions(), policy, pools)
+        policy = planner_with_memo(sentences=options.on_cycle is not None)
+    engine = _Engine(jobs, nodes, tenants, config, options, policy, pools)
     return engine.run()

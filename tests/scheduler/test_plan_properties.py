@@ -456,3 +456,21 @@ def test_a_memo_kept_over_changing_running_attempts_plans_as_a_fresh_one(snap, c
     for part in (first, second, running, first, running):
         s = replace(snap, running=part)
         assert plan(s, config, memo) == plan(s, config)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(snapshots(), configs)
+def test_attained_service_counted_from_a_past_time_plans_as_stated_now(snap, config):
+    # The simulator hands LAS the same attempt objects for many cycles, their attained service
+    # as of their start (Running.attained_as_of_s); the plan adds the service since, to the
+    # value a snapshot stating it now carries.
+    from dataclasses import replace
+
+    from scheduler.priority import attained_now
+
+    lazy = tuple(replace(r, attained_as_of_s=r.started_at_s) for r in snap.running)
+    stated = tuple(
+        replace(r, attained_service_s=attained_now(r, snap.now_s), attained_as_of_s=None)
+        for r in lazy
+    )
+    assert plan(replace(snap, running=lazy), config) == plan(replace(snap, running=stated), config)
