@@ -119,6 +119,8 @@ class Running:
     # not remake every one as its service grows.
     attained_as_of_s: float | None = None
     remaining_s: float | None = None  # oracle remaining time (simulator only, for SRTF)
+    # Times the job was preempted before this attempt (Config.max_preemptions).
+    preemptions: int = 0
     power_profile: PowerProfile = field(default_factory=PowerProfile)
     # What it holds besides GPUs, so a node's tracked CPUs and memory are not promised twice.
     cpus: float = 0.0
@@ -213,6 +215,9 @@ class Config:
     preemption: bool = True  # reclaim borrowed GPUs for work within a guarantee
     backfill: bool = True
     min_runtime_s: float = 60.0  # never preempt an attempt younger than this (no thrashing)
+    # An attempt of a job preempted this many times already is not preempted again (None: no
+    # bound), so no job restarts over and over; draining a node still stops it.
+    max_preemptions: int | None = None
     victim_order: VictimOrder = VictimOrder.LOST_WORK
     # What restarting a victim costs besides the work it loses (image, data, checkpoint load).
     restart_cost_s: float = 60.0

@@ -1,8 +1,8 @@
 """Preemption: which running attempts to stop so that a waiting job can start.
 
 Who may be stopped, always only a preemptible attempt that has run at least
-`Config.min_runtime_s` (restarting work that just began wastes more than it frees) and is not
-already stopping:
+`Config.min_runtime_s` (restarting work that just began wastes more than it frees), is not
+already stopping, and whose job was preempted fewer than `Config.max_preemptions` times:
 
 - for a job within its tenant's guarantee: borrowed attempts of other tenants that are still
   over their own guarantee, those that lose the least work per GPU first (Config.victim_order
@@ -131,10 +131,13 @@ class Victims:
         if self._by_type is None:
             by_type: dict[str, list[Running]] = {}
             min_runtime_s = self._config.min_runtime_s
+            cap = self._config.max_preemptions
             now_s = self._now_s
             by_owner = self._by_owner
             for r in self._running:
                 if r.stopping or not r.preemptible or now_s - r.started_at_s < min_runtime_s:
+                    continue
+                if cap is not None and r.preemptions >= cap:
                     continue
                 by_type.setdefault(r.gpu_type, []).append(r)
                 by_owner.setdefault((r.tenant, r.gpu_type), []).append(r)

@@ -679,6 +679,7 @@ class _Engine:
             attained_service_s=attained,
             attained_as_of_s=as_of_s,
             remaining_s=remaining,
+            preemptions=job.preemptions,
             power_profile=_DEFAULT_PROFILE,
             cpus=t.cpus,
             memory_mib=t.memory_mib,

@@ -139,6 +139,7 @@ class ClusterBuilder:
         stop_by_s: float | None = None,
         checkpointed_ago_s: float | None = None,
         checkpoint_interval_s: float | None = None,
+        preemptions: int = 0,
     ) -> ClusterBuilder:
         """An attempt holding `gpus` GPUs on a node (or spread evenly over several nodes)."""
         if started_at_s is None:
@@ -176,6 +177,7 @@ class ClusterBuilder:
                     None if checkpointed_ago_s is None else self.now_s - checkpointed_ago_s
                 ),
                 checkpoint_interval_s=checkpoint_interval_s,
+                preemptions=preemptions,
             )
         )
         return self

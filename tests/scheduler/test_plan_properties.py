@@ -64,6 +64,7 @@ JOB_VOLUMES = st.sampled_from([()] * 6 + [("datasets",), ("scratch",), VOLUME_NA
 GRACE = st.sampled_from([0.0, 0.0, 30.0, 60.0])
 CHECKPOINTED_AGO = st.one_of(st.none(), st.floats(0, 10_000))
 INTERVAL = st.sampled_from([None, None, 60.0, 900.0])
+PREEMPTED = st.sampled_from([0, 0, 0, 1, 2, 5])
 
 
 @st.composite
@@ -163,6 +164,7 @@ def _running(draw, job_id, names, gpus, gpu_type) -> Running:
         stopping=stopping,
         remaining_s=draw(REMAINING),
         attained_service_s=draw(SERVICE),
+        preemptions=draw(PREEMPTED),
         cpus=draw(RUN_CPUS),
         grace_s=grace_s,
         stop_by_s=NOW + draw(st.floats(-10, grace_s)) if stopping and draw(BOOL) else None,
@@ -180,6 +182,7 @@ configs = st.builds(
     min_runtime_s=st.sampled_from([0.0, 60.0, 3000.0]),
     aging_period_s=st.sampled_from([0.0, 600.0, 3600.0]),
     victim_order=st.sampled_from(list(VictimOrder)),
+    max_preemptions=st.sampled_from([None, None, 0, 1, 3]),
 )
 
 SETTINGS = settings(
@@ -273,6 +276,9 @@ def test_only_preemptible_attempts_older_than_the_minimum_runtime_are_preempted(
         assert r.preemptible and not r.stopping
         assert NOW - r.started_at_s >= config.min_runtime_s
         assert x.job_id == r.job_id
+        if config.max_preemptions is not None and x.for_job_id is not None:
+            # Only draining a node (no job it is stopped for) stops one past the bound.
+            assert r.preemptions < config.max_preemptions
 
 
 @SETTINGS

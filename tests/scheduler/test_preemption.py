@@ -79,6 +79,31 @@ def test_borrowed_work_younger_than_the_minimum_runtime_is_not_preempted():
     assert preempted(later) == {2}
 
 
+@pytest.mark.parametrize("ordering", [Ordering.FAIR, Ordering.SRTF, Ordering.LAS])
+def test_a_job_preempted_max_preemptions_times_is_not_preempted_again(ordering):
+    # vision's guarantee is job 1's node; 2, 3 (on n2) and 4 (on n3) are borrowed. The rules
+    # take n2's two young attempts; job 3 was preempted twice already, so with a bound of 2
+    # the job takes n3 instead, and with a bound of 0 nothing at all.
+    long = {"remaining_s": 9000.0, "attained_service_s": 9e4}
+    c = (
+        cluster()
+        .nodes(3, gpus=8)
+        .tenant("vision", 8, 24)
+        .tenant("nlp", 8, 16)
+        .running(1, "vision", 8, "n1", ran_s=7200, **long)
+        .running(2, "vision", 4, "n2", ran_s=1800, **long)
+        .running(3, "vision", 4, "n2", ran_s=900, preemptions=2, **long)
+        .running(4, "vision", 8, "n3", ran_s=3600, **long)
+        .pending(10, "nlp", 8, predicted_s=60)
+    )
+    assert preempted(c.plan(ordering=ordering)) == {2, 3}
+    assert preempted(c.plan(ordering=ordering, max_preemptions=3)) == {2, 3}
+    assert preempted(c.plan(ordering=ordering, max_preemptions=2)) == {4}
+    none = c.plan(ordering=ordering, max_preemptions=0)
+    assert none.preemptions == ()
+    assert decision(none, 10).reason_code is ReasonCode.NO_CAPACITY
+
+
 def test_preemption_evicts_the_youngest_borrowed_attempts_first():
     c = (
         cluster()
