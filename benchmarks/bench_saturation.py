@@ -12,11 +12,17 @@ asked again with a larger window, thrash stalls (must be 0), the load average of
 p99 JCT, mean / p99 queue, max rho (against FIFO on each tenant's own partition) and
 preemptions per victim (mean / max), and where `ours` stands between fifo-shared and
 srtf-shared. ``--results DIR`` keeps every replay (``L<load>-<policy>.pkl``) and reuses it.
+
+A policy may be a preset with fields of its Config set otherwise, ``PRESET+FIELD=VALUE[+...]``
+(``ours+max_preemptions=3``): a variant measured beside the presets. Under the table: the
+distribution of preemptions per victim (how many preempted jobs were preempted 1, 2, 3-5,
+6-10, 11-20 and more than 20 times) of every policy that preempts.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pickle
 import sys
@@ -36,6 +42,43 @@ def _load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def variant(name: str) -> tuple[str, dict[str, object]]:
+    """(preset, Config fields to set) of ``PRESET+FIELD=VALUE+...``."""
+    preset_name, *sets = name.split("+")
+    changes: dict[str, object] = {}
+    for item in sets:
+        field, _, text = item.partition("=")
+        value: object = text
+        if text in ("None", "none"):
+            value = None
+        elif text in ("True", "False"):
+            value = text == "True"
+        else:
+            try:
+                value = int(text)
+            except ValueError:
+                try:
+                    value = float(text)
+                except ValueError:
+                    pass
+        changes[field] = value
+    return preset_name, changes
+
+
+BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, None))
+
+
+def per_victim(result: Result) -> str:
+    """How many preempted jobs were preempted 1, 2, 3-5, 6-10, 11-20, > 20 times."""
+    counts = [o.preemptions for o in result.outcomes if o.preemptions]
+    cells = []
+    for low, high in BINS:
+        n = sum(1 for c in counts if c >= low and (high is None or c <= high))
+        label = f"{low}" if low == high else (f"{low}-{high}" if high else f">{low - 1}")
+        cells.append(f"{label}: {n:,}")
+    return ", ".join(cells)
+
+
 def replay(
     trace_spec: str, name: str, load: float, limit: int | None, results: Path | None
 ) -> Result:
@@ -50,7 +93,10 @@ def replay(
         return cached
     trace = load_trace(trace_spec).limited(limit)
     before = _load()
-    result = run_preset(trace, name, SimOptions(), load_factor=load)
+    preset_name, changes = variant(name)
+    result = run_preset(
+        trace, preset_name, SimOptions(), load_factor=load, config_changes=changes or None
+    )
     print(
         f"  L={load:<4g} {name:<16} wall {result.wall_s:7.1f} s  cpu {result.cpu_s:7.1f} s  "
         f"plans {result.plan_calls:>7,}  re-asked {result.window_replans:>6,}  "
@@ -63,6 +109,10 @@ def replay(
         with path.open("wb") as handle:
             pickle.dump(result, handle)
     return result
+
+
+def change(value: float, base: float) -> str:
+    return f"{value / base - 1:+.1%}" if base else "n/a"
 
 
 def table(rows: list[Summary]) -> str:
@@ -106,17 +156,28 @@ def main() -> int:
         reference = runs[REFERENCE_PRESET]
         rows = [summarize(n, runs[n], reference) for n in names]
         print(table(rows))
+        for n in names:
+            if runs[n].preemptions:
+                print(f"  {n}: preemptions per victim {per_victim(runs[n])}")
         by = {s.policy: s for s in rows}
-        if {"fifo-shared", "srtf-shared", "ours"} <= by.keys():
-            fifo, srtf, ours = by["fifo-shared"], by["srtf-shared"], by["ours"]
-            gap = fifo.mean_jct_s - srtf.mean_jct_s
-            closed = (fifo.mean_jct_s - ours.mean_jct_s) / gap if gap > 0 else float("nan")
-            print(
-                f"ours vs fifo-shared: mean JCT {ours.mean_jct_s / fifo.mean_jct_s - 1:+.1%}, "
-                f"mean queue {ours.mean_queue_s / fifo.mean_queue_s - 1:+.1%}, "
-                f"p99 queue {ours.p99_queue_s / fifo.p99_queue_s - 1:+.1%}; "
-                f"closes {closed:.0%} of the mean-JCT gap to srtf-shared"
-            )
+        if "fifo-shared" in by:
+            fifo = by["fifo-shared"]
+            srtf = by.get("srtf-shared")
+            for ours in rows:
+                if ours.policy in ("fifo-shared", "srtf-shared"):
+                    continue
+                line = (
+                    f"{ours.policy} vs fifo-shared: mean JCT "
+                    f"{change(ours.mean_jct_s, fifo.mean_jct_s)}, p99 JCT "
+                    f"{change(ours.p99_jct_s, fifo.p99_jct_s)}, mean queue "
+                    f"{change(ours.mean_queue_s, fifo.mean_queue_s)}, p99 queue "
+                    f"{change(ours.p99_queue_s, fifo.p99_queue_s)}"
+                )
+                if srtf is not None:
+                    gap = fifo.mean_jct_s - srtf.mean_jct_s
+                    closed = (fifo.mean_jct_s - ours.mean_jct_s) / gap if gap > 0 else math.nan
+                    line += f"; closes {closed:.0%} of the mean-JCT gap to srtf-shared"
+                print(line)
         print(f"({time.perf_counter() - t0:.0f} s for L = {load:g})", flush=True)
     return 0
 
