@@ -43,7 +43,7 @@ from scheduler.model import (
     Start,
 )
 from scheduler.placement import ClusterIndex, Fits, TypeIndex
-from scheduler.preemption import Search, Victims, find_victims, reason_for
+from scheduler.preemption import Candidate, Search, Victims, find_victims, reason_for
 from scheduler.priority import las_queue
 from scheduler.quota import Book
 from scheduler.reasons import Waiting
@@ -80,7 +80,10 @@ class Admission:
         predicted_s: dict[int, float],
         releases: backfill.ReleaseIndex | None = None,
         totals: quota.RunningTotals | None = None,
+        candidates: dict[int, tuple[Running, Candidate]] | None = None,
     ):
+        # `candidates`: victims made by earlier plans at this instant (PlanMemo.candidates).
+        self._kept_candidates = candidates
         # `totals`: snapshot.running summed in the caller's memo (PlanMemo.running_totals).
         self._totals = totals
         # `releases`: the running attempts' ends kept in the caller's memo (PlanMemo.releases);
@@ -126,12 +129,16 @@ class Admission:
     def victims(self) -> Victims:
         """The preemption candidates of this cycle, built when a job first needs them."""
         if self._victims is None:
+            running = self.snapshot.running
+            if self.preempted:
+                running = tuple(r for r in running if r.attempt_id not in self.preempted)
             self._victims = Victims(
-                tuple(r for r in self.snapshot.running if r.attempt_id not in self.preempted),
+                running,
                 self.index,
                 lambda: self.borrowed,
                 self.config,
                 self.now_s,
+                self._kept_candidates,
             )
         return self._victims
 

@@ -14,13 +14,14 @@ can be handed the other's index. plan() without one builds every index afresh.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scheduler.backfill import ReleaseIndex
-    from scheduler.model import HistoryRecord, Node, Running
+    from scheduler.model import Config, HistoryRecord, Node, Running
     from scheduler.placement import FreeGPUs, Topology
     from scheduler.predict import HistoryIndex
+    from scheduler.preemption import Candidate
     from scheduler.quota import RunningTotals
     from scheduler.reasons import Fleet
 
@@ -33,6 +34,7 @@ class PlanMemo:
         "_running",
         "_releases",
         "_free",
+        "_candidates",
         "sentences",
     )
 
@@ -48,6 +50,8 @@ class PlanMemo:
         self._running: RunningTotals | None = None
         self._releases: ReleaseIndex | None = None
         self._free: FreeGPUs | None = None
+        # ((instant, config, topology), victim candidates by id of their attempt object)
+        self._candidates: tuple[tuple[float, Config, Topology], dict[int, Any]] | None = None
 
     def running_totals(self, running: tuple[Running, ...]) -> RunningTotals:
         """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call."""
@@ -99,6 +103,24 @@ class PlanMemo:
             free.update(totals.held, totals.added, totals.removed)
         free.epoch = totals.epoch
         return free
+
+    def candidates(
+        self, now_s: float, config: Config, topology: Topology
+    ) -> dict[int, tuple[Running, Candidate]]:
+        """Preemption candidates (scheduler.preemption.Candidate) made by plans at this instant
+        under this config and topology: a cycle often plans again at the same instant (after a
+        preemption), and a candidate depends only on its attempt object and these. Forgotten at
+        the next instant."""
+        key = (now_s, config, topology)
+        kept = self._candidates
+        if (
+            kept is None
+            or kept[0][0] != now_s
+            or kept[0][1] is not config
+            or kept[0][2] is not topology
+        ):
+            kept = self._candidates = (key, {})
+        return kept[1]
 
     def topology(self, nodes: tuple[Node, ...]) -> Topology:
         from scheduler.placement import Topology

@@ -108,7 +108,8 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     t3 = perf_counter()
     steps["predict"] = t3 - t2
 
-    admission = Admission(snapshot, config, index, books, predicted_s, releases, totals)
+    candidates = memo.candidates(snapshot.now_s, config, topology) if config.preemption else None
+    admission = Admission(snapshot, config, index, books, predicted_s, releases, totals, candidates)
     admission.drain()
     t4 = perf_counter()
     steps["drain"] = t4 - t3

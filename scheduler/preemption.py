@@ -103,7 +103,12 @@ class Victims:
         borrowed: Callable[[], set[int]],
         config: Config,
         now_s: float,
+        kept: dict[int, tuple[Running, Candidate]] | None = None,
     ):
+        # `kept`: candidates made by earlier plans at this same instant, under this config and
+        # topology (PlanMemo.candidates), by id of their attempt object: reused for the same
+        # object, since a candidate depends on nothing else.
+        self._kept = kept
         self._running = running
         self._index = index
         self._borrowed = borrowed
@@ -146,6 +151,10 @@ class Victims:
 
     def _candidate(self, r: Running) -> Candidate:
         c = self._candidates.get(r.attempt_id)
+        if c is None and self._kept is not None:
+            entry = self._kept.get(id(r))
+            if entry is not None and entry[0] is r:
+                c = self._candidates[r.attempt_id] = entry[1]
         if c is None:
             if r.remaining_s is not None:
                 remaining_s = r.remaining_s
@@ -162,6 +171,8 @@ class Victims:
                 lost_work_s(r, self._now_s, self._config.restart_cost_s),
                 attained_now(r, self._now_s),
             )
+            if self._kept is not None:
+                self._kept[id(r)] = (r, c)
         return c
 
     def _order(self, c: Candidate) -> tuple[float, ...]:

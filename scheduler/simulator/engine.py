@@ -911,7 +911,8 @@ class _Engine:
         self, plan: Plan, cut: dict[tuple[object, ...], int]
     ) -> list[tuple[object, ...]] | None:
         """The classes whose last job shown got GPUs or victims: their tail might too. None:
-        the tail of any class might get something (the plan is asked with the whole backlog).
+        the tail of any class might get something (the plan is asked with the whole backlog),
+        as when a class's last job shown was considered before a job that preempted.
 
         A cycle only takes resources, except one: an attempt preempted for a job may free more
         GPUs than the job needs, and the rest are there for any later job entitled to GPUs being
@@ -920,8 +921,23 @@ class _Engine:
         """
         if not cut:
             return []
+        # GPUs a preemption frees beyond its job's need are there for the jobs considered after
+        # it. A class whose last job shown was considered after every job that preempted saw
+        # them all (and got nothing): its tail gets nothing either. One considered before a
+        # preempting job might not have: the plan is asked with the whole backlog.
+        latest = 0  # the last place in the plan's order of a job that preempted
         if (plan.preemptions or self.grace_s > 0) and self._tail_may_claim(cut):
-            return None
+            if self.grace_s > 0:
+                return None
+            place = {d.job_id: d.queue_position for d in plan.pending}
+            for p in plan.preemptions:
+                if p.for_job_id is not None:
+                    at = place.get(p.for_job_id)
+                    if at is None:
+                        return None  # a job that preempted and started at once: not seen here
+                    latest = max(latest, at)
+        else:
+            place = {}
         started = {s.job_id for s in plan.starts}
         waiting_for_victims = {
             d.job_id for d in plan.pending if d.reason_code is ReasonCode.WAITING_FOR_PREEMPTION
@@ -931,6 +947,10 @@ class _Engine:
             last = int(self.classes[klass][shown - 1][-1])
             if last in started or last in waiting_for_victims:
                 short.append(klass)
+            elif latest and place.get(last, 0) < latest:
+                # Showing such a class more until its last job comes after every preempting
+                # one was measured: asked again and again, it cost more than the whole backlog.
+                return None
         return short
 
     def _tail_may_claim(self, cut: dict[tuple[object, ...], int]) -> bool:
