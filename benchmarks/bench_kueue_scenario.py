@@ -97,8 +97,24 @@ def tenants_per_group(scale: float) -> int:
     return max(1, round(TENANTS_PER_GROUP * scale))
 
 
-def group_type(g: int) -> str:
-    return f"KUEUE-G{g:02d}"
+# With real agents a group's GPU type is what its nodes' simulated boards report: ten groups,
+# ten boards, so a tenant's quota (per GPU type) lends only inside its group, as a cohort does.
+REAL_PROFILES = (
+    "H100-SXM-80GB",
+    "A100-SXM4-80GB",
+    "H200-SXM-141GB",
+    "A100-SXM4-40GB",
+    "V100-SXM2-32GB",
+    "V100-PCIE-32GB",
+    "A40",
+    "P100-PCIE-16GB",
+    "RTX6000",
+    "L4",
+)
+
+
+def group_type(g: int, real: bool = False) -> str:
+    return REAL_PROFILES[g] if real else f"KUEUE-G{g:02d}"
 
 
 def schedule(scale: float) -> list[tuple[float, int, str]]:
@@ -229,7 +245,7 @@ def role_submit(args) -> None:
             image="registry.local/kueue-bench:1",
             command=["sleep", str(c.runtime_s)],
             gpus=c.gpus,
-            gpu_type=group_type(g),
+            gpu_type=group_type(g, args.agents == "real"),
             priority=c.priority,
             cpus=1.0,
             memory_mib=1024,
@@ -397,6 +413,8 @@ def _child(role: str, args, env: dict, extra: list[str]) -> subprocess.Popen:
         str(args.scale),
         "--t0",
         str(args.t0),
+        "--agents",
+        args.agents,
         *(["--profile-dir", args.profile_dir] if args.profile_dir else []),
         *extra,
     ]
@@ -632,7 +650,306 @@ def orchestrate(args) -> None:
         print_figures(figures, args.scale)
 
 
-def print_figures(f: dict, scale: float) -> None:
+# --- with real agents ---------------------------------------------------------------------------
+
+
+def populate_real(scale: float) -> dict:
+    """Pools, tenants, quotas and users as populate(), but no nodes: the agents register them.
+
+    Returns the sizes and, per group, the join token its nodes join their pool with.
+    """
+    import datetime as dt
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from controlplane.cluster import actions as cluster_actions
+    from controlplane.tenancy.models import Quota, Tenant
+
+    per_group = tenants_per_group(scale)
+    nodes_per_pool = math.ceil(GUARANTEED_GPUS * per_group / GPUS_PER_NODE)
+    User = get_user_model()
+    admin = User.objects.create_superuser("kueue-admin", "k@example.org", "x" * 16)
+    join_tokens = []
+    for g in range(GROUPS):
+        pool = cluster_actions.create_pool(actor=admin, name=f"group-{g:02d}")
+        _, raw = cluster_actions.create_join_token(
+            pool,
+            actor=admin,
+            expires_at=timezone.now() + dt.timedelta(hours=6),
+            max_uses=nodes_per_pool,
+        )
+        join_tokens.append(raw)
+        tenants = Tenant.objects.bulk_create(
+            [
+                Tenant(slug=f"g{g:02d}-t{k:03d}", name=f"Group {g} tenant {k}")
+                for k in range(per_group)
+            ]
+        )
+        Quota.objects.bulk_create(
+            [
+                Quota(
+                    tenant=t,
+                    gpu_type=group_type(g, real=True),
+                    guaranteed_gpus=GUARANTEED_GPUS,
+                    limit_gpus=GUARANTEED_GPUS + BORROWABLE_GPUS,
+                )
+                for t in tenants
+            ]
+        )
+        User.objects.bulk_create([User(username=t.slug, password="!") for t in tenants])
+    return {
+        "gpus": GROUPS * nodes_per_pool * GPUS_PER_NODE,
+        "tenants": GROUPS * per_group,
+        "nodes": GROUPS * nodes_per_pool,
+        "nodes_per_pool": nodes_per_pool,
+        "join_tokens": join_tokens,
+    }
+
+
+def role_launch_agents(args) -> None:
+    """Start every node's agent (`python -m agents`, as on a GPU host) and wait for them.
+
+    One process starts them all so that one subreaper above it (bench_throughput's --reap)
+    collects the CPU of the agents, of their fences, of the job supervisors they detach and of
+    the jobs. A stop is passed on to every agent.
+    """
+    import signal
+
+    spec = json.loads(Path(args.agents_spec).read_text())
+    agents: list[subprocess.Popen] = []
+
+    def forward(signum, _frame):
+        for agent in agents:
+            if agent.poll() is None:
+                agent.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    log_dir = Path(spec["log_dir"])
+    for node in spec["nodes"]:
+        env = {**os.environ, "GPUCP_JOIN_TOKEN": node["join_token"]}
+        log = open(log_dir / f"{node['name']}.log", "ab")  # noqa: SIM115 - the agent's own
+        agents.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agents",
+                    f"--url={spec['url']}",
+                    f"--node-name={node['name']}",
+                    f"--state-dir={Path(spec['state_root']) / node['name']}",
+                    "--runtime=process",
+                    f"--gpu-backend=simulated:{node['profile']}:{GPUS_PER_NODE}",
+                    "--log-level=WARNING",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    for agent in agents:
+        agent.wait()
+
+
+def orchestrate_real(args) -> None:
+    """The scenario on the production stack: gunicorn, a Celery worker and beat, and one real
+    agent process per node (simulated GPUs, the process runtime: each job is a `sleep` of its
+    class's run time, started and reported by its node's agent over the agent API)."""
+    import shutil
+
+    from bench_heartbeat import ensure_free, stop
+    from bench_submit_to_running import _answers, _kill_leftover_jobs, wait_for
+    from bench_throughput import BIN, CpuMeter, loadavg, server_roots, spawn_reaped
+    from django.conf import settings
+    from django.db import connection
+
+    from controlplane.cluster.models import Node
+    from controlplane.jobs.models import Job
+
+    if not settings.REDIS_URL:
+        sys.exit("This benchmark needs Redis (the Celery broker): set REDIS_URL=redis://...")
+    queue = f"{settings.CELERY_TASK_DEFAULT_QUEUE}_kueue"
+    total = len(schedule(args.scale))
+    log_dir = Path(args.log_dir)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    (log_dir / "agents").mkdir(parents=True)
+    state_root = log_dir / "state"
+    with bench_database("bench_kueue") as name:
+        sizes = populate_real(args.scale)
+        nodes = sizes["nodes"]
+        print(
+            f"scale {args.scale}, real agents: {GROUPS} groups x {tenants_per_group(args.scale)} "
+            f"tenants, {sizes['gpus']} GPUs on {nodes} nodes (one agent process each, "
+            f"process runtime, simulated GPUs), {total} jobs; {os.cpu_count()} CPUs",
+            flush=True,
+        )
+        db = connection.settings_dict
+        # Every agent keeps a watch (long poll) open: each web process needs a thread per
+        # watch it holds and some more for heartbeats (docker-compose.yml sizes it the same way).
+        watches = math.ceil(nodes / 2) + 4
+        env = {
+            **os.environ,
+            "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}",
+            "CELERY_QUEUE": queue,
+            "SCHEDULER_EMBEDDED": "0",
+            "DEBUG": "0",
+            "LOG_LEVEL": "WARNING",
+            "AGENT_WATCH_MAX_PER_PROCESS": str(watches),
+            "API_THROTTLE_USER_RATE": "1000000/minute",
+            "API_THROTTLE_ANON_RATE": "1000000/minute",
+        }
+        _purge(queue)
+        url = f"http://127.0.0.1:{args.port}"
+        ensure_free(args.port)
+        celery = [str(BIN / "celery"), "-A", "controlplane"]
+        groups = {
+            "web": spawn_reaped(
+                [
+                    str(BIN / "gunicorn"),
+                    "controlplane.wsgi:application",
+                    f"--bind=127.0.0.1:{args.port}",
+                    "--worker-class=gthread",
+                    "--workers=2",
+                    f"--threads={watches + 12}",
+                    "--worker-connections=4000",
+                    "--backlog=4096",
+                    "--keep-alive=75",
+                ],
+                env,
+                log_dir / "web.log",
+            ),
+            "worker": spawn_reaped(
+                [*celery, "worker", "-Q", queue, "--pool=solo", "--loglevel=WARNING"],
+                env,
+                log_dir / "worker.log",
+            ),
+            "beat": spawn_reaped(
+                [*celery, "beat", f"--schedule={log_dir / 'beat-schedule'}", "--loglevel=WARNING"],
+                env,
+                log_dir / "beat.log",
+            ),
+        }
+        children: list[subprocess.Popen] = []
+        try:
+            wait_for(lambda: _answers(url), 60, f"gunicorn on {url} (see {log_dir})")
+            per_pool = sizes["nodes_per_pool"]
+            spec = {
+                "url": url,
+                "log_dir": str(log_dir / "agents"),
+                "state_root": str(state_root),
+                "nodes": [
+                    {
+                        "name": f"g{g:02d}-node-{i:04d}",
+                        "profile": group_type(g, real=True),
+                        "join_token": sizes["join_tokens"][g],
+                    }
+                    for g in range(GROUPS)
+                    for i in range(per_pool)
+                ],
+            }
+            spec_path = log_dir / "agents.json"
+            spec_path.write_text(json.dumps(spec))
+            groups["agents"] = spawn_reaped(
+                [
+                    sys.executable,
+                    __file__,
+                    "--role",
+                    "launch-agents",
+                    "--agents-spec",
+                    str(spec_path),
+                ],
+                env,
+                log_dir / "launcher.log",
+            )
+            began = time.time()
+            wait_for(
+                lambda: Node.objects.filter(ready=True).count() == nodes,
+                max(120.0, nodes * 2.0),
+                f"{nodes} agents to register (see {log_dir / 'agents'})",
+            )
+            print(
+                f"{nodes} agents registered in {time.time() - began:.0f} s (load {loadavg()})",
+                flush=True,
+            )
+            time.sleep(5)  # their first heartbeats and watches settle
+            meter = CpuMeter(
+                {
+                    **{role: [proc.pid] for role, proc in groups.items()},
+                    **server_roots(),
+                }
+            )
+            before = meter.read()
+            args.t0 = time.time() + 1.0
+            children = [
+                _child("submit", args, env, ["--shard", str(i), "--shards", str(args.submitters)])
+                for i in range(args.submitters)
+            ]
+            last_print = time.time()
+            finished = 0
+            while finished < total:
+                failed = [c.args[3] for c in children if c.poll() not in (None, 0)]
+                if failed:
+                    print(f"a {failed[0]} process failed: the figures below are partial")
+                    break
+                if time.time() > args.t0 + args.max_wall_s:
+                    print(f"stopped after {args.max_wall_s} s: the figures below are partial")
+                    break
+                time.sleep(0.5)
+                finished = Job.objects.filter(
+                    state__in=("SUCCEEDED", "FAILED", "CANCELLED")
+                ).count()
+                if time.time() - last_print >= 30:
+                    print(
+                        f"  t={time.time() - args.t0:6.0f} s: {finished}/{total} jobs ended "
+                        f"(load {loadavg()})",
+                        flush=True,
+                    )
+                    last_print = time.time()
+            after = meter.read()
+            load = loadavg()
+            roles: dict = {"submitters": [], "agents": []}
+            for child in children:
+                out, _ = child.communicate(timeout=60)
+                lines = (out or "").strip().splitlines()
+                if lines:
+                    roles["submitters"].append(json.loads(lines[-1]))
+            submit_cpu_s = sum(r["cpu_s"] + r["db_cpu_s"] for r in roles["submitters"])
+            roles["worker"] = {
+                "cpu_s": round(after["worker"] - before["worker"], 2),
+                "db_cpu_s": round(after["postgresql"] - before["postgresql"], 2),
+            }
+            figures = report(sizes["gpus"], args.t0, roles)
+            not_succeeded = Job.objects.exclude(state="SUCCEEDED").count()
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.terminate()
+            for proc in [
+                groups.get("agents"),
+                *reversed([groups[k] for k in ("web", "worker", "beat")]),
+            ]:
+                if proc is not None:
+                    stop(proc)
+            _kill_leftover_jobs(state_root)
+            _purge(queue)
+        print_figures(figures, args.scale, real_agents=True)
+        print(f"jobs not SUCCEEDED: {not_succeeded}; load average at the end: {load}")
+        print(f"CPU per job ({total} jobs), each process group with everything it started:")
+        total_ms = 0.0
+        for group in before:
+            ms = (after[group] - before[group]) * 1000 / total
+            total_ms += ms
+            print(f"  {group:12s} {ms:7.1f} ms")
+        print(
+            f"  submitters   {submit_cpu_s * 1000 / total:7.1f} ms (their Python and database "
+            "backends, counted in postgresql too)"
+        )
+        print(f"  all server-side processes and the jobs: {total_ms:.1f} ms")
+
+
+def print_figures(f: dict, scale: float, *, real_agents: bool = False) -> None:
     a = f["admission_s"]
     print(
         f"wall time:            {f['wall_s']:8.1f} s      (Kueue {KUEUE['wall_s']:.0f} s at full size)"
@@ -661,9 +978,10 @@ def print_figures(f: dict, scale: float) -> None:
     )
     print(f"where the time went (s, each process on its own clock; wall {f['wall_s']:.1f} s):")
     w = f["worker"]
+    backends = "all database backends" if real_agents else "its database backends >="
     print(
         f"  Celery worker, cycles:  {f['cycle_total_s']:8.1f}  "
-        f"(CPU: worker {w['cpu_s']} s, its database backends >= {w['db_cpu_s']} s)"
+        f"(CPU: worker {w['cpu_s']} s, {backends} {w['db_cpu_s']} s)"
     )
     for i, r in enumerate(f["submitters"]):
         print(
@@ -704,15 +1022,38 @@ def main() -> None:
         help="write a cProfile of each submitter and agent process here (<role>-<shard>.pstats)",
     )
     parser.add_argument(
-        "--role", choices=("main", "submit", "agent"), default="main", help=argparse.SUPPRESS
+        "--agents",
+        choices=("stand-in", "real"),
+        default="stand-in",
+        help="stand-in: two processes heartbeat for all nodes through the production heartbeat "
+        "function (scale 1 fits this machine); real: one `python -m agents` process per node "
+        "(8 simulated GPUs, process runtime) behind gunicorn, with Celery beat, as deployed "
+        "(about 50 MiB of memory per node: use a scale like 0.05)",
     )
+    parser.add_argument("--port", type=int, default=18490, help="gunicorn's port (--agents real)")
+    parser.add_argument(
+        "--log-dir",
+        default=str(REPO / "benchmarks" / "out" / "kueue"),
+        help="logs and agent state of a --agents real run",
+    )
+    parser.add_argument(
+        "--role",
+        choices=("main", "submit", "agent", "launch-agents"),
+        default="main",
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument("--agents-spec", default="", help=argparse.SUPPRESS)
     parser.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--shards", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.role == "launch-agents":
+        role_launch_agents(args)
+        return
     setup_django()
-    run = {"main": orchestrate, "submit": role_submit, "agent": role_agent}[args.role]
+    main_role = orchestrate_real if args.agents == "real" else orchestrate
+    run = {"main": main_role, "submit": role_submit, "agent": role_agent}[args.role]
     if args.profile_dir and args.role != "main":
         import cProfile
 
