@@ -789,6 +789,19 @@ def orchestrate_real(args) -> None:
         # Every agent keeps a watch (long poll) open: each web process needs a thread per
         # watch it holds and some more for heartbeats (docker-compose.yml sizes it the same way).
         watches = math.ceil(nodes / 2) + 4
+        # Each gunicorn thread keeps its own database connection (DB_CONN_MAX_AGE), beside the
+        # worker's, beat's, the submitters' and this script's: refuse a scale the server's
+        # max_connections cannot hold, rather than fail half-way with "too many clients".
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW max_connections")
+            max_connections = int(cursor.fetchone()[0])
+        needed = 2 * (watches + 12) + args.submitters + 8
+        if needed > max_connections:
+            sys.exit(
+                f"--scale {args.scale} needs about {needed} database connections ({nodes} agents' "
+                f"watches on 2 gunicorn processes) and PostgreSQL allows {max_connections}: "
+                "raise max_connections or lower --scale"
+            )
         env = {
             **os.environ,
             "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}",
