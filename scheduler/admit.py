@@ -106,6 +106,9 @@ class Admission:
         self.preemptions: list[Preemption] = []
         self.waiting: list[Waiting] = []
         self.preempted: set[int] = set()  # attempt ids
+        # type -> jobs left waiting when GPUs of the type being freed were last seen unclaimed
+        # after a decision (Plan.soon_left_after)
+        self.soon_left_after: dict[str, int] = {}
         self.search_failed_at: dict[str, int] = {}  # type -> fewest GPUs a search failed for
         self._victims: Victims | None = None
         self._max_resources: dict[str, tuple[float, int]] = {}
@@ -159,9 +162,22 @@ class Admission:
                 self._evict(r, len(r.gpus), reason_for("drain", 0), None)
 
     def run(self, queue: Iterable[Pending]) -> None:
-        """Decide every job of the queue, in order."""
+        """Decide every job of the queue, in order; note where GPUs being freed were left over
+        (soon_left_after)."""
+        types = self.index.types
+        left = self.soon_left_after
+        for ti in types.values():
+            if ti.soon_total:
+                left[ti.gpu_type] = 0
         for job in queue:
             self._decide(job)
+            # GPUs being freed exist only after a preemption (or one under way): most cycles
+            # skip this at the cost of one test.
+            if self.preemptions or left:
+                at = len(self.waiting)
+                for ti in types.values():
+                    if ti.soon_total:
+                        left[ti.gpu_type] = at
 
     # ----- one job -----------------------------------------------------------------------------
 

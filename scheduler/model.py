@@ -276,3 +276,9 @@ class Plan:
     predicted_duration_s: dict[int, float] = field(default_factory=dict)  # job id -> prediction
     # Wall seconds per named step; measurement only, so equal plans compare equal without it.
     step_seconds: dict[str, float] = field(default_factory=dict, compare=False)
+    # GPU type -> how many jobs had been left waiting (queue positions given out) when GPUs of
+    # the type being freed (by a preemption or a stop under way) were last seen unclaimed after
+    # a job was decided: a job considered after that point might have taken them. The trace
+    # simulator's window reads it to tell whether a job it did not show could have got
+    # anything; nothing decides on it, so equal plans compare equal without it.
+    soon_left_after: dict[str, int] = field(default_factory=dict, compare=False)

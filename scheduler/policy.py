@@ -141,6 +141,7 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
         power_caps_w=caps_w,
         predicted_duration_s=predicted_s,
         step_seconds=steps,
+        soon_left_after=admission.soon_left_after,
     )
 
 

@@ -244,7 +244,13 @@ class Victims:
         key = (gpu_type, tenant)
         found = self._baseline.get(key)
         if found is None:
-            found = list(self.cross(gpu_type) if tenant is None else self.own(tenant, gpu_type))
+            if tenant is None:
+                found = list(self.cross(gpu_type))
+            else:
+                # The keys below tell every two attempts apart (the attempt id last), so the
+                # tenant's attempts need not be put in own()'s order first.
+                self._group()
+                found = [self._candidate(r) for r in self._by_owner.get((tenant, gpu_type), ())]
             if self._config.ordering is Ordering.SRTF:
                 found.sort(key=lambda c: (-c.remaining_s, *_youngest(c)))
             else:

@@ -922,10 +922,14 @@ class _Engine:
         if not cut:
             return []
         # GPUs a preemption frees beyond its job's need are there for the jobs considered after
-        # it. A class whose last job shown was considered after every job that preempted saw
-        # them all (and got nothing): its tail gets nothing either. One considered before a
-        # preempting job might not have: the plan is asked with the whole backlog.
-        latest = 0  # the last place in the plan's order of a job that preempted
+        # it. A class whose last job shown (which got nothing) was considered after every job
+        # that preempted saw them all: its tail gets nothing either. One considered before a
+        # preempting job might not have, but only if some of those GPUs were still unclaimed
+        # after that job was decided (Plan.soon_left_after): if none were, every later job
+        # met no more than the class's last job shown met. Otherwise the plan is asked with
+        # the whole backlog.
+        # (place in the plan's order, type of its victims) of each job that preempted
+        preempting: list[tuple[int, str]] = []
         if (plan.preemptions or self.grace_s > 0) and self._tail_may_claim(cut):
             if self.grace_s > 0:
                 return None
@@ -935,22 +939,39 @@ class _Engine:
                     at = place.get(p.for_job_id)
                     if at is None:
                         return None  # a job that preempted and started at once: not seen here
-                    latest = max(latest, at)
+                    victim = self.running.get(p.attempt_id)
+                    if victim is None or not victim.gpus:
+                        return None
+                    preempting.append((at, self.gpu_type[victim.gpus[0]]))
         else:
             place = {}
         started = {s.job_id for s in plan.starts}
         waiting_for_victims = {
             d.job_id for d in plan.pending if d.reason_code is ReasonCode.WAITING_FOR_PREEMPTION
         }
+        left_after = plan.soon_left_after
         short = []
         for klass, shown in cut.items():
             last = int(self.classes[klass][shown - 1][-1])
             if last in started or last in waiting_for_victims:
                 short.append(klass)
-            elif latest and place.get(last, 0) < latest:
-                # Showing such a class more until its last job comes after every preempting
-                # one was measured: asked again and again, it cost more than the whole backlog.
-                return None
+            elif preempting:
+                at_last = place.get(last, 0)
+                gpu_type = str(klass[2])
+                after = [
+                    at for at, t in preempting if at > at_last and (not gpu_type or t == gpu_type)
+                ]
+                if not after:
+                    continue
+                first = min(after)
+                if any(
+                    left_after.get(t, -1) >= first
+                    for t in ((gpu_type,) if gpu_type else left_after)
+                ):
+                    # Showing such a class more until its last job comes after every
+                    # preempting one was measured: asked again and again, it cost more than
+                    # the whole backlog.
+                    return None
         return short
 
     def _tail_may_claim(self, cut: dict[tuple[object, ...], int]) -> bool:
