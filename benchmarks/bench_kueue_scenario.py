@@ -789,18 +789,18 @@ def orchestrate_real(args) -> None:
         # Every agent keeps a watch (long poll) open: each web process needs a thread per
         # watch it holds and some more for heartbeats (docker-compose.yml sizes it the same way).
         watches = math.ceil(nodes / 2) + 4
-        # Each gunicorn thread keeps its own database connection (DB_CONN_MAX_AGE), beside the
-        # worker's, beat's, the submitters' and this script's: refuse a scale the server's
-        # max_connections cannot hold, rather than fail half-way with "too many clients".
+        # The web processes share a pool of connections per process (DB_POOL_MAX_SIZE, as
+        # docker-compose runs them): a watch holds none while it waits, so the connections are
+        # the pools', the worker's, beat's, the submitters' and this script's, whatever the
+        # number of agents. Refuse what max_connections cannot hold rather than fail half-way.
         with connection.cursor() as cursor:
             cursor.execute("SHOW max_connections")
             max_connections = int(cursor.fetchone()[0])
-        needed = 2 * (watches + 12) + args.submitters + 8
+        needed = 2 * args.web_pool + args.submitters + 8
         if needed > max_connections:
             sys.exit(
-                f"--scale {args.scale} needs about {needed} database connections ({nodes} agents' "
-                f"watches on 2 gunicorn processes) and PostgreSQL allows {max_connections}: "
-                "raise max_connections or lower --scale"
+                f"--web-pool {args.web_pool} needs about {needed} database connections and "
+                f"PostgreSQL allows {max_connections}: lower --web-pool"
             )
         env = {
             **os.environ,
@@ -830,7 +830,7 @@ def orchestrate_real(args) -> None:
                     "--backlog=4096",
                     "--keep-alive=75",
                 ],
-                env,
+                {**env, "DB_POOL_MAX_SIZE": str(args.web_pool)},
                 log_dir / "web.log",
             ),
             "worker": spawn_reaped(
@@ -1044,6 +1044,12 @@ def main() -> None:
         "(about 50 MiB of memory per node: use a scale like 0.05)",
     )
     parser.add_argument("--port", type=int, default=18490, help="gunicorn's port (--agents real)")
+    parser.add_argument(
+        "--web-pool",
+        type=int,
+        default=16,
+        help="database connections per gunicorn process, DB_POOL_MAX_SIZE (--agents real)",
+    )
     parser.add_argument(
         "--log-dir",
         default=str(REPO / "benchmarks" / "out" / "kueue"),

@@ -268,6 +268,12 @@ def main() -> None:
         default=100,
         help="jobs per POST in the batch submit-only run (the single one is always run too)",
     )
+    parser.add_argument(
+        "--web-pool",
+        type=int,
+        default=16,
+        help="database connections per gunicorn process (DB_POOL_MAX_SIZE; 0: one per thread)",
+    )
     parser.add_argument("--port", type=int, default=18470)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "throughput"))
@@ -341,7 +347,8 @@ def main() -> None:
                 "--workers=2",
                 "--threads=16",
             ],
-            env,
+            # The web processes' connection pool, as docker-compose.yml runs them.
+            {**env, "DB_POOL_MAX_SIZE": str(args.web_pool)},
             log_dir / "web.log",
         ),
         "worker": spawn_reaped(
@@ -377,7 +384,8 @@ def main() -> None:
         time.sleep(3)  # the first heartbeats and watches settle
         print(
             f"throughput benchmark: {args.agents} nodes x 8 simulated GPUs, process runtime, "
-            f"gunicorn 2x16 + Celery worker + beat + Redis + PostgreSQL, {os.cpu_count()} CPUs; "
+            f"gunicorn 2x16 (DB_POOL_MAX_SIZE={args.web_pool}) + Celery worker + beat + Redis + "
+            f"PostgreSQL, {os.cpu_count()} CPUs; "
             f"SCHEDULER_DEBOUNCE_S={settings.SCHEDULER_DEBOUNCE_S}, "
             f"SCHEDULER_CYCLE_INTERVAL_S={settings.SCHEDULER_CYCLE_INTERVAL_S}",
             flush=True,

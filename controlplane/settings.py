@@ -182,6 +182,33 @@ else:
     # A database host that vanished must turn into an error in seconds, not the kernel's TCP
     # timeout: heartbeats then take their degraded path and nodes keep their leases.
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    # DB_POOL_MAX_SIZE > 0: a pool of at most that many connections per process, shared by its
+    # threads, instead of one persistent connection per thread. A web process's threads mostly
+    # hold agents' watches (long polls of up to 30 s); with the pool a watch gives its
+    # connection back while it waits, so PostgreSQL's max_connections bounds the requests
+    # being answered, not the agents connected. Set it for the web processes (gunicorn forks
+    # its workers before any connection is made); a forking Celery worker keeps the default.
+    DB_POOL_MAX_SIZE = int(os.environ.get("DB_POOL_MAX_SIZE") or 0)
+    if DB_POOL_MAX_SIZE < 0:
+        raise ImproperlyConfigured("DB_POOL_MAX_SIZE must be 0 (no pool) or more.")
+    if DB_POOL_MAX_SIZE:
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": min(2, DB_POOL_MAX_SIZE),
+            "max_size": DB_POOL_MAX_SIZE,
+            # A request that finds no connection to be had (all busy, or the database down:
+            # the pool cannot tell) waits this long, then fails as if the connection had been
+            # refused (a heartbeat is answered degraded, its lease renewed in Redis; the
+            # agent API skips the database for a moment after: agent_api.PooledDatabaseDown).
+            "timeout": float(os.environ.get("DB_POOL_TIMEOUT_S") or 2),
+            # Connections above min_size that sat unused this long are closed.
+            "max_idle": 300.0,
+        }
+        # Pooled connections go back to the pool at the end of every request (Django refuses
+        # persistent connections with a pool), and each is checked (an empty query) when it
+        # is taken, so one broken by a PostgreSQL restart is replaced instead of failing a
+        # request.
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

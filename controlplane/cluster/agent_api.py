@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from functools import wraps
 
@@ -673,6 +674,72 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
     return response
 
 
+class PooledDatabaseDown:
+    """Whether a process with a connection pool (DB_POOL_MAX_SIZE) should ask the database now.
+
+    Without a pool, a database that is down refuses the connection at once and a heartbeat
+    takes its degraded path (lease renewed in Redis) in a millisecond. With one, a request
+    learns it only after waiting the pool's timeout for a connection that never comes; agents
+    heartbeat one request at a time, so heartbeats that each waited that long would renew
+    their leases too late, and our outage would stop their jobs. So once a request found the
+    database unreachable, the agent requests skip it (heartbeats are answered degraded, watches
+    503) until a direct connection (refused at once while the server is down) shows it is back:
+    one such probe every RECHECK_S, by whichever request comes first.
+    """
+
+    RECHECK_S = 1.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down = False
+        self._probe_after = 0.0
+
+    @staticmethod
+    def pooled() -> bool:
+        return getattr(connection, "pool", None) is not None
+
+    def skip(self) -> bool:
+        if not self._down:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if not self._down or now < self._probe_after:
+                return self._down
+            self._probe_after = now + self.RECHECK_S
+        if self._reachable():
+            self.found_up()
+            return False
+        return True
+
+    def found_down(self) -> None:
+        if self.pooled():
+            with self._lock:
+                self._down = True
+                self._probe_after = time.monotonic() + self.RECHECK_S
+
+    def found_up(self) -> None:
+        if self._down:
+            with self._lock:
+                self._down = False
+
+    @staticmethod
+    def _reachable() -> bool:
+        import psycopg
+
+        try:
+            psycopg.connect(**connection.get_connection_params()).close()
+        except psycopg.Error:
+            return False
+        return True
+
+
+pooled_database = PooledDatabaseDown()
+
+
+class DatabaseSkipped(Exception):
+    """The database was not asked: it was found unreachable a moment ago (PooledDatabaseDown)."""
+
+
 def answer_heartbeat_request(
     authorization: str | None, body: bytes
 ) -> tuple[int, bytes, list[tuple[str, str]]]:
@@ -686,9 +753,12 @@ def answer_heartbeat_request(
     try:
         digest = node_token_digest(authorization)
         report = parse_heartbeat(parse_body(body))
+        if pooled_database.skip():
+            return degraded_heartbeat(digest, DatabaseSkipped("found unreachable a moment ago"))
         for first_try in (True, False):
             try:
                 read = hb_logic.read_node(digest)
+                pooled_database.found_up()
                 if read is None:
                     raise AgentAuthError("Invalid node token.")
                 # Every line of the heartbeat names its node (agents.logcontext).
@@ -700,12 +770,14 @@ def answer_heartbeat_request(
             except (OperationalError, InterfaceError) as exc:
                 if not database_unreachable(exc):
                     raise
-                if first_try and not connection.in_atomic_block:
-                    # Most often a kept connection that PostgreSQL dropped when it restarted:
-                    # once more on a fresh one. Repeating a heartbeat is harmless (every write
-                    # it makes is guarded by the state it expects).
+                # Most often a kept connection that PostgreSQL dropped when it restarted: once
+                # more on a fresh one. Repeating a heartbeat is harmless (every write it makes
+                # is guarded by the state it expects). A pool checks each connection it hands
+                # out, so there a failure means no connection could be had: no second wait.
+                if first_try and not connection.in_atomic_block and not pooled_database.pooled():
                     connection.close()
                     continue
+                pooled_database.found_down()
                 # PostgreSQL is out of reach (down, restarting, failing over): keep the node's
                 # lease if that can be recorded elsewhere, so that our outage stops no job.
                 return degraded_heartbeat(digest, exc)
@@ -822,6 +894,9 @@ def watch(request: HttpRequest) -> HttpResponse:
     return response
 
 
+WATCH_DATABASE_DOWN = json.dumps(
+    {"detail": "The database is unreachable; heartbeat periodically."}
+).encode()
 WATCH_TURNED_AWAY = json.dumps(
     {"detail": "This server holds all the watches it may; heartbeat periodically."}
 ).encode()
@@ -837,9 +912,17 @@ def answer_watch_request(
     as it does heartbeats: a watch is re-armed after every change, and Django's stack is most
     of what one costs once it needs no Redis connection of its own.
     """
+    if pooled_database.skip():
+        return 503, WATCH_DATABASE_DOWN, [("Retry-After", "1")]
     try:
         # The node with the generation of its desired state, by the heartbeat's prepared read.
-        read = hb_logic.read_node(node_token_digest(authorization))
+        try:
+            read = hb_logic.read_node(node_token_digest(authorization))
+        except (OperationalError, InterfaceError) as exc:
+            if not database_unreachable(exc):
+                raise
+            pooled_database.found_down()
+            return 503, WATCH_DATABASE_DOWN, [("Retry-After", "1")]
         if read is None:
             raise AgentAuthError("Invalid node token.")
         timeout_s = number(parse_body(body), "timeout_s", minimum=0)
@@ -866,12 +949,31 @@ def wait_for_change(node: hb_logic.NodeInfo, timeout_s: float) -> bool:
     """
     from controlplane import wakeups as notify
 
+    def changed() -> bool:
+        try:
+            return _differs_from_last_answer(node)
+        finally:
+            _give_back_pooled_connection()
+
     if settings.REDIS_URL:
-        return watch_hub.hub().wait(node.name, timeout_s, lambda: _differs_from_last_answer(node))
+        return watch_hub.hub().wait(node.name, timeout_s, changed)
     seen = notify.node_version(node.name)
-    if _differs_from_last_answer(node):
+    if changed():
         return True
     return notify.wait_for_node_change(node.name, seen, timeout_s)
+
+
+def _give_back_pooled_connection() -> None:
+    """With a connection pool (DB_POOL_MAX_SIZE), hand this thread's connection back to it.
+
+    A watch waits up to 30 s between two short reads; holding a PostgreSQL connection through
+    that would make every connected agent cost one, which is what the pool is there to avoid.
+    The next read takes one again (an empty query checks it first). Without a pool nothing is
+    done: closing would cost a new connection per read. Never inside an atomic block (a test's
+    transaction), whose connection must stay.
+    """
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()
 
 
 def _differs_from_last_answer(node: hb_logic.NodeInfo) -> bool:

@@ -234,10 +234,20 @@ class Component:
 class Proc(Component):
     """A component that is one foreground process (its children, if any, go with it)."""
 
-    def __init__(self, deployment: Deployment, name: str, cmd: list[str]) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        name: str,
+        cmd: list[str],
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(deployment, name)
         self.cmd = cmd
+        self.extra_env = extra_env or {}
         self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), **self.extra_env}
 
     def _start(self) -> None:
         self.proc = spawn(self.name, self.cmd, self.env(), self.d.log_dir, self.d.code_dir)
@@ -443,6 +453,10 @@ class Deployment:
     gpus_per_agent: int = 2
     timings: Timings = field(default_factory=Timings)
     web_threads: int = 16
+    # The web processes' connection pool, as docker-compose.yml runs them (DB_POOL_MAX_SIZE):
+    # PostgreSQL's outages and restarts are then met by pooled connections. 0: one persistent
+    # connection per thread.
+    web_db_pool_max_size: int = 16
     # The code that runs: this checkout by default, or another tree of the project (e.g. a
     # `git archive` of a commit) to measure it with this harness.
     code_dir: Path = REPO
@@ -571,6 +585,7 @@ class Deployment:
                 f"--access-logfile={self.log_dir / 'web-access.log'}",
                 "--access-logformat=%(t)s %(m)s %(U)s %(s)s %(M)sms",
             ],
+            extra_env={"DB_POOL_MAX_SIZE": str(self.web_db_pool_max_size)},
         )
         worker = Proc(
             self,

@@ -150,6 +150,24 @@ def agent(client, join_token):
 
 
 @pytest.fixture
+def nodes(agent):
+    """register(count, prefix): that many registered nodes that have heartbeated once, as
+    [(Node, its token)]."""
+    from controlplane.cluster.models import Node
+
+    def register(count: int, prefix: str = "hub"):
+        made = []
+        for i in range(count):
+            token = agent.register(f"{prefix}-{i:02d}")
+            node = Node.objects.get(name=f"{prefix}-{i:02d}")
+            agent.heartbeat(token, readings(node))
+            made.append((node, token))
+        return made
+
+    return register
+
+
+@pytest.fixture
 def node01(agent):
     """A registered node with 8 GPUs: (Node, its token)."""
     from controlplane.cluster.models import Node

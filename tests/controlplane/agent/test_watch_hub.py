@@ -109,22 +109,6 @@ def admit_and_signal(make_job, vision, alice, admit, node, gpu_index: int = 0):
     notify_nodes([node.name])
 
 
-@pytest.fixture
-def nodes(agent):
-    from controlplane.cluster.models import Node
-
-    def register(count: int, prefix: str = "hub"):
-        made = []
-        for i in range(count):
-            token = agent.register(f"{prefix}-{i:02d}")
-            node = Node.objects.get(name=f"{prefix}-{i:02d}")
-            agent.heartbeat(token, readings(node))
-            made.append((node, token))
-        return made
-
-    return register
-
-
 def test_a_signal_published_by_another_process_wakes_a_waiting_watch(agent, node01, settings):
     node, token = node01
     agent.heartbeat(token, readings(node))
