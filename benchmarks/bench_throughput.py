@@ -287,6 +287,8 @@ def main() -> None:
     if not os.environ.get("REDIS_URL"):
         sys.exit("bench_throughput needs REDIS_URL (the production signalling path)")
     database_url, name = bench_database_url(base_url, "_bench_tp")
+    # Before the database is dropped: a run still going would lose it under its feet.
+    ensure_free(args.port)
     recreate_database(base_url, name)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -335,7 +337,6 @@ def main() -> None:
     )
 
     url = f"http://127.0.0.1:{args.port}"
-    ensure_free(args.port)
     celery = [str(BIN / "celery"), "-A", "controlplane"]
     groups = {
         "web": spawn_reaped(
