@@ -678,16 +678,24 @@ class PooledDatabaseDown:
     """Whether a process with a connection pool (DB_POOL_MAX_SIZE) should ask the database now.
 
     Without a pool, a database that is down refuses the connection at once and a heartbeat
-    takes its degraded path (lease renewed in Redis) in a millisecond. With one, a request
-    learns it only after waiting the pool's timeout for a connection that never comes; agents
-    heartbeat one request at a time, so heartbeats that each waited that long would renew
-    their leases too late, and our outage would stop their jobs. So once a request found the
-    database unreachable, the agent requests skip it (heartbeats are answered degraded, watches
-    503) until a direct connection (refused at once while the server is down) shows it is back:
-    one such probe every RECHECK_S, by whichever request comes first.
+    takes its degraded path (lease renewed in Redis) in a millisecond. A pool hides that: a
+    request waits the pool's timeout for a connection that never comes, and agents heartbeat
+    one request at a time, so heartbeats that each waited that long would renew their leases
+    too late and our outage would stop their jobs. Hence, for the agent requests:
+
+    - a thread that finds no idle connection in the pool asks it for one for QUICK_WAIT_S at
+      most (a busy pool frees one in milliseconds; a fresh process, whose pool has none yet,
+      learns in that time that the database is down);
+    - once the database was found unreachable, they skip it (heartbeats are answered degraded,
+      watches 503) until a direct connection (refused at once while the server is down) shows
+      it is back: one such probe every RECHECK_S, by whichever request comes first;
+    - when it is back, the pool is replaced: its own attempts to reconnect back off
+      exponentially while the database is down (1, 2, 4... s), and a pool whose slots all wait
+      their turn would refuse every request for tens of seconds after the outage.
     """
 
     RECHECK_S = 1.0
+    QUICK_WAIT_S = 0.25
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -699,28 +707,59 @@ class PooledDatabaseDown:
         return getattr(connection, "pool", None) is not None
 
     def skip(self) -> bool:
-        if not self._down:
+        if not self.pooled():
             return False
+        if not self._down:
+            return not self._connects_quickly()
         now = time.monotonic()
         with self._lock:
             if not self._down or now < self._probe_after:
                 return self._down
             self._probe_after = now + self.RECHECK_S
-        if self._reachable():
-            self.found_up()
-            return False
-        return True
+        if not self._reachable():
+            return True
+        self.found_up()
+        return False
 
     def found_down(self) -> None:
         if self.pooled():
             with self._lock:
+                if not self._down:
+                    log.warning("database unreachable: agent requests skip it until it is back")
                 self._down = True
                 self._probe_after = time.monotonic() + self.RECHECK_S
 
     def found_up(self) -> None:
-        if self._down:
-            with self._lock:
-                self._down = False
+        if not self._down:
+            return
+        with self._lock:
+            if not self._down:
+                return
+            self._down = False
+        log.warning("database reachable again: a new connection pool replaces the old one")
+        if self.pooled() and connection.connection is None:
+            # Waiting clients of the old pool fail at once; connections still out are closed
+            # when given back. The next connection comes from a new pool, made on first use.
+            # (Only the PostgreSQL wrapper has a pool, hence getattr for the type checker.)
+            getattr(connection, "close_pool")()  # noqa: B009
+
+    def _connects_quickly(self) -> bool:
+        import psycopg
+        import psycopg_pool
+
+        if connection.connection is not None:
+            return True  # this thread holds one (inside a test's transaction)
+        pool = getattr(connection, "pool")  # noqa: B009 - PostgreSQL's wrapper alone has one
+        pool.open()  # Django opens it on first use; a no-op once open
+        if pool.get_stats().get("pool_available", 0):
+            return True
+        try:
+            raw = pool.getconn(timeout=self.QUICK_WAIT_S)
+        except (psycopg_pool.PoolTimeout, psycopg.Error):
+            self.found_down()
+            return False
+        pool.putconn(raw)
+        return True
 
     @staticmethod
     def _reachable() -> bool:
