@@ -176,8 +176,11 @@ def degraded_renewals(node_ids: Iterable[int] | None) -> dict[int, dt.datetime]:
 # deleted when the change commits.
 
 TRUSTED_TOKEN_KEY = "gpucp:trusted-node-token:"
-# A process shares a token again at most this often (the key's expiry is far longer).
-TOKEN_SHARE_EVERY_S = 300.0
+# A process shares a token again at most this often. The key's expiry is far longer; what a
+# share again is for is a Redis that lost its keys (restarted without persistence, failed
+# over): until the token is shared again, a web process started during a database outage
+# cannot renew its node's lease. Each share is one SET in the telemetry batch.
+TOKEN_SHARE_EVERY_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)

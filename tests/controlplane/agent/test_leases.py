@@ -1,6 +1,7 @@
 """The control plane's side of node leases: what an answer grants, what a renewal needs, what a
 node's own stop and a late report mean for its jobs (docs/agent-protocol.md, "Leases")."""
 
+import dataclasses
 import datetime as dt
 import time
 
@@ -103,6 +104,43 @@ def test_a_token_another_web_process_checked_is_trusted_through_redis(
         leases._trusted.clear()  # this process is a new one
     database_down(monkeypatch)
 
+    response = agent.post("heartbeat", agent.heartbeat_body(readings(node)), token)
+
+    assert response.status_code == 200 and response.json()["degraded"] is True
+    assert node.pk in leases.degraded_renewals([node.pk])
+
+
+def test_a_token_is_shared_again_after_redis_lost_its_keys(
+    agent, node01, monkeypatch, settings, lease
+):
+    """Redis restarted without persistence (or failed over) forgets every shared token; the
+    processes that shared them share them again within TOKEN_SHARE_EVERY_S of checking, so a
+    web process started during a later database outage can still renew the node's lease."""
+    if not settings.REDIS_URL:
+        pytest.skip("needs Redis (REDIS_URL)")
+    from controlplane.redis_client import get_redis
+
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    digest = node_token_digest(f"Bearer {token}")
+    assert get_redis().get(leases.TRUSTED_TOKEN_KEY + digest) is not None
+    get_redis().flushdb()  # the restart
+    agent.heartbeat(token, readings(node))
+    assert get_redis().get(leases.TRUSTED_TOKEN_KEY + digest) is None  # shared lately
+
+    # TOKEN_SHARE_EVERY_S later (this process's check made that long ago), the next check
+    # shares it again.
+    with leases._trusted_lock:
+        entry = leases._trusted[digest]
+        leases._trusted[digest] = dataclasses.replace(
+            entry,
+            checked_at_monotonic=entry.checked_at_monotonic - leases.TOKEN_SHARE_EVERY_S - 1,
+        )
+    agent.heartbeat(token, readings(node))
+    assert get_redis().get(leases.TRUSTED_TOKEN_KEY + digest) is not None
+    with leases._trusted_lock:
+        leases._trusted.clear()  # a new web process
+    database_down(monkeypatch)
     response = agent.post("heartbeat", agent.heartbeat_body(readings(node)), token)
 
     assert response.status_code == 200 and response.json()["degraded"] is True
