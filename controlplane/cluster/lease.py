@@ -189,6 +189,8 @@ class TrustedNode:
     name: str
     heartbeat_interval_s: float
     checked_at_monotonic: float
+    # When this process last shared it through Redis (0: never; a trust read from Redis).
+    shared_at_monotonic: float = 0.0
 
 
 _trusted_lock = threading.Lock()
@@ -198,16 +200,20 @@ _trusted: dict[str, TrustedNode] = {}
 def remember_checked_token(digest: str, node_id: int, name: str, interval_s: float) -> None:
     """This process just found this token hash on this node's row in PostgreSQL."""
     now = time.monotonic()
-    entry = TrustedNode(node_id, name, interval_s, now)
     with _trusted_lock:
         previous = _trusted.get(digest)
+        # Counted from the last share, not the last check: a node heartbeats far more often
+        # than TOKEN_SHARE_EVERY_S, and counted from its last check it would never be shared
+        # again after Redis lost the key.
+        share = (
+            previous is None
+            or previous.node_id != node_id
+            or now - previous.shared_at_monotonic >= TOKEN_SHARE_EVERY_S
+        )
+        shared_at = now if share else previous.shared_at_monotonic  # type: ignore[union-attr]
+        entry = TrustedNode(node_id, name, interval_s, now, shared_at)
         _trusted[digest] = entry
-    shared_lately = (
-        previous is not None
-        and now - previous.checked_at_monotonic < TOKEN_SHARE_EVERY_S
-        and previous.node_id == node_id
-    )
-    if settings.REDIS_URL and not shared_lately:
+    if settings.REDIS_URL and share:
         _share(digest, entry)
 
 
