@@ -271,7 +271,7 @@ def main() -> None:
     parser.add_argument(
         "--web-pool",
         type=int,
-        default=16,
+        default=0,
         help="database connections per gunicorn process (DB_POOL_MAX_SIZE; 0: one per thread)",
     )
     parser.add_argument("--port", type=int, default=18470)
@@ -348,7 +348,7 @@ def main() -> None:
                 "--workers=2",
                 "--threads=16",
             ],
-            # The web processes' connection pool, as docker-compose.yml runs them.
+            # The web processes' connection pool (docker-compose.yml's default: none).
             {**env, "DB_POOL_MAX_SIZE": str(args.web_pool)},
             log_dir / "web.log",
         ),

@@ -202,6 +202,10 @@ else:
             "timeout": float(os.environ.get("DB_POOL_TIMEOUT_S") or 2),
             # Connections above min_size that sat unused this long are closed.
             "max_idle": 300.0,
+            # The pool's attempts to replace a connection back off exponentially while the
+            # database is down (1, 2, 4... s); bounded thus, the next request after an outage
+            # starts a fresh attempt instead of waiting out a backoff grown during it.
+            "reconnect_timeout": 2.0,
         }
         # Pooled connections go back to the pool at the end of every request (Django refuses
         # persistent connections with a pool), and each is checked (an empty query) when it

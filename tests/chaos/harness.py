@@ -453,10 +453,9 @@ class Deployment:
     gpus_per_agent: int = 2
     timings: Timings = field(default_factory=Timings)
     web_threads: int = 16
-    # The web processes' connection pool, as docker-compose.yml runs them (DB_POOL_MAX_SIZE):
-    # PostgreSQL's outages and restarts are then met by pooled connections. 0: one persistent
-    # connection per thread.
-    web_db_pool_max_size: int = 16
+    # The web processes' connection pool (DB_POOL_MAX_SIZE): 0, docker-compose.yml's default,
+    # is one persistent connection per thread; N > 0 runs the storm against pooled connections.
+    web_db_pool_max_size: int = 0
     # The code that runs: this checkout by default, or another tree of the project (e.g. a
     # `git archive` of a commit) to measure it with this harness.
     code_dir: Path = REPO

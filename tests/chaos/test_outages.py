@@ -25,8 +25,8 @@ LEASE_S = 10.0
 MARGIN_S = 2.0
 
 
-@pytest.fixture
-def deployment(tmp_path):
+@pytest.fixture(params=[0, 16], ids=["connection-per-thread", "pooled"])
+def deployment(tmp_path, request):
     missing = _missing_prerequisite()
     if missing:
         pytest.skip(missing)
@@ -35,6 +35,8 @@ def deployment(tmp_path):
         agents_count=2,
         gpus_per_agent=1,
         timings=Timings(lease_s=LEASE_S, lease_margin_s=MARGIN_S),
+        # The web processes as docker-compose runs them by default, and with DB_POOL_MAX_SIZE.
+        web_db_pool_max_size=request.param,
     ).start()
     try:
         yield d

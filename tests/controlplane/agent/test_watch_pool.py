@@ -139,10 +139,10 @@ def wait_until(condition, what: str, timeout_s: float = 20.0):
     raise AssertionError(f"never happened: {what}")
 
 
-def test_the_compose_web_service_runs_with_a_pool_and_the_worker_without():
+def test_the_compose_web_service_takes_a_pool_size_and_the_worker_does_not():
     compose = yaml.safe_load((settings.BASE_DIR / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert services["web"]["environment"]["DB_POOL_MAX_SIZE"] == "${DB_POOL_MAX_SIZE:-16}"
+    assert services["web"]["environment"]["DB_POOL_MAX_SIZE"] == "${DB_POOL_MAX_SIZE:-0}"
     # The rest of the web service's environment is the shared one, not replaced by the pool's.
     assert services["web"]["environment"]["DATABASE_URL"].startswith("postgres://")
     # A forking Celery worker must not inherit a pool opened in its parent.
