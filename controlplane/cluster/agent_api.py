@@ -736,12 +736,15 @@ class PooledDatabaseDown:
             if not self._down:
                 return
             self._down = False
+        if connection.connection is not None:
+            # Found up by a read this thread just made: the pool hands out connections again.
+            log.warning("database reachable again")
+            return
         log.warning("database reachable again: a new connection pool replaces the old one")
-        if self.pooled() and connection.connection is None:
-            # Waiting clients of the old pool fail at once; connections still out are closed
-            # when given back. The next connection comes from a new pool, made on first use.
-            # (Only the PostgreSQL wrapper has a pool, hence getattr for the type checker.)
-            getattr(connection, "close_pool")()  # noqa: B009
+        # Waiting clients of the old pool fail at once; connections still out are closed when
+        # given back. The next connection comes from a new pool, made on first use. (Only the
+        # PostgreSQL wrapper has a pool, hence getattr for the type checker.)
+        getattr(connection, "close_pool")()  # noqa: B009
 
     def _connects_quickly(self) -> bool:
         import psycopg
@@ -1011,7 +1014,7 @@ def _give_back_pooled_connection() -> None:
     done: closing would cost a new connection per read. Never inside an atomic block (a test's
     transaction), whose connection must stay.
     """
-    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+    if pooled_database.pooled() and not connection.in_atomic_block:
         connection.close()
 
 

@@ -205,12 +205,11 @@ def remember_checked_token(digest: str, node_id: int, name: str, interval_s: flo
         # Counted from the last share, not the last check: a node heartbeats far more often
         # than TOKEN_SHARE_EVERY_S, and counted from its last check it would never be shared
         # again after Redis lost the key.
-        share = (
-            previous is None
-            or previous.node_id != node_id
-            or now - previous.shared_at_monotonic >= TOKEN_SHARE_EVERY_S
-        )
-        shared_at = now if share else previous.shared_at_monotonic  # type: ignore[union-attr]
+        shared_at = now
+        if previous is not None and previous.node_id == node_id:
+            if now - previous.shared_at_monotonic < TOKEN_SHARE_EVERY_S:
+                shared_at = previous.shared_at_monotonic
+        share = shared_at == now
         entry = TrustedNode(node_id, name, interval_s, now, shared_at)
         _trusted[digest] = entry
     if settings.REDIS_URL and share:

@@ -185,9 +185,7 @@ def control_plane(django_db_setup, django_db_blocker, tmp_path_factory):
                 "--threads=16",
                 "--timeout=60",
             ],
-            # The web processes' connection pool, as docker-compose.yml runs them; small, so
-            # that requests do wait for a connection now and then.
-            {**env, "DB_POOL_MAX_SIZE": "4"},
+            env,
             log_dir,
         )
     )

@@ -182,6 +182,21 @@ def test_a_token_refused_by_the_database_is_never_trusted_again_when_it_is_down(
     assert agent.post("heartbeat", agent.heartbeat_body(readings(node)), token).status_code == 503
 
 
+def test_a_watch_while_the_database_is_out_of_reach_is_answered_503_with_retry_after(
+    agent, node01, monkeypatch, lease
+):
+    """Not a 500: the agent backs off and keeps its periodic heartbeats."""
+    node, token = node01
+    agent.heartbeat(token, readings(node))
+    database_down(monkeypatch)
+
+    response = agent.post("watch", {"timeout_s": 5}, token)
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert "unreachable" in response.json()["detail"]
+
+
 def test_a_statement_that_fails_is_an_error_not_a_degraded_answer(
     agent, node01, monkeypatch, lease
 ):

@@ -26,6 +26,7 @@ from django.db import connection
 from controlplane.wakeups import notify_nodes
 from tests import ports
 from tests.controlplane.test_deploy_checks import compose_web_command
+from tests.e2e.conftest import database_url_of_test_db, wait_until
 
 from .conftest import readings
 
@@ -72,8 +73,6 @@ class HttpWatch(threading.Thread):
 
 @pytest.fixture
 def gunicorn(transactional_db, tmp_path):
-    from tests.e2e.conftest import database_url_of_test_db
-
     started: list[subprocess.Popen] = []
 
     def start(pool_max_size: int, application_name: str) -> str:
@@ -129,16 +128,6 @@ def open_watches(url: str, registered) -> list[HttpWatch]:
     return watches
 
 
-def wait_until(condition, what: str, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
-
-
 def test_the_compose_web_service_takes_a_pool_size_and_the_worker_does_not():
     compose = yaml.safe_load((settings.BASE_DIR / "docker-compose.yml").read_text())
     services = compose["services"]
@@ -178,7 +167,7 @@ def test_waiting_watches_hold_no_connection_and_a_change_still_wakes_its_watch(
     first_node, _ = registered[0]
     admit(make_job(vision, alice), first_node, gpu_indexes=(0,))
     notify_nodes([first_node.name])
-    wait_until(lambda: watches[0].answer is not None, "the changed node's watch answered")
+    wait_until(lambda: watches[0].answer is not None, 20, "the changed node's watch answered")
     assert watches[0].answer == (200, {"changed": True})
     assert [w.answer for w in watches[1:]] == [None] * (WATCHES - 1)
     assert backends("gpucp-watch-pool") <= 2
@@ -189,5 +178,7 @@ def test_without_a_pool_every_waiting_watch_holds_a_connection(gunicorn, nodes):
     registered = nodes(WATCHES, prefix="unpooled")
     url = gunicorn(pool_max_size=0, application_name="gpucp-watch-nopool")
     watches = open_watches(url, registered)
-    wait_until(lambda: backends("gpucp-watch-nopool") >= WATCHES, "a connection per waiting watch")
+    wait_until(
+        lambda: backends("gpucp-watch-nopool") >= WATCHES, 20, "a connection per waiting watch"
+    )
     assert [w.answer for w in watches] == [None] * WATCHES
