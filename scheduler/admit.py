@@ -43,7 +43,14 @@ from scheduler.model import (
     Start,
 )
 from scheduler.placement import ClusterIndex, Fits, TypeIndex
-from scheduler.preemption import Candidate, Search, Victims, find_victims, reason_for
+from scheduler.preemption import (
+    Candidate,
+    Search,
+    VictimPool,
+    Victims,
+    find_victims,
+    reason_for,
+)
 from scheduler.priority import las_queue
 from scheduler.quota import Book
 from scheduler.reasons import Waiting
@@ -81,7 +88,10 @@ class Admission:
         releases: backfill.ReleaseIndex | None = None,
         totals: quota.RunningTotals | None = None,
         candidates: dict[int, tuple[Running, Candidate]] | None = None,
+        pool: VictimPool | None = None,
     ):
+        # `pool`: candidates kept across instants (PlanMemo.victim_pool).
+        self._pool = pool
         # `candidates`: victims made by earlier plans at this instant (PlanMemo.candidates).
         self._kept_candidates = candidates
         # `totals`: snapshot.running summed in the caller's memo (PlanMemo.running_totals).
@@ -133,8 +143,10 @@ class Admission:
         """The preemption candidates of this cycle, built when a job first needs them."""
         if self._victims is None:
             running = self.snapshot.running
+            pool = self._pool if self._totals is not None else None
             if self.preempted:
                 running = tuple(r for r in running if r.attempt_id not in self.preempted)
+                pool = None  # it holds the snapshot's attempts, not these
             self._victims = Victims(
                 running,
                 self.index,
@@ -142,6 +154,8 @@ class Admission:
                 self.config,
                 self.now_s,
                 self._kept_candidates,
+                pool,
+                self._totals,
             )
         return self._victims
 

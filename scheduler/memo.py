@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from scheduler.model import Config, HistoryRecord, Node, Running
     from scheduler.placement import FreeGPUs, Topology
     from scheduler.predict import HistoryIndex
-    from scheduler.preemption import Candidate
+    from scheduler.preemption import Candidate, VictimPool
     from scheduler.quota import RunningTotals
     from scheduler.reasons import Fleet
 
@@ -35,6 +35,7 @@ class PlanMemo:
         "_releases",
         "_free",
         "_candidates",
+        "_victim_pool",
         "sentences",
     )
 
@@ -52,6 +53,7 @@ class PlanMemo:
         self._free: FreeGPUs | None = None
         # ((instant, config, topology), victim candidates by id of their attempt object)
         self._candidates: tuple[tuple[float, Config, Topology], dict[int, Any]] | None = None
+        self._victim_pool: VictimPool | None = None
 
     def running_totals(self, running: tuple[Running, ...]) -> RunningTotals:
         """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call."""
@@ -121,6 +123,25 @@ class PlanMemo:
         ):
             kept = self._candidates = (key, {})
         return kept[1]
+
+    def victim_pool(self, config: Config, topology: Topology) -> VictimPool:
+        """Preemption candidates kept across instants (scheduler.preemption.VictimPool), for
+        this config and topology; call after running_totals() in the same plan: the pool takes
+        in the attempts that update added and removed (or is built afresh, when a plan first
+        needs a victim, if it missed one)."""
+        from scheduler.preemption import VictimPool
+
+        pool = self._victim_pool
+        if (
+            pool is None
+            or (pool.config is not config and pool.config != config)
+            or pool.topo is not topology
+        ):
+            pool = self._victim_pool = VictimPool(config, topology)
+        totals = self._running
+        assert totals is not None, "running_totals() first"
+        pool.follow(totals)
+        return pool
 
     def topology(self, nodes: tuple[Node, ...]) -> Topology:
         from scheduler.placement import Topology

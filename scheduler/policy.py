@@ -109,7 +109,10 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
     steps["predict"] = t3 - t2
 
     candidates = memo.candidates(snapshot.now_s, config, topology) if config.preemption else None
-    admission = Admission(snapshot, config, index, books, predicted_s, releases, totals, candidates)
+    pool = memo.victim_pool(config, topology) if config.preemption else None
+    admission = Admission(
+        snapshot, config, index, books, predicted_s, releases, totals, candidates, pool
+    )
     admission.drain()
     t4 = perf_counter()
     steps["drain"] = t4 - t3

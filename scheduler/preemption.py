@@ -33,20 +33,33 @@ evicted, so a job never causes a second preemption for GPUs it is already owed.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
+from typing import Any, overload
 
 from scheduler.model import Config, Ordering, Running, VictimOrder
-from scheduler.placement import ClusterIndex, Fits, TypeIndex
+from scheduler.placement import ClusterIndex, Fits, Topology, TypeIndex, nodes_of
 from scheduler.priority import attained_now, las_queue
-from scheduler.quota import Book
+from scheduler.quota import Book, RunningTotals
 
 
 class Candidate:
     """A running attempt that may be preempted, with where its GPUs are."""
 
-    __slots__ = ("run", "tenant", "size", "nodes", "remaining_s", "attained_s", "queue", "lost_s")
+    __slots__ = (
+        "run",
+        "tenant",
+        "size",
+        "nodes",
+        "remaining_s",
+        "attained_s",
+        "queue",
+        "lost_s",
+        "at_s",
+    )
 
     def __init__(
         self,
@@ -66,6 +79,22 @@ class Candidate:
         self.queue = las_queue(self.attained_s)
         # Seconds of run time per GPU a preemption now would cost it (see lost_work_s).
         self.lost_s = lost_s
+        # The instant the fields above are of, for a candidate kept across instants (VictimPool).
+        self.at_s = math.nan
+
+    def refresh(self, now_s: float, config: Config) -> None:
+        """Its time-dependent fields as of now_s, as Victims makes them for a new candidate."""
+        r = self.run
+        if r.remaining_s is not None:
+            self.remaining_s = r.remaining_s
+        elif r.predicted_end_s is not None:
+            self.remaining_s = max(r.predicted_end_s - now_s, 0.0)
+        else:
+            self.remaining_s = max(r.started_at_s + config.default_duration_s - now_s, 0.0)
+        self.lost_s = lost_work_s(r, now_s, config.restart_cost_s)
+        self.attained_s = attained_now(r, now_s)
+        self.queue = las_queue(self.attained_s)
+        self.at_s = now_s
 
 
 def lost_work_s(r: Running, now_s: float, restart_cost_s: float) -> float:
@@ -104,11 +133,22 @@ class Victims:
         config: Config,
         now_s: float,
         kept: dict[int, tuple[Running, Candidate]] | None = None,
+        pool: VictimPool | None = None,
+        totals: RunningTotals | None = None,
     ):
         # `kept`: candidates made by earlier plans at this same instant, under this config and
         # topology (PlanMemo.candidates), by id of their attempt object: reused for the same
         # object, since a candidate depends on nothing else.
         self._kept = kept
+        # `pool`: candidates kept across instants (PlanMemo.victim_pool), for this config and
+        # topology, with `totals` (the running attempts summed, PlanMemo.running_totals);
+        # not used where its orders do not hold.
+        if pool is not None:
+            assert totals is not None, "a pool holds the attempts summed in totals"
+            pool.sync(running, totals)
+            if pool.irregular:
+                pool = None
+        self._pool = pool
         self._running = running
         self._index = index
         self._borrowed = borrowed
@@ -122,7 +162,7 @@ class Victims:
         self._candidates: dict[int, Candidate] = {}
         self._cross: dict[str, list[Candidate]] = {}
         self._own: dict[tuple[str, str], list[Candidate]] = {}
-        self._baseline: dict[tuple[str, str | None], list[Candidate]] = {}
+        self._baseline: dict[tuple[str, str | None], Sequence[Candidate]] = {}
         self._cross_ids: set[int] = set()
         self._cross_by_node: dict[str, dict[int, list[Candidate]]] = {}
         self._cross_checkpointing: dict[str, list[Candidate]] = {}
@@ -188,12 +228,26 @@ class Victims:
         found = self._cross.get(gpu_type)
         if found is None:
             borrowed = self._borrowed()
-            found = [
-                self._candidate(r)
-                for r in self._group().get(gpu_type, ())
-                if r.attempt_id in borrowed
-            ]
-            found.sort(key=self._order)
+            pool = self._pool
+            if pool is not None:
+                now_s, min_runtime_s = self._now_s, self._config.min_runtime_s
+                refresh = self._refresh
+                found = []
+                for entry in pool.victim.get(gpu_type, ()):
+                    c = entry[-1]
+                    r = c.run
+                    if r.attempt_id in borrowed and not now_s - r.started_at_s < min_runtime_s:
+                        refresh(c)
+                        found.append(c)
+                if not pool.youngest:
+                    found = _settle(found, _lost, self._order)
+            else:
+                found = [
+                    self._candidate(r)
+                    for r in self._group().get(gpu_type, ())
+                    if r.attempt_id in borrowed
+                ]
+                found.sort(key=self._order)
             per_node: dict[int, int] = {}
             for c in found:
                 self._cross_ids.add(c.run.attempt_id)
@@ -229,20 +283,45 @@ class Victims:
         key = (tenant, gpu_type)
         found = self._own.get(key)
         if found is None:
-            self._group()
-            found = [self._candidate(r) for r in self._by_owner.get(key, ())]
             order = self._order
-            found.sort(key=lambda c: (c.run.priority, *order(c)))
+            pool = self._pool
+            if pool is not None and pool.fair:
+                found = [self._refresh(c) for c in self._pooled(pool.own.get(key, ()))]
+                if not pool.youngest:
+                    found = _settle(found, _priority_lost, lambda c: (c.run.priority, *order(c)))
+            else:
+                self._group()
+                found = [self._candidate(r) for r in self._by_owner.get(key, ())]
+                found.sort(key=lambda c: (c.run.priority, *order(c)))
             self._own[key] = found
         return found
 
-    def baseline(self, gpu_type: str, tenant: str | None = None) -> list[Candidate]:
+    def _refresh(self, c: Candidate) -> Candidate:
+        """A pool's candidate with its time-dependent fields as of this instant."""
+        if c.at_s != self._now_s:
+            c.refresh(self._now_s, self._config)
+        return c
+
+    def _pooled(self, entries: Sequence[PoolEntry]) -> Iterator[Candidate]:
+        """The candidates of a pool's list that may be preempted now (run long enough)."""
+        now_s, min_runtime_s = self._now_s, self._config.min_runtime_s
+        for entry in entries:
+            c = entry[-1]
+            if not now_s - c.run.started_at_s < min_runtime_s:
+                yield c
+
+    def _may_go(self, c: Candidate) -> bool:
+        return not self._now_s - c.run.started_at_s < self._config.min_runtime_s
+
+    def baseline(self, gpu_type: str, tenant: str | None = None) -> Sequence[Candidate]:
         """The SRTF / LAS candidates: borrowed ones of any tenant (tenant None) or a tenant's own.
 
         SRTF sorts the longest remaining time first; LAS the latest attained-service queue.
         """
         key = (gpu_type, tenant)
         found = self._baseline.get(key)
+        if found is None and self._pool is not None:
+            found = self._baseline[key] = self._pooled_baseline(self._pool, gpu_type, tenant)
         if found is None:
             if tenant is None:
                 found = list(self.cross(gpu_type))
@@ -256,6 +335,27 @@ class Victims:
             else:
                 found.sort(key=lambda c: (-c.queue, -c.attained_s, *_youngest(c)))
             self._baseline[key] = found
+        return found
+
+    def _pooled_baseline(
+        self, pool: VictimPool, gpu_type: str, tenant: str | None
+    ) -> Sequence[Candidate]:
+        if pool.srtf:
+            if tenant is None:
+                borrowed = self._borrowed()
+                may_go = self._may_go
+
+                def ok(c: Candidate) -> bool:
+                    return c.run.attempt_id in borrowed and may_go(c)
+
+                return _Lazy(pool.srtf_type.get(gpu_type, []), ok, self._refresh)
+            return _Lazy(pool.srtf_own.get((tenant, gpu_type), []), self._may_go, self._refresh)
+        if tenant is None:
+            found = list(self.cross(gpu_type))
+        else:
+            owned = pool.owned.get((tenant, gpu_type), {})
+            found = [self._refresh(c) for c in owned.values() if self._may_go(c)]
+        found.sort(key=_las_key)
         return found
 
     def most(self, ti: TypeIndex) -> int:
@@ -301,6 +401,280 @@ class Victims:
 
 def _youngest(c: Candidate) -> tuple[float, int]:
     return (-c.run.started_at_s, -c.run.attempt_id)
+
+
+# The key of a candidate in a VictimPool list: fields that do not move with time, the attempt id
+# last (unique, so the candidate after it is never compared), then the candidate.
+PoolEntry = tuple[Any, ...]
+
+
+class VictimPool:
+    """Preemption candidates kept from one plan to the next, in orders that hold across instants.
+
+    A scheduling loop's plans see mostly the same running attempts (the trace simulator: one
+    start or one completion between two plans, among thousands), and building every candidate
+    and sorting every list again at each instant was most of a preempting policy's cycle. The
+    pool keeps a Candidate per attempt object (told apart by identity, as RunningTotals; an
+    attempt remade is a new one), refreshed when first read at a new instant, and its lists
+    sorted by keys that do not move with time and order the candidates as the rules' keys do:
+
+    - the victim order (LOST_WORK): the work lost now is `now - since + restart` (since: the
+      start or a later checkpoint), which can only fall as `since` grows, so (-since, size,
+      -start, -attempt id) orders as (lost, size, -start, -attempt id) except where rounding
+      makes two losses equal; such candidates are next to each other, and Victims sorts each
+      run of equal losses by the rule's key (`_settle`);
+    - SRTF (longest remaining first): remaining is `max(end - now, 0)` (end: the predicted
+      end), so -end orders as -remaining, runs of equal remaining sorted likewise;
+    - the own-tenant rule: priority first, then the victim order.
+
+    A candidate whose loss does not follow that (an attempt that said how often it checkpoints:
+    its next checkpoint may fall within its notice) or whose remaining time is stated instead
+    (`Running.remaining_s`) makes the pool `irregular`: Victims then builds its lists as without
+    a pool. LAS's attained service grows at each attempt's own GPU count, so LAS lists are
+    sorted at each instant (from the pool's candidates, without walking every attempt).
+
+    A pool serves one config and one topology (PlanMemo.victim_pool). It holds the candidates
+    of the running attempts summed in a RunningTotals (PlanMemo.running_totals) and follows
+    what each of its updates adds and removes; the objects held keep their ids from being
+    reused while they are held.
+    """
+
+    def __init__(self, config: Config, topo: Topology):
+        self.config = config
+        self.topo = topo
+        self._clear()
+
+    def _clear(self) -> None:
+        # RunningTotals.epoch of the running attempts it holds (-1: none yet)
+        self.epoch = -1
+        self._cands: dict[int, Candidate] = {}  # id(run) -> candidate
+        self._entries: dict[int, list[tuple[list[PoolEntry], PoolEntry]]] = {}
+        self.irregular = 0
+        config = self.config
+        self.srtf = config.ordering is Ordering.SRTF
+        self.fair = config.ordering is Ordering.FAIR
+        self.youngest = config.victim_order is VictimOrder.YOUNGEST
+        # type -> in the victim order
+        self.victim: dict[str, list[PoolEntry]] = {}
+        # (tenant, type) -> the own-tenant rule's order (FAIR)
+        self.own: dict[tuple[str, str], list[PoolEntry]] = {}
+        # type / (tenant, type) -> longest remaining first (SRTF)
+        self.srtf_type: dict[str, list[PoolEntry]] = {}
+        self.srtf_own: dict[tuple[str, str], list[PoolEntry]] = {}
+        # (tenant, type) -> the tenant's candidates of the type (LAS), by id of the attempt
+        self.owned: dict[tuple[str, str], dict[int, Candidate]] = {}
+
+    def follow(self, totals: RunningTotals) -> None:
+        """Take in what the last update of the running totals changed, if the pool holds the
+        attempts of the update before (a plan calls this after every update); otherwise the
+        pool is stale and sync() builds it afresh when a plan next needs a victim."""
+        if self.epoch != totals.epoch - 1:
+            return
+        self.epoch = totals.epoch
+        if not (totals.added or totals.removed or totals.replaced):
+            return
+        for r in totals.removed:
+            self._drop(r)
+        for old, _ in totals.replaced:
+            self._drop(old)
+        many = len(totals.added) + len(totals.replaced) > 64
+        bulk: dict[int, list[PoolEntry]] | None = {} if many else None
+        for r in totals.added:
+            self._take(r, bulk)
+        for _, new in totals.replaced:
+            self._take(new, bulk)
+        if bulk:
+            for into in bulk.values():
+                into.sort()
+
+    def sync(self, running: tuple[Running, ...], totals: RunningTotals) -> None:
+        """Hold these running attempts (summed in `totals`): built afresh unless it holds them
+        already."""
+        if self.epoch == totals.epoch:
+            return
+        self._clear()
+        self.epoch = totals.epoch
+        bulk: dict[int, list[PoolEntry]] = {}
+        for r in running:
+            self._take(r, bulk)
+        for into in bulk.values():
+            into.sort()
+
+    def _drop(self, r: Running) -> None:
+        key = id(r)
+        c = self._cands.pop(key, None)
+        if c is not None:
+            self._remove(key, c)
+
+    def _take(self, r: Running, bulk: dict[int, list[PoolEntry]] | None) -> None:
+        cap = self.config.max_preemptions
+        if r.stopping or not r.preemptible or (cap is not None and r.preemptions >= cap):
+            return
+        self._add(id(r), Candidate(r, nodes_of(self.topo, r), 0.0, 0.0), bulk)
+
+    def _add(self, key: int, c: Candidate, bulk: dict[int, list[PoolEntry]] | None) -> None:
+        r = c.run
+        self._cands[key] = c
+        if r.remaining_s is not None or (
+            r.checkpoint_interval_s is not None and r.checkpoint_interval_s > 0
+        ):
+            self.irregular += 1
+        kind = (r.tenant, r.gpu_type)
+        tail: tuple[Any, ...] = (-r.started_at_s, -r.attempt_id, c)
+        if self.youngest:
+            order = tail
+        else:
+            since_s = r.started_at_s
+            if r.last_checkpoint_s is not None and r.last_checkpoint_s > since_s:
+                since_s = r.last_checkpoint_s
+            order = (-since_s, c.size, *tail)
+        placed: list[tuple[list[PoolEntry], PoolEntry]] = [
+            (self.victim.setdefault(r.gpu_type, []), order)
+        ]
+        if self.fair:
+            placed.append((self.own.setdefault(kind, []), (r.priority, *order)))
+        if self.srtf:
+            if r.predicted_end_s is not None:
+                end_s = r.predicted_end_s
+            else:
+                end_s = r.started_at_s + self.config.default_duration_s
+            entry = (-end_s, *tail)
+            placed.append((self.srtf_type.setdefault(r.gpu_type, []), entry))
+            placed.append((self.srtf_own.setdefault(kind, []), entry))
+        for into, entry in placed:
+            if bulk is None:
+                bisect.insort(into, entry)
+            else:
+                into.append(entry)
+                bulk[id(into)] = into
+        self._entries[key] = placed
+        self.owned.setdefault(kind, {})[key] = c
+
+    def _remove(self, key: int, c: Candidate) -> None:
+        r = c.run
+        if r.remaining_s is not None or (
+            r.checkpoint_interval_s is not None and r.checkpoint_interval_s > 0
+        ):
+            self.irregular -= 1
+        for into, entry in self._entries.pop(key):
+            del into[bisect.bisect_left(into, entry)]
+        del self.owned[(r.tenant, r.gpu_type)][key]
+
+
+def _settle(
+    found: list[Candidate], value: Callable[[Candidate], object], key: Callable[[Candidate], Any]
+) -> list[Candidate]:
+    """A list in the order of a pool's key made exact: every run of neighbours whose
+    time-dependent `value` came out equal is sorted by the rule's `key` (see VictimPool)."""
+    n = len(found)
+    if n < 2:
+        return found
+    values = list(map(value, found))
+    i = 0
+    while i < n - 1:
+        if values[i] != values[i + 1]:
+            i += 1
+            continue
+        j = i + 1
+        while j < n - 1 and values[j + 1] == values[i]:
+            j += 1
+        found[i : j + 1] = sorted(found[i : j + 1], key=key)
+        i = j + 1
+    return found
+
+
+class _Lazy(Sequence[Candidate]):
+    """A pool's SRTF list as the searches read it: candidates taken, refreshed and put in the
+    exact order (runs of equal remaining time sorted) only as far as a walk goes; a search
+    stops at the first candidate whose remaining time is not longer than the job's."""
+
+    def __init__(
+        self,
+        source: list[PoolEntry],
+        ok: Callable[[Candidate], bool],
+        refresh: Callable[[Candidate], object],
+    ):
+        self._source = source
+        self._pos = 0
+        self._ok = ok
+        self._refresh = refresh
+        self._items: list[Candidate] = []
+
+    def _more(self) -> bool:
+        source, ok, refresh = self._source, self._ok, self._refresh
+        pos, n = self._pos, len(source)
+        first = None
+        while pos < n:
+            c = source[pos][-1]
+            pos += 1
+            if ok(c):
+                first = c
+                break
+        if first is None:
+            self._pos = pos
+            return False
+        refresh(first)
+        run = [first]
+        while pos < n:
+            c = source[pos][-1]
+            if not ok(c):
+                pos += 1
+                continue
+            refresh(c)
+            if c.remaining_s != first.remaining_s:
+                break
+            run.append(c)
+            pos += 1
+        self._pos = pos
+        if len(run) > 1:
+            run.sort(key=_srtf_key)
+        self._items.extend(run)
+        return True
+
+    def __iter__(self) -> Iterator[Candidate]:
+        items = self._items
+        i = 0
+        while i < len(items) or self._more():
+            yield items[i]
+            i += 1
+
+    def __len__(self) -> int:
+        while self._more():
+            pass
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items) or self._more()
+
+    @overload
+    def __getitem__(self, i: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Candidate]: ...
+
+    def __getitem__(self, i: int | slice) -> Candidate | Sequence[Candidate]:
+        if isinstance(i, slice) or i < 0:
+            len(self)
+        else:
+            while len(self._items) <= i and self._more():
+                pass
+        return self._items[i]
+
+
+def _lost(c: Candidate) -> float:
+    return c.lost_s
+
+
+def _priority_lost(c: Candidate) -> tuple[int, float]:
+    return (c.run.priority, c.lost_s)
+
+
+def _srtf_key(c: Candidate) -> tuple[float, ...]:
+    return (-c.remaining_s, *_youngest(c))
+
+
+def _las_key(c: Candidate) -> tuple[float, ...]:
+    return (-c.queue, -c.attained_s, *_youngest(c))
 
 
 class Search:
@@ -430,8 +804,7 @@ def find_victims(
         # out for the rest of the cycle: skip them for good instead of for every job again.
         first = victims.start.get(skip_key, 0) if skip_key else 0
         leading = skip_key  # the key while still in the skippable prefix, then None
-        for i in range(first, len(cands)):
-            c = cands[i]
+        for i, c in enumerate(islice(cands, first, None), first):
             aid = c.run.attempt_id
             if aid in done or aid in seen:
                 if leading is not None and aid in done:
@@ -688,7 +1061,7 @@ def _keeps_guarantees(chosen: list[Candidate], s: Search, books: dict[str, Book]
 
 # (rule, its candidates in walking order, the key of Victims.start its skipped prefix is kept
 # by, or None when the list is walked from its head every time)
-Source = tuple[str, list[Candidate], tuple[str, str] | None]
+Source = tuple[str, Sequence[Candidate], tuple[str, str] | None]
 
 
 def _sources(s: Search, victims: Victims, ti: TypeIndex, need_capacity: bool) -> list[Source]:

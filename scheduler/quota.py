@@ -163,7 +163,11 @@ class RunningTotals:
         "kinds",
         "added",
         "removed",
+        "replaced",
         "epoch",
+        "versions",
+        "_stamp",
+        "borrowed_by_tenant",
     )
 
     def __init__(self) -> None:
@@ -174,7 +178,17 @@ class RunningTotals:
         # every one, so an index that missed one (or a reset) knows to start afresh.
         self.added: list[Running] = []
         self.removed: list[Running] = []
+        # Attempts remade with only fields the sums do not read changed, (old, new): the same
+        # attempt here, a new object for an index that keeps the objects (VictimPool).
+        self.replaced: list[tuple[Running, Running]] = []
         self.epoch = 0
+        # tenant -> a stamp, new whenever its attempts not stopping change (never reused), and
+        # what _label_sorted found for it: (stamp, guarantees, borrowed attempt ids)
+        self.versions: dict[str, int] = {}
+        self._stamp = 0
+        self.borrowed_by_tenant: dict[
+            str, tuple[int, tuple[tuple[str, int], ...], frozenset[int]]
+        ] = {}
         self.held: set[str] = set()  # GPU uuids held by any attempt
         self.gpus: dict[tuple[str, str, bool], int] = {}  # (tenant, type, stopping) -> GPUs
         self.jobs: dict[str, int] = {}  # tenant -> attempts not stopping
@@ -188,12 +202,13 @@ class RunningTotals:
     def _reset(self) -> None:
         self._seen, self.held, self.gpus, self.jobs, self.started = {}, set(), {}, {}, {}
         self.by_tenant, self.kinds = {}, {}
+        self.versions, self.borrowed_by_tenant = {}, {}
 
     def update(self, running: tuple[Running, ...]) -> RunningTotals:
         self.epoch += 1
         if running is self._last:
             # The very same tuple (a caller that keeps it while nothing ran or ended).
-            self.added, self.removed = [], []
+            self.added, self.removed, self.replaced = [], [], []
             return self
         self._last = running
         seen = self._seen
@@ -206,6 +221,7 @@ class RunningTotals:
             seen = self._seen
         gone = seen.keys() - now.keys()
         new = now.keys() - seen.keys()
+        replaced: list[tuple[Running, Running]] = []
         if gone and new:
             # An attempt remade with only what the sums do not look at changed (under LAS the
             # simulator remakes every attempt with its attained service) counts as the same.
@@ -213,7 +229,7 @@ class RunningTotals:
             for key in list(new):
                 old = same.pop(_counted(now[key]), None)
                 if old is not None:
-                    del seen[old]
+                    replaced.append((seen.pop(old), now[key]))
                     seen[key] = now[key]
                     gone.discard(old)
                     new.discard(key)
@@ -227,7 +243,7 @@ class RunningTotals:
             seen[key] = r
             added.append(r)
             self._count(r, 1)
-        self.added, self.removed = added, removed
+        self.added, self.removed, self.replaced = added, removed, replaced
         return self
 
     def _count(self, r: Running, sign: int) -> None:
@@ -242,6 +258,8 @@ class RunningTotals:
         else:
             self.gpus.pop(key, None)
         if not r.stopping:
+            self._stamp += 1
+            self.versions[r.tenant] = self._stamp
             entry = (r.preemptible, r.started_at_s, r.attempt_id, r.gpu_type, len(r.gpus))
             filling = self.by_tenant.get(r.tenant)
             if sign > 0:
@@ -419,30 +437,48 @@ def label_borrowed(
 
 
 def _label_sorted(totals: RunningTotals, books: dict[str, Book]) -> set[int]:
-    """label_borrowed over the attempts RunningTotals keeps sorted per tenant."""
+    """label_borrowed over the attempts RunningTotals keeps sorted per tenant.
+
+    A tenant's labels depend only on its own attempts and guarantees: they are kept with the
+    totals (borrowed_by_tenant) and worked out again only for a tenant whose attempts or
+    guarantees changed since.
+    """
     borrowed: set[int] = set()
-    usage: dict[str, dict[str, int]] = {}
+    usage: dict[str, dict[str, int]] | None = None
     gpus = totals.gpus
-    for tenant, gpu_type in totals.kinds:
-        usage.setdefault(tenant, {})[gpu_type] = gpus.get((tenant, gpu_type, False), 0)
+    kept = totals.borrowed_by_tenant
+    versions = totals.versions
     for tenant, attempts in totals.by_tenant.items():
         g = books[tenant].guaranteed
+        version = versions[tenant]
+        guarantees = tuple(g.items())
+        known = kept.get(tenant)
+        if known is not None and known[0] == version and known[1] == guarantees:
+            borrowed |= known[2]
+            continue
+        if usage is None:
+            usage = {}
+            for name, gpu_type in totals.kinds:
+                usage.setdefault(name, {})[gpu_type] = gpus.get((name, gpu_type, False), 0)
         held = usage.get(tenant, {})
-        if (
+        mine: set[int] = set()
+        if not (
             all(t in g or ANY in g for t in held)
             and all(n <= g[t] for t, n in held.items() if t in g)
             and (ANY not in g or sum(held.values()) <= g[ANY])
         ):
-            continue
-        used: dict[str, int] = {}
-        for _, _, attempt_id, t, n in attempts:
-            used[t] = used.get(t, 0) + n
-            used[ANY] = used.get(ANY, 0) + n if t != ANY else used[t]
-            over = not (t in g or ANY in g)
-            if t in g and used[t] > g[t]:
-                over = True
-            if ANY in g and used[ANY] > g[ANY]:
-                over = True
-            if over:
-                borrowed.add(attempt_id)
+            used: dict[str, int] = {}
+            for _, _, attempt_id, t, n in attempts:
+                used[t] = used.get(t, 0) + n
+                used[ANY] = used.get(ANY, 0) + n if t != ANY else used[t]
+                over = not (t in g or ANY in g)
+                if t in g and used[t] > g[t]:
+                    over = True
+                if ANY in g and used[ANY] > g[ANY]:
+                    over = True
+                if over:
+                    mine.add(attempt_id)
+        frozen = frozenset(mine)
+        kept[tenant] = (version, guarantees, frozen)
+        borrowed |= frozen
     return borrowed

@@ -1,0 +1,122 @@
+"""Preemption candidates kept across instants (scheduler.preemption.VictimPool) give the lists,
+and so the plans, that candidates built afresh at each instant give."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.memo import PlanMemo
+from scheduler.model import Config, Ordering, Running, Snapshot, VictimOrder
+from scheduler.placement import ClusterIndex, Topology
+from scheduler.policy import plan
+from scheduler.preemption import Candidate, VictimPool, Victims, _settle
+from scheduler.quota import RunningTotals, build_books, label_borrowed
+from tests.scheduler.test_plan_properties import NOW, configs, snapshots
+
+SPLITS = st.lists(st.integers(0, 2), min_size=0, max_size=40)
+# Steps of time between two plans: 0 (a plan again at the same instant) or more.
+STEPS = st.lists(st.sampled_from([0.0, 0.0, 1.0, 30.0, 61.0, 7_200.0]), min_size=5, max_size=5)
+
+
+def _regular(running: tuple[Running, ...]) -> tuple[Running, ...]:
+    """The attempts as the simulator on the shared pool states them: no remaining time of
+    their own, no checkpoint interval (a pool holding either is not used)."""
+    return tuple(replace(r, remaining_s=None, checkpoint_interval_s=None) for r in running)
+
+
+def _parts(running: tuple[Running, ...], splits: list[int]) -> list[tuple[Running, ...]]:
+    first = tuple(r for r, k in zip(running, splits, strict=False) if k != 1)
+    second = tuple(r for r, k in zip(running, splits, strict=False) if k != 0)
+    return [first, second, running, first, running]
+
+
+def _seen(c: Candidate) -> tuple[object, ...]:
+    return (c.run.attempt_id, c.remaining_s, c.lost_s, c.attained_s, c.queue, c.nodes)
+
+
+def _lists(v: Victims, snap: Snapshot, config: Config) -> dict[str, list[tuple[object, ...]]]:
+    out: dict[str, list[tuple[object, ...]]] = {}
+    types = sorted({r.gpu_type for r in snap.running})
+    tenants = sorted({r.tenant for r in snap.running})
+    for t in types:
+        out[f"cross {t}"] = [_seen(c) for c in v.cross(t)]
+        if config.ordering in (Ordering.SRTF, Ordering.LAS):
+            out[f"baseline {t}"] = [_seen(c) for c in v.baseline(t)]
+        for tenant in tenants:
+            out[f"own {tenant} {t}"] = [_seen(c) for c in v.own(tenant, t)]
+            if config.ordering in (Ordering.SRTF, Ordering.LAS):
+                found = v.baseline(t, tenant)
+                out[f"baseline {tenant} {t}"] = [_seen(c) for c in found]
+    return out
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(snapshots(), configs, SPLITS, STEPS, st.booleans())
+def test_pooled_victim_lists_are_the_lists_built_afresh(snap, config, splits, steps, regular):
+    config = replace(config, preemption=True)
+    running = _regular(snap.running) if regular else snap.running
+    topo = Topology(snap.nodes)
+    totals = RunningTotals()
+    pool = VictimPool(config, topo)
+    now_s = NOW
+    for part, step in zip(_parts(running, splits), steps, strict=True):
+        now_s += step
+        s = replace(snap, running=part, now_s=now_s)
+        totals.update(part)
+        pool.follow(totals)
+        books = build_books(s, config, totals)
+        borrowed = label_borrowed(part, books)
+        index = ClusterIndex(s.nodes, part, topo)
+        pooled = Victims(part, index, lambda b=borrowed: b, config, now_s, None, pool, totals)
+        fresh = Victims(part, index, lambda b=borrowed: b, config, now_s)
+        assert _lists(pooled, s, config) == _lists(fresh, s, config)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(snapshots(), configs, SPLITS, STEPS, st.booleans())
+def test_a_memo_kept_over_instants_plans_as_a_fresh_one(snap, config, splits, steps, regular):
+    # The simulator hands one memo the same attempt objects instant after instant, a few come
+    # and gone: the candidates it keeps, refreshed as time moves, must plan as fresh ones.
+    running = _regular(snap.running) if regular else snap.running
+    memo = PlanMemo()
+    now_s = NOW
+    for part, step in zip(_parts(running, splits), steps, strict=True):
+        now_s += step
+        s = replace(snap, running=part, now_s=now_s)
+        assert plan(s, config, memo) == plan(s, config)
+
+
+def test_losses_that_round_to_one_value_are_ordered_by_the_rule():
+    # Work lost is now - since + restart: two attempts that started a hair apart lose the same
+    # after rounding, and the victim order then takes the smaller first, not the later start
+    # that the pool's key (the start) puts first.
+    config = Config(preemption=True, min_runtime_s=0.0, restart_cost_s=7.0)
+    now_s = 2.0**-60
+    early = Running(1, 1, "a", "u", 100, True, 0.0, ("g1",), "H100")
+    late = Running(2, 2, "a", "u", 100, True, 2.0**-61, ("g2", "g3"), "H100")
+    cands = [Candidate(r, {0: len(r.gpus)}, 0.0, 0.0) for r in (late, early)]
+    for c in cands:
+        c.refresh(now_s, config)
+    assert cands[0].lost_s == cands[1].lost_s == 7.0
+    settled = _settle(list(cands), lambda c: c.lost_s, lambda c: (c.lost_s, c.size))
+    assert [c.run.attempt_id for c in settled] == [1, 2]
+
+
+def test_a_pool_follows_only_the_update_after_the_one_it_holds():
+    config = Config(preemption=True, victim_order=VictimOrder.YOUNGEST)
+    r1 = Running(1, 1, "a", "u", 100, True, 0.0, ("g1",), "H100")
+    r2 = Running(2, 2, "a", "u", 100, True, 5.0, ("g2",), "H100")
+    topo = Topology(())
+    totals = RunningTotals()
+    pool = VictimPool(config, topo)
+    totals.update((r1,))
+    pool.follow(totals)  # never built: stays stale
+    assert pool.epoch == -1
+    pool.sync((r1,), totals)
+    totals.update((r1, r2))
+    pool.follow(totals)
+    assert pool.epoch == totals.epoch
+    assert [e[-1].run.attempt_id for e in pool.victim["H100"]] == [2, 1]
