@@ -35,6 +35,7 @@ from controlplane.cluster.models import GPU, Node, NodeState
 from controlplane.jobs import dependencies
 from controlplane.jobs.models import Job, PriorityClass
 from controlplane.storage.models import Volume
+from controlplane.tenancy import reads as tenancy_reads
 from controlplane.tenancy.models import Role, Tenant
 from controlplane.validators import text_problem
 
@@ -930,7 +931,7 @@ def _check_against_cluster(cleaned: dict, tenant: Tenant, cluster: ClusterShape)
 
 
 def _gpu_count_problem(gpus: int, gpu_type: str, tenant: Tenant, cluster: ClusterShape) -> str:
-    quotas = list(tenant.quotas.all())
+    quotas = tenancy_reads.quotas_of(tenant.pk)
     candidates = [gpu_type] if gpu_type else sorted(cluster.gpu_models)
     if not candidates:
         return f"The cluster has no GPUs yet; {gpus} cannot be given."

@@ -10,6 +10,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.permissions import SAFE_METHODS
 
+from controlplane.tenancy import reads
 from controlplane.tenancy.models import ApiToken, TokenScope, hash_token
 from controlplane.tenancy.throttling import bearer_failures, client_ip
 
@@ -60,7 +61,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if not raw.startswith("gcp_"):
             # Node tokens (gcpn_), join tokens (gcpj_) and anything else are not user credentials.
             return None
-        return ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw)).first()
+        return reads.token_with_user(hash_token(raw))
 
     def authenticate_header(self, request):
         return self.keyword

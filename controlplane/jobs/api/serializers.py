@@ -352,6 +352,13 @@ class JobSubmitSerializer(serializers.Serializer):
         f"{dependencies.MAX_DEPENDENCIES}); held until all are met, cancelled if one never can be",
     )
 
+    def run_validators(self, value):
+        # DRF's step builds every field (a deep copy of all of them) to find read-only defaults
+        # before it runs the serializer's validators; this one has none (clean_submission is the
+        # whole check), and the copy was a tenth of a submit's Python.
+        if self.validators:
+            super().run_validators(value)
+
     def to_internal_value(self, data):
         try:
             return validation.clean_submission(data, self.context["tenant"])

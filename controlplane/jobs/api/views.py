@@ -76,12 +76,13 @@ from controlplane.permissions import (
     TenantScope,
     request_body,
 )
+from controlplane.tenancy import reads as tenancy_reads
 from controlplane.tenancy.models import Membership, Role, Tenant
 from controlplane.validators import NON_FIELD
 
 
 def _memberships_with_tenants(user) -> list[Membership]:
-    return list(Membership.objects.filter(user=user).select_related("tenant"))
+    return tenancy_reads.memberships_with_tenants(user.pk)
 
 
 class ConflictSerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import time
 import uuid
 
 import pytest
@@ -447,3 +448,27 @@ def test_jobs_cancelled_because_their_dependency_failed_count_once_each(
     with on_commit():
         make_job(vision, alice, depends_on=[DependencySpec("succeeded", job_id=attempt.job_id)])
     assert finished(samples(), "vision")["cancelled"] == 3
+
+
+def test_requests_reach_redis_within_the_flush_interval_for_other_processes_scrapes(
+    make_job, vision, alice
+):
+    """A web process counts its requests in memory and writes them every HTTP_FLUSH_EVERY_S:
+    a scrape answered by another process (which flushes only its own) still sees them soon."""
+    job = make_job(vision, alice)
+    client = Client()
+    client.force_login(alice)
+    for _ in range(3):
+        assert client.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
+
+    conn = event_metrics._client(event_metrics.settings.REDIS_URL)
+    field = event_metrics._field("GET", "/api/v1/jobs/<pk>/", "200")
+    deadline = time.monotonic() + 10 * event_metrics.HTTP_FLUSH_EVERY_S
+    stored = None
+    # Read Redis itself, not event_metrics.read(), which would flush this process first.
+    while time.monotonic() < deadline:
+        stored = conn.hget(event_metrics.HTTP_REQUESTS.key, field)
+        if stored is not None and int(stored) == 3:
+            break
+        time.sleep(0.05)
+    assert stored is not None and int(stored) == 3

@@ -1,0 +1,85 @@
+"""The tenancy reads every API request makes, as fixed statements (controlplane.modelrows).
+
+A bearer token with its user, the user's memberships with their tenants, and a tenant's
+quotas: each was an ORM query compiled anew on every request, which cost a submit more Python
+than the rest of its checks. Each function returns what the queryset it replaces returned, in
+the same order (the models' Meta.ordering).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from controlplane.modelrows import Columns, fetch
+from controlplane.tenancy.models import ApiToken, Membership, Quota, Tenant
+
+_TOKEN = Columns(ApiToken, "k")
+_USER: Columns = Columns(get_user_model(), "u")
+_MEMBERSHIP = Columns(Membership, "m")
+_TENANT = Columns(Tenant, "t")
+_QUOTA = Columns(Quota, "q")
+
+_statements: dict[tuple[str, str], str] = {}
+
+
+def _statement(name: str, build) -> str:
+    # Per backend: the embedded mode's SQLite quotes names as PostgreSQL does, but a test may
+    # run both.
+    key = (name, connection.vendor)
+    sql = _statements.get(key)
+    if sql is None:
+        sql = _statements[key] = build()
+    return sql
+
+
+def token_with_user(token_hash: str) -> ApiToken | None:
+    """ApiToken.objects.select_related("user").get(token_hash=...), or None."""
+    quote = connection.ops.quote_name
+    sql = _statement(
+        "token",
+        lambda: (
+            f"SELECT {_TOKEN.select()}, {_USER.select()} FROM {_TOKEN.table()} "
+            f"JOIN {_USER.table()} ON u.{quote(_USER.model._meta.pk.column)} = k.{quote('user_id')} "
+            f"WHERE k.{quote('token_hash')} = %s"
+        ),
+    )
+    rows = fetch(sql, [token_hash])
+    if not rows:
+        return None
+    row = rows[0]
+    token = _TOKEN.build(row[: len(_TOKEN)])
+    token.user = _USER.build(row[len(_TOKEN) :])
+    return token
+
+
+def memberships_with_tenants(user_id: int) -> list[Membership]:
+    """Membership.objects.filter(user=...).select_related("tenant"), by tenant slug."""
+    quote = connection.ops.quote_name
+    sql = _statement(
+        "memberships",
+        lambda: (
+            f"SELECT {_MEMBERSHIP.select()}, {_TENANT.select()} FROM {_MEMBERSHIP.table()} "
+            f"JOIN {_TENANT.table()} ON t.{quote('id')} = m.{quote('tenant_id')} "
+            f"WHERE m.{quote('user_id')} = %s ORDER BY t.{quote('slug')}"
+        ),
+    )
+    found = []
+    for row in fetch(sql, [user_id]):
+        membership = _MEMBERSHIP.build(row[: len(_MEMBERSHIP)])
+        membership.tenant = _TENANT.build(row[len(_MEMBERSHIP) :])
+        found.append(membership)
+    return found
+
+
+def quotas_of(tenant_id: int) -> list[Quota]:
+    """tenant.quotas.all(), by GPU type."""
+    quote = connection.ops.quote_name
+    sql = _statement(
+        "quotas",
+        lambda: (
+            f"SELECT {_QUOTA.select()} FROM {_QUOTA.table()} "
+            f"WHERE q.{quote('tenant_id')} = %s ORDER BY q.{quote('gpu_type')}"
+        ),
+    )
+    return [_QUOTA.build(row) for row in fetch(sql, [tenant_id])]

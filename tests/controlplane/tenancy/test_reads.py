@@ -1,0 +1,60 @@
+"""The fixed-statement reads (controlplane.tenancy.reads) return what the querysets they replace
+return: every column, converted as the ORM converts it, in the same order."""
+
+import datetime as dt
+
+from django.utils import timezone
+
+from controlplane.tenancy import reads
+from controlplane.tenancy.models import ApiToken, Membership, Quota, Role, Tenant
+
+
+def _columns(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def test_a_token_and_its_user_come_back_as_the_orm_reads_them(alice):
+    parent, _ = ApiToken.issue(alice, "ci", timezone.now() + dt.timedelta(days=3))
+    child, _ = ApiToken.issue(alice, "ci-child", scopes=["read"], parent=parent)
+    ApiToken.objects.filter(pk=parent.pk).update(
+        revoked_at=timezone.now(), last_used_at=timezone.now() - dt.timedelta(minutes=5)
+    )
+    for token in (parent, child):
+        expected = ApiToken.objects.select_related("user").get(pk=token.pk)
+        got = reads.token_with_user(token.token_hash)
+        assert got is not None
+        assert _columns(got) == _columns(expected)
+        assert _columns(got.user) == _columns(expected.user)
+        # What authentication asks of them.
+        assert got.is_usable == expected.is_usable
+        assert got.allows("write") == expected.allows("write")
+        assert got.user.is_active is True
+    assert not reads.token_with_user(parent.token_hash).is_usable  # revoked
+    assert reads.token_with_user(child.token_hash).scopes == ["read"]
+    assert reads.token_with_user("0" * 64) is None
+
+
+def test_memberships_come_with_their_tenants_in_slug_order(make_user, vision, nlp):
+    person = make_user("pat")
+    zeta = Tenant.objects.create(slug="zeta", name="Zeta", weight=2.5, checkpoint_limit_bytes=10)
+    for tenant, role in ((zeta, Role.ADMIN), (vision, Role.MEMBER), (nlp, Role.VIEWER)):
+        Membership.objects.create(user=person, tenant=tenant, role=role)
+    make_user("someone-else")
+
+    got = reads.memberships_with_tenants(person.pk)
+    expected = list(Membership.objects.filter(user=person).select_related("tenant"))
+    assert [m.tenant.slug for m in got] == ["nlp", "vision", "zeta"]
+    assert [_columns(m) for m in got] == [_columns(m) for m in expected]
+    assert [_columns(m.tenant) for m in got] == [_columns(m.tenant) for m in expected]
+    assert reads.memberships_with_tenants(make_user("nobody").pk) == []
+
+
+def test_a_tenants_quotas_in_gpu_type_order(vision, nlp):
+    Quota.objects.create(tenant=vision, gpu_type="", guaranteed_gpus=0, limit_gpus=4)
+    Quota.objects.create(
+        tenant=vision, gpu_type="A100", guaranteed_gpus=1, limit_gpus=2, max_running_jobs=7
+    )
+    got = reads.quotas_of(vision.pk)
+    assert [q.gpu_type for q in got] == ["", "A100", "H100-SXM-80GB"]
+    assert [_columns(q) for q in got] == [_columns(q) for q in vision.quotas.all()]
+    assert [q.gpu_type for q in reads.quotas_of(nlp.pk)] == ["H100-SXM-80GB"]
