@@ -931,7 +931,7 @@ def _check_against_cluster(cleaned: dict, tenant: Tenant, cluster: ClusterShape)
 
 
 def _gpu_count_problem(gpus: int, gpu_type: str, tenant: Tenant, cluster: ClusterShape) -> str:
-    quotas = tenancy_reads.quotas_of(tenant.pk)
+    quotas = tenancy_reads.quotas_of(tenant)
     candidates = [gpu_type] if gpu_type else sorted(cluster.gpu_models)
     if not candidates:
         return f"The cluster has no GPUs yet; {gpus} cannot be given."

@@ -72,8 +72,13 @@ def memberships_with_tenants(user_id: int) -> list[Membership]:
     return found
 
 
-def quotas_of(tenant_id: int) -> list[Quota]:
-    """tenant.quotas.all(), by GPU type."""
+def quotas_of(tenant: Tenant) -> list[Quota]:
+    """tenant.quotas.all(), by GPU type: from the tenant's prefetch when it has one (a list of
+    submits prefetches every tenant's quotas once, for all its items), else one read."""
+    prefetched = getattr(tenant, "_prefetched_objects_cache", {}).get("quotas")
+    if prefetched is not None:
+        return list(prefetched)
+    tenant_id = tenant.pk
     quote = connection.ops.quote_name
     sql = _statement(
         "quotas",

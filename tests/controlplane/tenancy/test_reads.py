@@ -3,6 +3,9 @@ return: every column, converted as the ORM converts it, in the same order."""
 
 import datetime as dt
 
+from django.db import connection
+from django.db.models import prefetch_related_objects
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.tenancy import reads
@@ -54,7 +57,12 @@ def test_a_tenants_quotas_in_gpu_type_order(vision, nlp):
     Quota.objects.create(
         tenant=vision, gpu_type="A100", guaranteed_gpus=1, limit_gpus=2, max_running_jobs=7
     )
-    got = reads.quotas_of(vision.pk)
+    got = reads.quotas_of(vision)
     assert [q.gpu_type for q in got] == ["", "A100", "H100-SXM-80GB"]
     assert [_columns(q) for q in got] == [_columns(q) for q in vision.quotas.all()]
-    assert [q.gpu_type for q in reads.quotas_of(nlp.pk)] == ["H100-SXM-80GB"]
+    assert [q.gpu_type for q in reads.quotas_of(nlp)] == ["H100-SXM-80GB"]
+    # A prefetch is used as it is, with no read of its own.
+    prefetch_related_objects([nlp], "quotas")
+    with CaptureQueriesContext(connection) as captured:
+        assert [q.gpu_type for q in reads.quotas_of(nlp)] == ["H100-SXM-80GB"]
+    assert captured.captured_queries == []
