@@ -14,6 +14,7 @@ on what stays. GPUs claimed this cycle for a job that waits for a preemption cou
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 
 from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode, Running, Snapshot, Tenant
 
@@ -413,27 +414,39 @@ def label_borrowed(
         totals: dict[str, int] = {}
         for r in attempts:
             totals[r.gpu_type] = totals.get(r.gpu_type, 0) + len(r.gpus)
-        if (
-            all(t in g or ANY in g for t in totals)
-            and all(n <= g[t] for t, n in totals.items() if t in g)
-            and (ANY not in g or sum(totals.values()) <= g[ANY])
-        ):
+        if _fits(g, totals):
             continue
         attempts.sort(key=lambda r: (r.preemptible, r.started_at_s, r.attempt_id))
-        used: dict[str, int] = {}
-        for r in attempts:
-            n = len(r.gpus)
-            t = r.gpu_type
-            used[t] = used.get(t, 0) + n
-            used[ANY] = used.get(ANY, 0) + n if t != ANY else used[t]
-            over = not (t in g or ANY in g)
-            if t in g and used[t] > g[t]:
-                over = True
-            if ANY in g and used[ANY] > g[ANY]:
-                over = True
-            if over:
-                borrowed.add(r.attempt_id)
+        borrowed |= _beyond(g, ((r.attempt_id, r.gpu_type, len(r.gpus)) for r in attempts))
     return borrowed
+
+
+def _fits(g: dict[str, int], held: dict[str, int]) -> bool:
+    """Whether a tenant holding `held` GPUs per type is within every guarantee covering them
+    (then none of its attempts is borrowed)."""
+    return (
+        all(t in g or ANY in g for t in held)
+        and all(n <= g[t] for t, n in held.items() if t in g)
+        and (ANY not in g or sum(held.values()) <= g[ANY])
+    )
+
+
+def _beyond(g: dict[str, int], attempts: Iterable[tuple[int, str, int]]) -> set[int]:
+    """The ids of (attempt id, GPU type, GPUs), counted in the order given, that pushed their
+    tenant past a guarantee (or that no guarantee covers)."""
+    found: set[int] = set()
+    used: dict[str, int] = {}
+    for attempt_id, t, n in attempts:
+        used[t] = used.get(t, 0) + n
+        used[ANY] = used.get(ANY, 0) + n if t != ANY else used[t]
+        over = not (t in g or ANY in g)
+        if t in g and used[t] > g[t]:
+            over = True
+        if ANY in g and used[ANY] > g[ANY]:
+            over = True
+        if over:
+            found.add(attempt_id)
+    return found
 
 
 def _label_sorted(totals: RunningTotals, books: dict[str, Book]) -> set[int]:
@@ -461,24 +474,10 @@ def _label_sorted(totals: RunningTotals, books: dict[str, Book]) -> set[int]:
             for name, gpu_type in totals.kinds:
                 usage.setdefault(name, {})[gpu_type] = gpus.get((name, gpu_type, False), 0)
         held = usage.get(tenant, {})
-        mine: set[int] = set()
-        if not (
-            all(t in g or ANY in g for t in held)
-            and all(n <= g[t] for t, n in held.items() if t in g)
-            and (ANY not in g or sum(held.values()) <= g[ANY])
-        ):
-            used: dict[str, int] = {}
-            for _, _, attempt_id, t, n in attempts:
-                used[t] = used.get(t, 0) + n
-                used[ANY] = used.get(ANY, 0) + n if t != ANY else used[t]
-                over = not (t in g or ANY in g)
-                if t in g and used[t] > g[t]:
-                    over = True
-                if ANY in g and used[ANY] > g[ANY]:
-                    over = True
-                if over:
-                    mine.add(attempt_id)
-        frozen = frozenset(mine)
+        if _fits(g, held):
+            frozen: frozenset[int] = frozenset()
+        else:
+            frozen = frozenset(_beyond(g, ((aid, t, n) for _, _, aid, t, n in attempts)))
         kept[tenant] = (version, guarantees, frozen)
         borrowed |= frozen
     return borrowed
