@@ -350,6 +350,19 @@ class Victims:
 
                 return _Lazy(pool.srtf_type.get(gpu_type, []), ok, self._refresh)
             return _Lazy(pool.srtf_own.get((tenant, gpu_type), []), self._may_go, self._refresh)
+        if pool.las and self._now_s >= pool.las_latest_as_of_s:
+            # Before an attempt's as_of its service is not base + slope x now (_las_base).
+            if tenant is None:
+                borrowed = self._borrowed()
+                may_go = self._may_go
+
+                def borrowed_ok(c: Candidate) -> bool:
+                    return c.run.attempt_id in borrowed and may_go(c)
+
+                groups = pool.las_type.get(gpu_type, {})
+                return _LasLazy(groups, borrowed_ok, self._refresh, self._now_s, pool.las_scale)
+            groups = pool.las_own.get((tenant, gpu_type), {})
+            return _LasLazy(groups, self._may_go, self._refresh, self._now_s, pool.las_scale)
         if tenant is None:
             found = list(self.cross(gpu_type))
         else:
@@ -430,8 +443,10 @@ class VictimPool:
     A candidate whose loss does not follow that (an attempt that said how often it checkpoints:
     its next checkpoint may fall within its notice) or whose remaining time is stated instead
     (`Running.remaining_s`) makes the pool `irregular`: Victims then builds its lists as without
-    a pool. LAS's attained service grows at each attempt's own GPU count, so LAS lists are
-    sorted at each instant (from the pool's candidates, without walking every attempt).
+    a pool. LAS's attained service grows at each attempt's own GPU count (its slope), so no
+    one order holds across instants; but among attempts of one slope, `attained - slope x now`
+    is fixed (see `_las_base`): the pool keeps a list per slope in that order, and a plan
+    merges them lazily, as far as a search walks (`_LasLazy`).
 
     A pool serves one config and one topology (PlanMemo.victim_pool). It holds the candidates
     of the running attempts summed in a RunningTotals (PlanMemo.running_totals) and follows
@@ -463,6 +478,15 @@ class VictimPool:
         self.srtf_own: dict[tuple[str, str], list[PoolEntry]] = {}
         # (tenant, type) -> the tenant's candidates of the type (LAS), by id of the attempt
         self.owned: dict[tuple[str, str], dict[int, Candidate]] = {}
+        # type / (tenant, type) -> slope -> most attained service first (LAS, see _las_base)
+        self.las = config.ordering is Ordering.LAS
+        self.las_type: dict[str, dict[float, list[PoolEntry]]] = {}
+        self.las_own: dict[tuple[str, str], dict[float, list[PoolEntry]]] = {}
+        # The largest attained service, slope x time and `attained_as_of_s` of any candidate
+        # taken in since the pool was last cleared: what bounds the rounding of a merge, and
+        # the instant before which the merge does not hold (see _LasLazy).
+        self.las_scale = 0.0
+        self.las_latest_as_of_s = -math.inf
 
     def follow(self, totals: RunningTotals) -> None:
         """Take in what the last update of the running totals changed, if the pool holds the
@@ -541,6 +565,14 @@ class VictimPool:
             entry = (-end_s, *tail)
             placed.append((self.srtf_type.setdefault(r.gpu_type, []), entry))
             placed.append((self.srtf_own.setdefault(kind, []), entry))
+        if self.las:
+            slope, base, scale = _las_base(r)
+            self.las_scale = max(self.las_scale, scale)
+            if r.attained_as_of_s is not None:
+                self.las_latest_as_of_s = max(self.las_latest_as_of_s, r.attained_as_of_s)
+            entry = (-base, -r.attempt_id, c)
+            placed.append((self.las_type.setdefault(r.gpu_type, {}).setdefault(slope, []), entry))
+            placed.append((self.las_own.setdefault(kind, {}).setdefault(slope, []), entry))
         for into, entry in placed:
             if bulk is None:
                 bisect.insort(into, entry)
@@ -629,6 +661,110 @@ class _Lazy(Sequence[Candidate]):
         if len(run) > 1:
             run.sort(key=_srtf_key)
         self._items.extend(run)
+        return True
+
+    def __iter__(self) -> Iterator[Candidate]:
+        items = self._items
+        i = 0
+        while i < len(items) or self._more():
+            yield items[i]
+            i += 1
+
+    def __len__(self) -> int:
+        while self._more():
+            pass
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items) or self._more()
+
+    @overload
+    def __getitem__(self, i: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Candidate]: ...
+
+    def __getitem__(self, i: int | slice) -> Candidate | Sequence[Candidate]:
+        if isinstance(i, slice) or i < 0:
+            len(self)
+        else:
+            while len(self._items) <= i and self._more():
+                pass
+        return self._items[i]
+
+
+def _las_base(r: Running) -> tuple[float, float, float]:
+    """(slope, base, scale) of an attempt's attained service: from its `attained_as_of_s` on it
+    is `attained_service_s + slope x (now - as_of)` (priority.attained_now), that is
+    `base + slope x now`, so attempts of one slope keep their order by base as time moves; an
+    attempt that states its service as of now (no as_of) has slope 0. `scale` bounds the
+    magnitude of the terms, for the rounding allowed in a merge."""
+    if r.attained_as_of_s is None:
+        return 0.0, r.attained_service_s, abs(r.attained_service_s)
+    slope = float(len(r.gpus))
+    shift = slope * r.attained_as_of_s
+    return slope, r.attained_service_s - shift, abs(r.attained_service_s) + abs(shift)
+
+
+# Rounding allowed between an attained service worked out as priority.attained_now does and as
+# `base + slope x now`, relative to the magnitude of the terms: float arithmetic errs by a few
+# parts in 1e16 there, so this is generous and costs only a few candidates refreshed early.
+_LAS_ROUNDING = 1e-9
+
+
+class _LasLazy(Sequence[Candidate]):
+    """A pool's LAS candidates of one type (a tenant's, or any tenant's borrowed ones) in the
+    LAS victim order (_las_key: latest queue, most attained service, youngest), merged from the
+    pool's lists per slope only as far as a walk goes.
+
+    Within a slope the lists are in order of base (attained service = base + slope x now); a
+    candidate is taken out of its list, refreshed and put in a heap by its exact key once the
+    bound of the list's next base (plus slope x now, plus the rounding allowed) reaches the
+    service of the best candidate in the heap. Every candidate left in the lists then has less
+    service than the one handed out, so the walk is the list sorted by _las_key. The queue
+    comes first in that key, but it only grows with the service, so the service orders alike.
+    """
+
+    def __init__(
+        self,
+        groups: dict[float, list[PoolEntry]],
+        ok: Callable[[Candidate], bool],
+        refresh: Callable[[Candidate], object],
+        now_s: float,
+        scale: float,
+    ):
+        self._groups = [(slope, entries, [0]) for slope, entries in groups.items() if entries]
+        self._ok = ok
+        self._refresh = refresh
+        self._now_s = now_s
+        slopes = max((abs(slope) for slope, _, _ in self._groups), default=0.0)
+        self._slack = _LAS_ROUNDING * (scale + slopes * abs(now_s)) + _LAS_ROUNDING
+        self._heap: list[tuple[tuple[float, ...], Candidate]] = []
+        self._items: list[Candidate] = []
+
+    def _more(self) -> bool:
+        heap, ok, refresh = self._heap, self._ok, self._refresh
+        now_s, slack = self._now_s, self._slack
+        best = heap[0][1].attained_s if heap else None
+        for slope, entries, at in self._groups:
+            pos, n = at[0], len(entries)
+            lift = slope * now_s + slack
+            while pos < n:
+                entry = entries[pos]
+                if best is not None and -entry[0] + lift < best:
+                    break
+                pos += 1
+                c = entry[-1]
+                if not ok(c):
+                    continue
+                refresh(c)
+                heapq.heappush(heap, (_las_key(c), c))
+                if best is None or c.attained_s > best:
+                    best = c.attained_s
+            at[0] = pos
+        if not heap:
+            return False
+        self._items.append(heapq.heappop(heap)[1])
         return True
 
     def __iter__(self) -> Iterator[Candidate]:

@@ -27,6 +27,14 @@ def _regular(running: tuple[Running, ...]) -> tuple[Running, ...]:
     return tuple(replace(r, remaining_s=None, checkpoint_interval_s=None) for r in running)
 
 
+def _as_of_start(running: tuple[Running, ...], lazily: bool) -> tuple[Running, ...]:
+    """With `lazily`, the attempts as the simulator states them under LAS on the shared pool:
+    attained service as of their start, the plan adds the rest (Running.attained_as_of_s)."""
+    if not lazily:
+        return running
+    return tuple(replace(r, attained_as_of_s=r.started_at_s) for r in running)
+
+
 def _parts(running: tuple[Running, ...], splits: list[int]) -> list[tuple[Running, ...]]:
     first = tuple(r for r, k in zip(running, splits, strict=False) if k != 1)
     second = tuple(r for r, k in zip(running, splits, strict=False) if k != 0)
@@ -54,10 +62,12 @@ def _lists(v: Victims, snap: Snapshot, config: Config) -> dict[str, list[tuple[o
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(snapshots(), configs, SPLITS, STEPS, st.booleans())
-def test_pooled_victim_lists_are_the_lists_built_afresh(snap, config, splits, steps, regular):
+@given(snapshots(), configs, SPLITS, STEPS, st.booleans(), st.booleans())
+def test_pooled_victim_lists_are_the_lists_built_afresh(
+    snap, config, splits, steps, regular, lazily
+):
     config = replace(config, preemption=True)
-    running = _regular(snap.running) if regular else snap.running
+    running = _as_of_start(_regular(snap.running) if regular else snap.running, lazily)
     topo = Topology(snap.nodes)
     totals = RunningTotals()
     pool = VictimPool(config, topo)
@@ -76,11 +86,13 @@ def test_pooled_victim_lists_are_the_lists_built_afresh(snap, config, splits, st
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
-@given(snapshots(), configs, SPLITS, STEPS, st.booleans())
-def test_a_memo_kept_over_instants_plans_as_a_fresh_one(snap, config, splits, steps, regular):
+@given(snapshots(), configs, SPLITS, STEPS, st.booleans(), st.booleans())
+def test_a_memo_kept_over_instants_plans_as_a_fresh_one(
+    snap, config, splits, steps, regular, lazily
+):
     # The simulator hands one memo the same attempt objects instant after instant, a few come
     # and gone: the candidates it keeps, refreshed as time moves, must plan as fresh ones.
-    running = _regular(snap.running) if regular else snap.running
+    running = _as_of_start(_regular(snap.running) if regular else snap.running, lazily)
     memo = PlanMemo()
     now_s = NOW
     for part, step in zip(_parts(running, splits), steps, strict=True):
@@ -120,3 +132,41 @@ def test_a_pool_follows_only_the_update_after_the_one_it_holds():
     pool.follow(totals)
     assert pool.epoch == totals.epoch
     assert [e[-1].run.attempt_id for e in pool.victim["H100"]] == [2, 1]
+
+
+def test_las_lists_merged_per_slope_are_the_lists_sorted_at_each_instant():
+    # Attained service grows at each attempt's own GPU count: a 1-GPU attempt started at 0 and
+    # a 2-GPU one started at 50 have attained alike at 100 (a tie broken by the youngest), and
+    # the larger has more after that; an attempt with service stated as of now does not grow.
+    config = Config(ordering=Ordering.LAS, preemption=True, borrowing=True, min_runtime_s=0.0)
+    shapes = [(1, 0.0, 0.0), (2, 50.0, 0.0), (4, 90.0, 20.0), (1, 10.0, 3000.0), (2, 0.0, 0.0)]
+    running = []
+    for i, (gpus, start_s, service) in enumerate(shapes, start=1):
+        held = tuple(f"g{i}-{k}" for k in range(gpus))
+        running.append(
+            Running(
+                i, i, "a", "u", 100, True, start_s, held, "H100",
+                attained_service_s=service, attained_as_of_s=start_s,
+            )
+        )  # fmt: skip
+    running.append(
+        Running(9, 9, "b", "u", 100, True, 5.0, ("g9",), "H100", attained_service_s=150.0)
+    )
+    part = tuple(running)
+    topo = Topology(())
+    totals = RunningTotals()
+    pool = VictimPool(config, topo)
+    totals.update(part)
+    pool.sync(part, totals)
+    every = {r.attempt_id for r in part}
+    for now_s in (90.0, 100.0, 100.0 + 2.0**-40, 150.0, 4_000.0):
+        index = ClusterIndex((), part, topo)
+        pooled = Victims(part, index, lambda: every, config, now_s, None, pool, totals)
+        fresh = Victims(part, index, lambda: every, config, now_s)
+        for tenant in (None, "a", "b"):
+            got = [(c.run.attempt_id, c.attained_s) for c in pooled.baseline("H100", tenant)]
+            want = [(c.run.attempt_id, c.attained_s) for c in fresh.baseline("H100", tenant)]
+            assert got == want, (now_s, tenant)
+    index = ClusterIndex((), part, topo)
+    at_100 = Victims(part, index, lambda: every, config, 100.0, None, pool, totals)
+    assert [c.run.attempt_id for c in at_100.baseline("H100", "a")] == [4, 5, 2, 1, 3]
