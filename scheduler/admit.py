@@ -486,7 +486,7 @@ class Admission:
         search.cross = (
             within
             and job.gpus < self.search_failed_at.get(t, job.gpus + 1)
-            and bool(self.victims.cross(t))
+            and self.victims.has_cross(t)
             and (job.gpus > ti.max_node_cap or self.victims.most(ti) >= job.gpus)
         )
         search.own = own

@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, overload
 
@@ -171,6 +171,7 @@ class Victims:
         # type -> max-heap of (-potential, node), stale entries dropped when met; see most()
         self._potential: dict[str, list[tuple[int, int]]] = {}
         self.cross_gpus: dict[str, dict[int, int]] = {}  # type -> node -> borrowed GPUs there
+        self._cross_some: dict[str, bool] = {}  # type -> whether it has borrowed candidates
 
     def _group(self) -> dict[str, list[Running]]:
         if self._by_type is None:
@@ -230,6 +231,7 @@ class Victims:
             borrowed = self._borrowed()
             pool = self._pool
             if pool is not None:
+                self.cross_counts(gpu_type)
                 now_s, min_runtime_s = self._now_s, self._config.min_runtime_s
                 refresh = self._refresh
                 found = []
@@ -248,14 +250,53 @@ class Victims:
                     if r.attempt_id in borrowed
                 ]
                 found.sort(key=self._order)
-            per_node: dict[int, int] = {}
-            for c in found:
-                self._cross_ids.add(c.run.attempt_id)
-                for node, count in c.nodes.items():
-                    per_node[node] = per_node.get(node, 0) + count
-            self.cross_gpus[gpu_type] = per_node
+                self._count_cross(gpu_type, found)
             self._cross[gpu_type] = found
         return found
+
+    def _count_cross(self, gpu_type: str, found: Iterable[Candidate]) -> None:
+        per_node: dict[int, int] = {}
+        some = False
+        for c in found:
+            some = True
+            self._cross_ids.add(c.run.attempt_id)
+            for node, count in c.nodes.items():
+                per_node[node] = per_node.get(node, 0) + count
+        self.cross_gpus[gpu_type] = per_node
+        self._cross_some[gpu_type] = some
+
+    def cross_counts(self, gpu_type: str) -> dict[int, int]:
+        """Node -> GPUs of the type's borrowed attempts there (cross_gpus), and which they are.
+
+        Counted when the type's borrowed attempts are first asked for, as a list or counted,
+        and then only lowered by evictions (evicted). With a pool this needs neither the
+        candidates refreshed nor their order: a search under SRTF or LAS reads the counts at
+        every plan, the list only for a job within its guarantee.
+        """
+        per_node = self.cross_gpus.get(gpu_type)
+        if per_node is None:
+            pool = self._pool
+            if pool is None:
+                self.cross(gpu_type)
+            else:
+                borrowed = self._borrowed()
+                now_s, min_runtime_s = self._now_s, self._config.min_runtime_s
+                self._count_cross(
+                    gpu_type,
+                    (
+                        c
+                        for entry in pool.victim.get(gpu_type, ())
+                        if (r := (c := entry[-1]).run).attempt_id in borrowed
+                        and not now_s - r.started_at_s < min_runtime_s
+                    ),
+                )
+            per_node = self.cross_gpus[gpu_type]
+        return per_node
+
+    def has_cross(self, gpu_type: str) -> bool:
+        """Whether the type has any borrowed attempt that may be preempted now."""
+        self.cross_counts(gpu_type)
+        return self._cross_some[gpu_type]
 
     def cross_by_node(self, gpu_type: str) -> dict[int, list[Candidate]]:
         """The borrowed attempts of a type by node they hold GPUs on, each list in the victim
@@ -386,8 +427,7 @@ class Victims:
             return ti.free_on(node) + ti.soon.get(node, 0) + cross_gpus.get(node, 0)
 
         if heap is None:
-            self.cross(t)
-            cross_gpus = self.cross_gpus[t]
+            cross_gpus = self.cross_counts(t)
             heap = self._potential[t] = [(-potential(node), node) for node in cross_gpus]
             heapq.heapify(heap)
             ti.changed.clear()
@@ -883,7 +923,7 @@ def find_victims(
         and not s.need_quota
         and victims.by_lost_work
     ):
-        if not (victims.cross(s.gpu_type) and victims.most(ti) >= n):
+        if not (victims.has_cross(s.gpu_type) and victims.most(ti) >= n):
             return None
         return _least_lost(s, victims, ti, books, done, fits, protected)
     chosen: list[tuple[Candidate, str]] = []
@@ -894,7 +934,7 @@ def find_victims(
     target = s.free_node
     freed_total = 0
     if s.cross or s.baseline is not None:
-        victims.cross(s.gpu_type)
+        victims.cross_counts(s.gpu_type)
     cross_gpus = victims.cross_gpus.get(s.gpu_type, {})
 
     def node_usable(node: int) -> bool:

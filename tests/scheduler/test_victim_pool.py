@@ -50,6 +50,8 @@ def _lists(v: Victims, snap: Snapshot, config: Config) -> dict[str, list[tuple[o
     types = sorted({r.gpu_type for r in snap.running})
     tenants = sorted({r.tenant for r in snap.running})
     for t in types:
+        # Counted first, as a search under SRTF or LAS does, then listed.
+        out[f"counts {t}"] = [sorted(v.cross_counts(t).items()), v.has_cross(t)]
         out[f"cross {t}"] = [_seen(c) for c in v.cross(t)]
         if config.ordering in (Ordering.SRTF, Ordering.LAS):
             out[f"baseline {t}"] = [_seen(c) for c in v.baseline(t)]
