@@ -648,7 +648,7 @@ class Agent:
             margin_s = float(answer["fence_margin_s"])
         except (KeyError, TypeError, ValueError):
             margin_s = leases.margin_for(lease_s)
-        self.lease = leases.Lease.renewed(
+        renewed = leases.Lease.renewed(
             sent_at,
             lease_s,
             self.config.stop_grace_s,
@@ -656,7 +656,12 @@ class Agent:
             margin_s=margin_s,
             signals={aid: meta.stop_signal for aid, meta in self._meta.items()},
         )
-        self._write_lease()
+        # self.lease stays the lease on disk, the one the fence and the supervisor act on:
+        # a renewal only a little later is not written (leases.rewrite_lag_s), and every
+        # decision here that the fence must agree with is then taken on the older one.
+        if leases.renewal_worth_writing(self.lease, renewed):
+            self.lease = renewed
+            self._write_lease()
 
     def _write_lease(self) -> None:
         if self.lease is None:
@@ -672,14 +677,20 @@ class Agent:
         each its own signal and grace should no renewal come."""
         if self.lease is None or not started:
             return
+        changed = False
         for attempt_id in started:
             meta = self._meta.get(attempt_id)
             if meta is None:
                 continue
-            self.lease.graces[str(attempt_id)] = self._grace_s(attempt_id)
+            grace_s = self._grace_s(attempt_id)
+            if grace_s > self.lease.grace_of(attempt_id):
+                self.lease.graces[str(attempt_id)] = grace_s
+                changed = True
             if meta.stop_signal != DEFAULT_STOP_SIGNAL:
                 self.lease.signals[str(attempt_id)] = meta.stop_signal
-        self._write_lease()
+                changed = True
+        if changed:  # one with no more than the lease's grace and SIGTERM is covered already
+            self._write_lease()
 
     def _on_unauthorized(self, exc: Unauthorized) -> None:
         self.connected = False
@@ -1098,9 +1109,13 @@ class Agent:
                     attempt_id, spec.job_id, f"its GPUs are still held by attempt(s) {sorted(busy)}"
                 )
                 continue
-            # It must be able to get its whole grace before the lease runs out.
+            # It must be able to get its whole grace before the lease runs out, and the
+            # supervisor refuses one with less than the lease's grace for it (the node's
+            # longest until the lease names it): wait rather than have it refused.
             grace_s = spec.grace_s if spec.grace_s is not None else self.config.stop_grace_s
-            if self.lease is not None and self.lease.remaining_s() < grace_s:
+            if self.lease is not None and self.lease.remaining_s() < max(
+                grace_s, self.lease.grace_of(attempt_id)
+            ):
                 self._defer(attempt_id, spec.job_id, "the node's lease is about to run out")
                 continue
             self._deferred.pop(attempt_id, None)

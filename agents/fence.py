@@ -4,7 +4,8 @@ A process of its own, apart from the agent, so that it acts when the agent canno
 that is dead, paused (SIGSTOP, a stuck NFS read) or cut off from the control plane keeps its
 jobs running, while the control plane may give their GPUs away once the lease it granted ran out
 (docs/agent-protocol.md, "Leases"). The fence reads `<state-dir>/lease.json`, which the agent
-rewrites after every answered heartbeat, and for every attempt still running:
+rewrites after answered heartbeats (agents.lease.rewrite_lag_s), and for every attempt
+still running:
 
 - at `term_at` (the lease's end, less the safety margin, less the attempt's grace) it notes the
   attempt as fenced (`<state-dir>/fenced/<id>.json`) and sends the attempt's stop signal

@@ -74,6 +74,78 @@ def test_an_answer_renews_the_lease_counted_from_when_the_heartbeat_was_sent(
     assert lease.of_this_boot
 
 
+def _on_disk(state_dir):
+    lease = leases.read_lease(state_dir)
+    return lease, os.stat(state_dir / leases.LEASE_FILE).st_ino
+
+
+def test_renewals_close_together_are_written_once_and_the_file_never_ends_later_than_the_truth(
+    control_plane, state_dir, monkeypatch
+):
+    """Each answer renews the lease; the file (a new inode each time) follows within the lag."""
+    control_plane.lease_s = 60.0
+    agent = make_agent(control_plane, state_dir)
+    sent_at = [1000.0]
+    monkeypatch.setattr(leases, "boottime", lambda: sent_at[0])
+    agent.cycle()
+    first, inode = _on_disk(state_dir)
+    lag_s = leases.rewrite_lag_s(60.0)
+    writes = 0
+    for step_s in (0.1, 0.2, 0.3, 0.25, 0.4, 0.05, 0.6, 0.3, 0.2, 1.5, 0.1):
+        sent_at[0] += step_s
+        agent.cycle()
+        lease, now_inode = _on_disk(state_dir)
+        writes += now_inode != inode
+        inode = now_inode
+        truth_s = sent_at[0] + 60.0
+        # Never later than what the last answer granted, never more than the lag earlier.
+        assert truth_s - lag_s < lease.expires_at <= truth_s
+        # The agent decides on the lease the fence and the supervisor read.
+        assert agent.lease.expires_at == lease.expires_at
+    assert 0 < writes <= 5  # 11 answers: the file moves only once the lag is used up
+
+
+def test_a_renewal_that_changes_more_than_the_end_is_written_at_once():
+    written = leases.Lease.renewed(100.0, 60.0, 10.0, {1: 30.0})
+    later = 100.0 + leases.rewrite_lag_s(60.0) / 2
+    assert written.grace_s == 30.0 and written.graces == {}  # the longest, for every attempt
+    assert not leases.renewal_worth_writing(
+        written, leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0, 2: 5.0})
+    )
+    for renewed in (
+        leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0, 2: 45.0}),  # a longer grace
+        leases.Lease.renewed(later, 60.0, 10.0, {1: 10.0}),  # the long one ended
+        leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0}, signals={1: "SIGUSR1"}),
+        leases.Lease.renewed(later, 30.0, 10.0, {1: 30.0}),  # a shorter lease
+        leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0}, margin_s=7.0),
+        leases.Lease.renewed(99.0, 60.0, 10.0, {1: 30.0}),  # ends earlier (a clock step)
+        leases.Lease.renewed(100.0 + leases.rewrite_lag_s(60.0), 60.0, 10.0, {1: 30.0}),
+    ):
+        assert leases.renewal_worth_writing(written, renewed), renewed
+    assert leases.renewal_worth_writing(None, written)
+    assert leases.renewal_worth_writing(replace(written, boot_id="another boot"), written)
+
+
+def test_an_attempt_with_a_longer_grace_is_in_the_lease_file_before_the_next_renewal(
+    control_plane, state_dir, tmp_path
+):
+    control_plane.lease_s = 60.0
+    agent = make_agent(control_plane, state_dir)
+    control_plane.set_desired([attempt(1, *waiting_on(tmp_path / "go"), grace_s=20.0)])
+    agent.cycle()
+    assert leases.read_lease(state_dir).grace_of(1) == 20.0
+    control_plane.set_desired(
+        [
+            attempt(1, *waiting_on(tmp_path / "go"), grace_s=20.0),
+            attempt(2, *waiting_on(tmp_path / "go"), grace_s=50.0),
+        ]
+    )
+    agent.cycle()
+    lease = leases.read_lease(state_dir)
+    assert lease.grace_of(2) == 50.0 and lease.grace_of(1) >= 20.0
+    (tmp_path / "go").touch()
+
+
 def test_without_a_lease_in_the_answer_nothing_is_written(control_plane, state_dir):
     agent = make_agent(control_plane, state_dir)
     agent.cycle()
@@ -247,7 +319,8 @@ def test_a_degraded_answer_renews_the_lease_and_changes_nothing_else(
 
     assert agent.cycle()
 
-    assert leases.read_lease(state_dir).expires_at >= before + 60.0
+    # Renewed: no more than the lag a lease on disk may have behind the truth.
+    assert leases.read_lease(state_dir).expires_at >= before + 60.0 - leases.rewrite_lag_s(60.0)
     assert runtime_state(agent, 8) is None  # nothing started on its word
     assert 7 in agent._meta  # the exit was not acknowledged: reported again next time
     control_plane.degraded = False
