@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from itertools import accumulate
+from operator import itemgetter
 
 from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode, Running, Snapshot, Tenant
 
@@ -449,6 +451,19 @@ def _beyond(g: dict[str, int], attempts: Iterable[tuple[int, str, int]]) -> set[
     return found
 
 
+def _beyond_one(
+    guaranteed: int, attempts: list[tuple[bool, float, int, str, int]]
+) -> frozenset[int]:
+    """_beyond for a tenant whose one guarantee covers every type (the shared pool's quotas):
+    an attempt is past it once the GPUs counted so far, its own included, exceed it, and the
+    count only grows, so the borrowed ones are the tail from the first such attempt. Found by
+    a bisect over the running sums, since a tenant at saturation holds thousands of attempts
+    and is labelled again whenever one of them starts or ends."""
+    sums = list(accumulate(map(itemgetter(4), attempts)))
+    first = bisect.bisect_right(sums, guaranteed)
+    return frozenset(map(itemgetter(2), attempts[first:]))
+
+
 def _label_sorted(totals: RunningTotals, books: dict[str, Book]) -> set[int]:
     """label_borrowed over the attempts RunningTotals keeps sorted per tenant.
 
@@ -476,6 +491,8 @@ def _label_sorted(totals: RunningTotals, books: dict[str, Book]) -> set[int]:
         held = usage.get(tenant, {})
         if _fits(g, held):
             frozen: frozenset[int] = frozenset()
+        elif len(g) == 1 and ANY in g:
+            frozen = _beyond_one(g[ANY], attempts)
         else:
             frozen = frozenset(_beyond(g, ((aid, t, n) for _, _, aid, t, n in attempts)))
         kept[tenant] = (version, guarantees, frozen)

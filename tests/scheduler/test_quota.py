@@ -1,9 +1,11 @@
 """Quotas: guarantees, limits, borrowing, budgets and the running-jobs cap."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode
-from scheduler.quota import RunningTotals, build_books, label_borrowed
+from scheduler.quota import RunningTotals, _beyond, _beyond_one, build_books, label_borrowed
 from tests.scheduler.builders import cluster, decision, start_of, started
 
 
@@ -172,3 +174,15 @@ def test_every_attempt_on_a_type_without_quota_is_borrowed():
     assert label_borrowed(snap.running, build_books(snap, Config())) == {1}
     summed = RunningTotals().update(snap.running)
     assert label_borrowed(snap.running, build_books(snap, Config()), summed) == {1}
+
+
+@given(
+    st.integers(0, 40),
+    st.lists(st.tuples(st.sampled_from(["H100", "A100", ANY_GPU_TYPE]), st.integers(0, 8))),
+)
+def test_one_guarantee_over_every_type_borrows_the_tail_past_it(guaranteed, attempts):
+    # The shared pool gives each tenant one guarantee over every type: the bisect over running
+    # sums finds what the walk attempt by attempt finds.
+    filling = [(True, float(i), i, t, n) for i, (t, n) in enumerate(attempts)]
+    walked = _beyond({ANY_GPU_TYPE: guaranteed}, ((aid, t, n) for _, _, aid, t, n in filling))
+    assert _beyond_one(guaranteed, filling) == walked
