@@ -281,15 +281,27 @@ class Victims:
             else:
                 borrowed = self._borrowed()
                 now_s, min_runtime_s = self._now_s, self._config.min_runtime_s
-                self._count_cross(
-                    gpu_type,
-                    (
+                entries = pool.victim.get(gpu_type, ())
+                # The borrowed attempts or the type's candidates, whichever are fewer; the
+                # counts do not depend on the order they are met in.
+                found: Iterable[Candidate]
+                if len(borrowed) < len(entries):
+                    held = pool.by_attempt
+                    found = (
                         c
-                        for entry in pool.victim.get(gpu_type, ())
+                        for aid in borrowed
+                        if (c := held.get(aid)) is not None
+                        and (r := c.run).gpu_type == gpu_type
+                        and not now_s - r.started_at_s < min_runtime_s
+                    )
+                else:
+                    found = (
+                        c
+                        for entry in entries
                         if (r := (c := entry[-1]).run).attempt_id in borrowed
                         and not now_s - r.started_at_s < min_runtime_s
-                    ),
-                )
+                    )
+                self._count_cross(gpu_type, found)
             per_node = self.cross_gpus[gpu_type]
         return per_node
 
@@ -503,6 +515,7 @@ class VictimPool:
         # RunningTotals.epoch of the running attempts it holds (-1: none yet)
         self.epoch = -1
         self._cands: dict[int, Candidate] = {}  # id(run) -> candidate
+        self.by_attempt: dict[int, Candidate] = {}  # attempt id -> candidate
         self._entries: dict[int, list[tuple[list[PoolEntry], PoolEntry]]] = {}
         self.irregular = 0
         config = self.config
@@ -568,6 +581,8 @@ class VictimPool:
         key = id(r)
         c = self._cands.pop(key, None)
         if c is not None:
+            if self.by_attempt.get(r.attempt_id) is c:
+                del self.by_attempt[r.attempt_id]
             self._remove(key, c)
 
     def _take(self, r: Running, bulk: dict[int, list[PoolEntry]] | None) -> None:
@@ -579,6 +594,7 @@ class VictimPool:
     def _add(self, key: int, c: Candidate, bulk: dict[int, list[PoolEntry]] | None) -> None:
         r = c.run
         self._cands[key] = c
+        self.by_attempt[r.attempt_id] = c
         if r.remaining_s is not None or (
             r.checkpoint_interval_s is not None and r.checkpoint_interval_s > 0
         ):
