@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from controlplane import bulk, event_metrics, wakeups
+from controlplane import bulk, event_metrics, modelrows, wakeups
 from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import array_slots, dependencies, holds
 from controlplane.jobs.models import (
@@ -199,17 +199,17 @@ def _insertable(fields: dict) -> dict:
 @transaction.atomic
 def submit_one(*, tenant, user, depends_on: Sequence = (), **fields) -> Submitted:
     """Submit one job; `depends_on` (validated DependencySpecs) holds it until they are met."""
-    job = Job.objects.create(
-        tenant=tenant, submitted_by=user, state=JobState.PENDING, **_insertable(fields)
-    )
+    job = Job(tenant=tenant, submitted_by=user, state=JobState.PENDING, **_insertable(fields))
+    modelrows.insert(job)
     job.checkpoint_volume_id = fields.get("checkpoint_volume_id")
-    event = JobEvent.objects.create(
+    event = JobEvent(
         job=job,
         kind="submitted",
         to_state=JobState.PENDING,
         actor=user,
         message=f"Submitted by {user.username}",
     )
+    modelrows.insert(event)
     dependencies.attach([job], depends_on)
     request_cycle("submit")
     return Submitted(job, event)
