@@ -1173,7 +1173,10 @@ class Agent:
             extra_env["GPUCP_SIM_SPEED"] = f"{speed:.6f}"
             if self.runtime.name == "process":
                 extra_env["GPUCP_SIM_SPEED_FILE"] = str(self._speed_path(spec.attempt_id))
-            self._publish_speed(meta)
+            # The job starts with this speed in its environment (agents.simjob reads it while
+            # the file is missing): the file is written once the speed changes, not for every
+            # start.
+            self._speeds[spec.attempt_id] = speed
         self.gpu.attach_load(spec.attempt_id, spec.gpu_uuids)
         try:
             self.runtime.start(spec, extra_env)
