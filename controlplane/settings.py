@@ -128,6 +128,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: its time covers the whole stack, and it counts what other middleware answers too.
     "controlplane.http_metrics.RequestMetricsMiddleware",
+    # A view that fails because PostgreSQL cannot answer is a 503 with Retry-After, not a 500.
+    "controlplane.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # In every mode, so the tests and `make run` exercise the policy production serves.
     "csp.middleware.CSPMiddleware",

@@ -1,0 +1,48 @@
+"""503 with Retry-After, not 500, while the database cannot answer.
+
+A web process outlives outages of PostgreSQL (a restart, a failover, a full connection table):
+its requests then fail in the database driver with OperationalError (connection refused,
+terminated, deadlock detected, statement timeout) or InterfaceError (a connection that broke
+earlier). None of these is a fault of the request or of the code, and all of them pass: the
+client is told so, and when to try again, instead of getting the 500 of a bug. Other database
+errors (DataError, IntegrityError) stay 500s: they are bugs of validation to be fixed.
+
+Only what the views raise comes here (Django's process_exception); the API's own exception
+handler (controlplane.api) leaves these exceptions to it. Whatever the request wrote in its
+transaction was rolled back with the connection; a submit that cannot know whether its commit
+landed is made safe to repeat by its Idempotency-Key.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpResponse, JsonResponse
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/"
+RETRY_AFTER_S = 5
+MESSAGE = "The database cannot be reached right now; try again in a few seconds."
+
+
+class DatabaseUnavailableMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if not isinstance(exception, OperationalError | InterfaceError):
+            return None
+        log.warning("%s %s: database unavailable: %s", request.method, request.path, exception)
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        if request.path_info.startswith(API_PREFIX):
+            return JsonResponse({"detail": MESSAGE}, status=503, headers=headers)
+        return HttpResponse(
+            f"<!doctype html><title>Unavailable</title><h1>Unavailable</h1><p>{MESSAGE}</p>",
+            status=503,
+            headers=headers,
+        )
