@@ -1,10 +1,12 @@
 """Quotas: guarantees, limits, borrowing, budgets and the running-jobs cap."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode
+from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode, Running
 from scheduler.quota import RunningTotals, _beyond, _beyond_one, build_books, label_borrowed
 from tests.scheduler.builders import cluster, decision, start_of, started
 
@@ -186,3 +188,76 @@ def test_one_guarantee_over_every_type_borrows_the_tail_past_it(guaranteed, atte
     filling = [(True, float(i), i, t, n) for i, (t, n) in enumerate(attempts)]
     walked = _beyond({ANY_GPU_TYPE: guaranteed}, ((aid, t, n) for _, _, aid, t, n in filling))
     assert _beyond_one(guaranteed, filling) == walked
+
+
+def _attempt(i: int, stopping: bool = False) -> Running:
+    return Running(
+        attempt_id=i,
+        job_id=i,
+        tenant="ab"[i % 2],
+        user="u",
+        priority=100,
+        preemptible=i % 3 > 0,
+        started_at_s=float(i % 7),
+        gpus=tuple(f"g{i}-{k}" for k in range(1 + i % 3)),
+        gpu_type="H100",
+        stopping=stopping,
+    )
+
+
+# Steps between two updates: keep, drop the attempt at a place, append a new one, remake one
+# in place (a field the sums do not read, or one they do), swap two, repeat one.
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["drop", "append", "remake", "restop", "swap", "twice"]), st.integers(0, 99)
+    ),
+    max_size=6,
+)
+
+
+@given(st.lists(STEPS, min_size=1, max_size=8), st.integers(0, 80))
+def test_running_totals_kept_across_updates_are_the_totals_counted_afresh(rounds, size):
+    # Most updates find what came and went by walking the two tuples in step; whatever the
+    # changes, the totals and what they report as added, removed and replaced must be those of
+    # the sets of attempts.
+    current = [_attempt(i) for i in range(size)]
+    fresh_id = size
+    totals = RunningTotals()
+    last: tuple[Running, ...] = ()
+    for steps in rounds:
+        for op, at in steps:
+            if op == "append" or not current:
+                current.append(_attempt(fresh_id))
+                fresh_id += 1
+                continue
+            k = at % len(current)
+            was = current[k]
+            if op == "drop":
+                del current[k]
+            elif op in ("remake", "restop"):
+                # Every place that holds it (after "twice"): one attempt, one object.
+                remade = (
+                    replace(was, user="v")
+                    if op == "remake"
+                    else replace(was, stopping=not was.stopping)
+                )
+                current = [remade if r is was else r for r in current]
+            elif op == "swap":
+                j = (k + 1) % len(current)
+                current[k], current[j] = current[j], current[k]
+            else:
+                current.append(current[k])
+        running = tuple(current)
+        totals.update(running)
+        afresh = RunningTotals().update(running)
+        for field in ("held", "gpus", "jobs", "started", "by_tenant", "kinds"):
+            assert getattr(totals, field) == getattr(afresh, field), field
+        before = {id(r): r for r in last}
+        now = {id(r): r for r in running}
+        gone = before.keys() - now.keys()
+        new = now.keys() - before.keys()
+        pairs = {(id(old), id(r)) for old, r in totals.replaced}
+        assert {a for a, _ in pairs} <= gone and {b for _, b in pairs} <= new
+        assert {id(r) for r in totals.removed} == gone - {a for a, _ in pairs}
+        assert {id(r) for r in totals.added} == new - {b for _, b in pairs}
+        last = running
