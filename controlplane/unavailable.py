@@ -23,6 +23,9 @@ from django.http import HttpResponse, JsonResponse
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
+# The agent API decides for itself what a database error means for a heartbeat (a degraded
+# answer that keeps leases, or an error the agent retries): left as it is.
+AGENT_API_PREFIX = "/api/agent/"
 RETRY_AFTER_S = 5
 MESSAGE = "The database cannot be reached right now; try again in a few seconds."
 
@@ -36,6 +39,8 @@ class DatabaseUnavailableMiddleware:
 
     def process_exception(self, request, exception):
         if not isinstance(exception, OperationalError | InterfaceError):
+            return None
+        if request.path_info.startswith(AGENT_API_PREFIX):
             return None
         log.warning("%s %s: database unavailable: %s", request.method, request.path, exception)
         headers = {"Retry-After": str(RETRY_AFTER_S)}
