@@ -671,7 +671,46 @@ def _settle(
     return found
 
 
-class _Lazy(Sequence[Candidate]):
+class _Grown(Sequence[Candidate]):
+    """A candidate list that grows as far as it is read: `_items` so far, `_more` adds the next
+    one (False once there is none). Subclasses say how the next one is found."""
+
+    _items: list[Candidate]
+
+    def _more(self) -> bool:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Candidate]:
+        items = self._items
+        i = 0
+        while i < len(items) or self._more():
+            yield items[i]
+            i += 1
+
+    def __len__(self) -> int:
+        while self._more():
+            pass
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items) or self._more()
+
+    @overload
+    def __getitem__(self, i: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Candidate]: ...
+
+    def __getitem__(self, i: int | slice) -> Candidate | Sequence[Candidate]:
+        if isinstance(i, slice) or i < 0:
+            len(self)
+        else:
+            while len(self._items) <= i and self._more():
+                pass
+        return self._items[i]
+
+
+class _Lazy(_Grown):
     """A pool's SRTF list as the searches read it: candidates taken, refreshed and put in the
     exact order (runs of equal remaining time sorted) only as far as a walk goes; a search
     stops at the first candidate whose remaining time is not longer than the job's."""
@@ -719,35 +758,6 @@ class _Lazy(Sequence[Candidate]):
         self._items.extend(run)
         return True
 
-    def __iter__(self) -> Iterator[Candidate]:
-        items = self._items
-        i = 0
-        while i < len(items) or self._more():
-            yield items[i]
-            i += 1
-
-    def __len__(self) -> int:
-        while self._more():
-            pass
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items) or self._more()
-
-    @overload
-    def __getitem__(self, i: int) -> Candidate: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Candidate]: ...
-
-    def __getitem__(self, i: int | slice) -> Candidate | Sequence[Candidate]:
-        if isinstance(i, slice) or i < 0:
-            len(self)
-        else:
-            while len(self._items) <= i and self._more():
-                pass
-        return self._items[i]
-
 
 def _las_base(r: Running) -> tuple[float, float, float]:
     """(slope, base, scale) of an attempt's attained service: from its `attained_as_of_s` on it
@@ -768,7 +778,7 @@ def _las_base(r: Running) -> tuple[float, float, float]:
 _LAS_ROUNDING = 1e-9
 
 
-class _LasLazy(Sequence[Candidate]):
+class _LasLazy(_Grown):
     """A pool's LAS candidates of one type (a tenant's, or any tenant's borrowed ones) in the
     LAS victim order (_las_key: latest queue, most attained service, youngest), merged from the
     pool's lists per slope only as far as a walk goes.
@@ -822,35 +832,6 @@ class _LasLazy(Sequence[Candidate]):
             return False
         self._items.append(heapq.heappop(heap)[1])
         return True
-
-    def __iter__(self) -> Iterator[Candidate]:
-        items = self._items
-        i = 0
-        while i < len(items) or self._more():
-            yield items[i]
-            i += 1
-
-    def __len__(self) -> int:
-        while self._more():
-            pass
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items) or self._more()
-
-    @overload
-    def __getitem__(self, i: int) -> Candidate: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Candidate]: ...
-
-    def __getitem__(self, i: int | slice) -> Candidate | Sequence[Candidate]:
-        if isinstance(i, slice) or i < 0:
-            len(self)
-        else:
-            while len(self._items) <= i and self._more():
-                pass
-        return self._items[i]
 
 
 def _lost(c: Candidate) -> float:
