@@ -37,6 +37,7 @@ from agents.client import (
 )
 from agents.fence import AGENT_LOCK, ensure_fence, holding
 from agents.gpu.base import GpuBackend, GpuError, GpuTelemetry
+from agents.journal import AttemptJournal
 from agents.logcontext import bound
 from agents.runtime.base import (
     DEFAULT_STOP_SIGNAL,
@@ -124,7 +125,7 @@ class AgentConfig:
 
 @dataclass
 class AttemptMeta:
-    """What the agent keeps per attempt in `<state-dir>/attempts/<id>.json`."""
+    """What the agent keeps per attempt, in `<state-dir>/attempts.log` (agents.journal)."""
 
     attempt_id: int
     job_id: int | None = None
@@ -259,8 +260,10 @@ class Agent:
         self.gpu = gpu
         self.runtime = runtime
         self.state_dir = Path(config.state_dir)
+        # The sim speed files of running attempts, and the records of earlier agents.
         self._attempts_dir = self.state_dir / "attempts"
         self._attempts_dir.mkdir(parents=True, exist_ok=True)
+        self._journal = AttemptJournal(self.state_dir / "attempts.log")
         self._tombstones_path = self.state_dir / "finished.json"
         self._tombstone_log_path = self.state_dir / "finished.log"
         self._tombstone_log_lines = 0
@@ -415,8 +418,8 @@ class Agent:
     def _shutdown(self) -> None:
         if self.config.stop_jobs_on_exit:
             self._stop_all_attempts()
-        for meta in self._meta.values():
-            self._save_meta(meta)
+        self._journal.put([asdict(meta) for meta in self._meta.values()], durable=True)
+        self._journal.close()
         try:
             self.runtime.close()
         finally:
@@ -463,16 +466,29 @@ class Agent:
     def recover(self) -> None:
         """Re-read the state dir and adopt the runtime's attempts that outlived the last agent."""
         self._load_tombstones()
-        for path in self._attempts_dir.glob("*.json"):
+        for raw in self._journal.load().values():
+            try:
+                record = AttemptMeta.from_dict(raw)
+            except TypeError as exc:
+                log.warning("ignoring an unreadable record in %s: %s", self._journal.path, exc)
+                continue
+            # A tombstoned one was forgotten already: the agent died before its drop was written.
+            if record.attempt_id not in self._tombstones:
+                self._meta[record.attempt_id] = record
+        # The records of an agent before the journal, one file each: taken over once.
+        legacy = sorted(self._attempts_dir.glob("*.json"))
+        for path in legacy:
             try:
                 record = AttemptMeta.from_dict(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring unreadable %s: %s", path, exc)
                 continue
-            if record.attempt_id in self._tombstones:
-                path.unlink()  # forgotten already; the agent died while cleaning up after it
-                continue
-            self._meta[record.attempt_id] = record
+            if record.attempt_id not in self._tombstones:
+                self._meta.setdefault(record.attempt_id, record)
+        # Start from a log of only what is kept, synced before the files it replaces go.
+        self._journal.rewrite([asdict(meta) for meta in self._meta.values()])
+        for path in legacy:
+            path.unlink(missing_ok=True)
         adopted = {s.attempt_id: s for s in self.runtime.adopt()}
         for attempt_id in [a for a in adopted if a in self._tombstones]:
             self.runtime.remove(attempt_id)  # acknowledged before; only its cleanup was cut short
@@ -1046,6 +1062,7 @@ class Agent:
         self._add_tombstones(forget)
         for attempt_id in forget:
             self._forget(attempt_id)
+        self._journal.drop(forget)
 
     def _final_size_pending(self, meta: AttemptMeta) -> bool:
         """The checkpoint dir's size after the end was not reported yet (and may still come)."""
@@ -1065,11 +1082,7 @@ class Agent:
             self._speeds.pop(attempt_id, None)
             self._last_reported.pop(attempt_id, None)
             leases.forget_fenced(self.state_dir, attempt_id)
-            for path in (self._attempts_dir / f"{attempt_id}.json", self._speed_path(attempt_id)):
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
+            self._speed_path(attempt_id).unlink(missing_ok=True)
             log.info("attempt %d acknowledged and forgotten", attempt_id)
 
     def reconcile(self, answer: dict[str, Any], statuses: dict[int, AttemptStatus]) -> None:
@@ -1091,7 +1104,7 @@ class Agent:
                 spec = replace(spec, grace_s=self.config.stop_grace_s)
             desired[spec.attempt_id] = spec
         held: dict[str, int] = {}  # GPU UUID -> the running attempt that holds it
-        started: list[int] = []
+        starting: list[AttemptSpec] = []
         for attempt_id, status in statuses.items():
             if status.state is not AttemptState.RUNNING:
                 continue
@@ -1119,12 +1132,11 @@ class Agent:
                 self._defer(attempt_id, spec.job_id, "the node's lease is about to run out")
                 continue
             self._deferred.pop(attempt_id, None)
-            with self._about(attempt_id, spec.job_id):
-                self._start(spec)
-            started.append(attempt_id)
+            starting.append(spec)
             for uuid in spec.gpu_uuids:
                 held[uuid] = attempt_id
-        self._lease_covers(started)
+        self._start_all(starting)
+        self._lease_covers([spec.attempt_id for spec in starting])
         for attempt_id in [a for a in self._deferred if a not in desired]:
             del self._deferred[attempt_id]
         self._apply_caps(answer.get("power_caps_w") or {})
@@ -1144,7 +1156,19 @@ class Agent:
                 log.info("attempt %d waits: %s", attempt_id, why)
             self._deferred[attempt_id] = why
 
-    def _start(self, spec: AttemptSpec) -> None:
+    def _start_all(self, specs: list[AttemptSpec]) -> None:
+        """Start these attempts. Their records are on disk before the first starts (one write,
+        one fsync for all), so a crash in between cannot start one twice."""
+        metas = [self._new_meta(spec) for spec in specs]
+        for meta in metas:
+            self._meta[meta.attempt_id] = meta
+        if metas:
+            self._save_metas(metas)
+        for spec, meta in zip(specs, metas, strict=True):
+            with self._about(spec.attempt_id, spec.job_id):
+                self._start(spec, meta)
+
+    def _new_meta(self, spec: AttemptSpec) -> AttemptMeta:
         meta = AttemptMeta(
             attempt_id=spec.attempt_id,
             job_id=spec.job_id,
@@ -1157,9 +1181,9 @@ class Agent:
             checkpoint_dir=spec.checkpoint.host_path if spec.checkpoint is not None else "",
         )
         meta.energy_estimated = any(v is None for v in meta.energy_start_j.values())
-        # The record is written before the start, so a crash in between cannot start it twice.
-        self._meta[spec.attempt_id] = meta
-        self._save_meta(meta)
+        return meta
+
+    def _start(self, spec: AttemptSpec, meta: AttemptMeta) -> None:
         r = spec.rendezvous
         if r is not None and r.node_rank == 0 and not port_free(r.master_port):
             # Its members would meet nowhere: not the job's fault, so it is requeued and its
@@ -1233,8 +1257,12 @@ class Agent:
     # -- persistence -----------------------------------------------------------------------------
 
     def _save_meta(self, meta: AttemptMeta, *, durable: bool = True) -> None:
-        path = self._attempts_dir / f"{meta.attempt_id}.json"
-        write_json_atomic(path, asdict(meta), durable=durable)
+        self._save_metas([meta], durable=durable)
+
+    def _save_metas(self, metas: list[AttemptMeta], *, durable: bool = True) -> None:
+        """Append these records to the journal in one write (and one fsync when durable)."""
+        self._journal.put([asdict(meta) for meta in metas], durable=durable)
+        self._journal.compact_if_due(lambda: [asdict(meta) for meta in self._meta.values()])
 
     def _load_tombstones(self) -> None:
         """The snapshot, then the log appended since (a torn last line is one never synced)."""

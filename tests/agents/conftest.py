@@ -40,6 +40,13 @@ def wait_until(predicate: Callable[[], object], timeout_s: float = 20.0, what: s
         time.sleep(0.05)
 
 
+def kept_records(state_dir: Path) -> dict[int, dict]:
+    """The attempt records an agent restarted on this state dir would find (agents.journal)."""
+    from agents.journal import AttemptJournal
+
+    return AttemptJournal(state_dir / "attempts.log").load()
+
+
 def free_port() -> int:
     return ports.free_port(PORTS)
 

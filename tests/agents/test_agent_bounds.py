@@ -8,6 +8,7 @@ from dataclasses import replace
 from agents import limits
 from agents.daemon import _exit_code
 from agents.gpu.simulated import SimulatedBackend, parse_spec
+from tests.agents.conftest import kept_records
 from tests.agents.test_daemon import NODE, attempt, ended, make_agent
 
 
@@ -99,4 +100,4 @@ def test_an_exit_report_the_control_plane_could_not_apply_is_sent_again(control_
     reports = [r for r in control_plane.reported(5) if r["state"] == "exited"]
     assert len(reports) >= 2  # sent again after the warning, then acknowledged
     agent.cycle()
-    assert not (state_dir / "attempts" / "5.json").exists()
+    assert 5 not in kept_records(state_dir)

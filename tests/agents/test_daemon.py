@@ -18,7 +18,7 @@ from agents.daemon import Agent, AgentConfig
 from agents.gpu.simulated import SimulatedBackend, parse_spec
 from agents.runtime.base import AttemptState
 from agents.runtime.process import ProcessRuntime, read_child
-from tests.agents.conftest import wait_until
+from tests.agents.conftest import kept_records, wait_until
 
 NODE = "node-t"
 
@@ -160,7 +160,7 @@ def test_a_listed_attempt_starts_reports_its_exit_and_output_and_is_then_forgott
     assert report["started_at"] <= report["finished_at"]
     assert control_plane.logs[1] == b"hello\n"
     # Acknowledged: forgotten, and never started again though a stale answer still lists it.
-    assert not (state_dir / "attempts" / "1.json").exists()
+    assert 1 not in kept_records(state_dir)
     assert agent.cycle()
     assert len(control_plane.reported(1)) == 1
     assert not (state_dir / "process" / "1").exists()
@@ -321,12 +321,12 @@ def test_logs_are_shipped_in_chunks_and_resent_from_the_last_acknowledged_offset
     control_plane.fail_next_log_posts = 1  # the first chunk is lost on the way
     assert agent.cycle()
     # Its exit was acknowledged, but the output is not all there: it is not forgotten yet.
-    assert (state_dir / "attempts" / "7.json").exists()
+    assert 7 in kept_records(state_dir)
     for _ in range(5):
         agent.cycle()
     assert control_plane.logs[7] == expected
     assert control_plane.logs[7].decode("utf-8")
-    assert not (state_dir / "attempts" / "7.json").exists()
+    assert 7 not in kept_records(state_dir)
     # Every chunk began where the control plane's stored output ended: none stored twice.
     offsets = [offset for attempt_id, offset, _ in control_plane.log_posts if attempt_id == 7]
     assert offsets == sorted(set(offsets))
@@ -528,7 +528,7 @@ def test_attempts_forgotten_together_are_never_started_again_by_a_restarted_agen
     for a in range(1, 6):
         ended(agent, a)
     agent.cycle()  # reported, acknowledged, forgotten in one go
-    assert list((state_dir / "attempts").glob("*.json")) == []
+    assert kept_records(state_dir) == {}
     control_plane.set_desired([*wanted, attempt(6, "sh", "-c", f"echo 6 >> {runs}")])
     agent.cycle()
     ended(agent, 6)

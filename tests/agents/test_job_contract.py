@@ -22,7 +22,7 @@ from agents.volumes import (
     dir_bytes,
     scan_checkpoint_lines,
 )
-from tests.agents.conftest import wait_until
+from tests.agents.conftest import kept_records, wait_until
 from tests.agents.test_daemon import attempt, make_agent
 
 # A job that says when it is ready, then ignores SIGTERM (its sleeps die of it; the loop goes on).
@@ -405,7 +405,7 @@ def test_a_checkpoint_marker_is_reported_with_its_time_and_the_dirs_size(
     marker = checkpoint_dir / ".checkpoint"
     assert report["last_checkpoint_at"] == marker.stat().st_mtime
     assert report["checkpoint_bytes"] == 1000
-    assert json.loads((state_dir / "attempts" / "26.json").read_text())["checkpoint_bytes"] == 1000
+    assert kept_records(state_dir)[26]["checkpoint_bytes"] == 1000
 
 
 def test_a_checkpoint_line_in_the_output_is_reported_when_the_agent_ships_it(
