@@ -415,7 +415,14 @@ class ProcessRuntime(Runtime):
                 "records": TEXT_RECORDS,
                 "created_at": time.time(),
             }
-            write_json_atomic(attempt_dir / "record.json", record)
+            # Written once, into a folder nothing else writes: no temporary file and rename
+            # (a new inode and a freed one per job, which ext4 without a journal pays for at
+            # every later file it makes). A record cut by a kill of the agent right here reads
+            # as missing, as one never written: the same as a kill just before it.
+            with open(attempt_dir / "record.json", "x") as f:
+                json.dump(record, f)
+                f.flush()
+                os.fsync(f.fileno())
             proc = _Proc(spec.attempt_id, attempt_dir, record, popen=popen)
             with self._lock:
                 self._procs[spec.attempt_id] = proc
