@@ -28,6 +28,7 @@ type changes, so the jobs behind it that look the same are decided by one lookup
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 from scheduler import backfill, fairness, placement, quota
@@ -50,6 +51,7 @@ from scheduler.preemption import (
     Victims,
     find_victims,
     reason_for,
+    srtf_span,
 )
 from scheduler.priority import las_queue
 from scheduler.quota import Book
@@ -62,6 +64,11 @@ RC = ReasonCode
 # priority, the job the type is reserved for, and whether the type could not be reserved.
 HopelessKey = tuple[str, int, float, int, tuple[str, ...], bool, str | None, int, int | None, bool]
 
+
+# A preemption search that found nothing (Admission._failed): the spans of predicted durations
+# it holds for (preemption.srtf_span) and the instant it deferred to.
+FailedSearch = tuple[float, float, float, float, float | None]
+_ANY_DURATION = (-math.inf, math.inf, -math.inf, math.inf)
 
 # A type a job could run on, with what its tenant's quota says about it.
 Option = tuple[TypeIndex, quota.Verdict]
@@ -124,6 +131,15 @@ class Admission:
         self._max_resources: dict[str, tuple[float, int]] = {}
         # what a capacity-blocked job got, by what decided it (see _blocked)
         self._hopeless: dict[HopelessKey, tuple[int, ReasonCode, int | None, int]] = {}
+        # Bumped by every change a preemption search reads beyond its type's index (which has
+        # its own version): a job booked or started (quota, CPUs and memory, GPUs set aside),
+        # an eviction, a reservation made. See _preempt.
+        self._changes = 0
+        # Preemption searches that found nothing, by everything they read (see _failed_key),
+        # with the defer instant they set: a job just like one that failed, with nothing
+        # changed since, fails the same way.
+        # The predicted durations it holds for under SRTF (preemption.srtf_span) come with it.
+        self._failed: dict[tuple[object, ...], list[FailedSearch]] = {}
         # (type, node) -> when the last of its soon-free GPUs is free: attempts keep their GPUs
         # through their notice (grace). Built when first needed; None until then.
         self._soon_until: dict[tuple[str, int], float] | None = None
@@ -324,6 +340,7 @@ class Admission:
             res = self._reserve(job, ti)
             if res is not None:
                 self.reservations[t] = res
+                self._changes += 1
                 w = self._wait(job, self._capacity_code(job, ti), t)
                 w.head = job.job_id
                 w.start_s = res.start_s
@@ -392,6 +409,7 @@ class Admission:
     def _book(
         self, job: Pending, ti: TypeIndex, book: Book, where: list[tuple[int, int]], end_s: float
     ) -> None:
+        self._changes += 1
         book.add(ti.gpu_type, job.gpus)
         book.running_jobs += 1
         fairness.refresh(book, self.capacity)
@@ -403,6 +421,7 @@ class Admission:
         fits = self.index.fits_for(job)
         for node in self.index.topo.schedulable:
             if fits is None or fits(node, 1):
+                self._changes += 1
                 self.index.charge(job, [(node, 1)])
                 name = self.index.topo.names[node]
                 self.starts.append(Start(job.job_id, ((name, ()),), borrowed=False))
@@ -534,16 +553,32 @@ class Admission:
         protected = self._protected(job, ti)
         if protected is None:
             return False
-        found = find_victims(
-            search,
-            self.victims,
-            ti,
-            self.books,
-            self.preempted,
-            self.index.fits_for(job),
-            protected,
-            self._has_volumes(job),
-        )
+        found: tuple[list[tuple[Candidate, str]], int | None] | None = None
+        victims = self.victims
+        srtf = search.baseline is Ordering.SRTF
+        p = search.predicted_s
+        key = self._failed_key(job, ti, search, protected, victims)
+        for low, high, own_low, own_high, defer_until_s in self._failed.get(key, ()):
+            if low <= p < high and own_low <= p < own_high:
+                search.defer_until_s = defer_until_s
+                break
+        else:
+            found = find_victims(
+                search,
+                victims,
+                ti,
+                self.books,
+                self.preempted,
+                self.index.fits_for(job),
+                protected,
+                self._has_volumes(job),
+            )
+            if found is None or not found[0]:
+                # Kept by where the lists' skipped prefixes stand after it: the same search
+                # starts there next time and, nothing else changed, skips no further.
+                key = self._failed_key(job, ti, search, protected, victims)
+                spans = srtf_span(search, victims, ti) if srtf else _ANY_DURATION
+                self._failed.setdefault(key, []).append((*spans, search.defer_until_s))
         if found is None and search.defer_until_s is not None:
             # Nothing is set aside: the GPUs stay busy with useful work until then.
             w = self._wait(job, RC.WAITING_FOR_PREEMPTION, t, "checkpoint")
@@ -567,7 +602,39 @@ class Admission:
         w.start_s = self._free_by(t, where)
         return True
 
+    def _failed_key(
+        self, job: Pending, ti: TypeIndex, s: Search, protected: set[int], victims: Victims
+    ) -> tuple[object, ...]:
+        """Everything find_victims reads for this job, besides the state that _changes and the
+        type's version stand for: the search, what decides the job's node checks (CPUs,
+        memory, volumes), the nodes it may not use, and where the lists' skipped prefixes
+        (Victims.start) begin."""
+        t = ti.gpu_type
+        start = victims.start
+        return (
+            self._changes,
+            ti.version,
+            t,
+            s.tenant,
+            s.gpus,
+            # read only by the rule that compares it (preemption._qualifies)
+            s.priority if s.own else None,
+            s.queue if s.baseline not in (None, Ordering.SRTF) else None,
+            s.cross,
+            s.own,
+            s.baseline,
+            s.need_quota,
+            s.free_node,
+            job.cpus,
+            job.memory_mib,
+            job.volumes,
+            tuple(sorted(protected)),
+            start.get(("cross", t)),
+            start.get(("baseline", t)),
+        )
+
     def _evict(self, r: Running, size: int, reason: str, for_job_id: int | None) -> None:
+        self._changes += 1
         self.preempted.add(r.attempt_id)
         self.preemptions.append(
             Preemption(

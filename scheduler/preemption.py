@@ -1259,6 +1259,43 @@ def _sources(s: Search, victims: Victims, ti: TypeIndex, need_capacity: bool) ->
     return own + others if s.need_quota else others + own
 
 
+def srtf_span(s: Search, victims: Victims, ti: TypeIndex) -> tuple[float, float, float, float]:
+    """The predicted durations for which the SRTF lists a search walks (any tenant's borrowed
+    ones, where _sources walks them; the tenant's own) let the job take the same candidates as
+    this one's: (low, high) per list, each a duration p with low <= p < high. _qualifies takes
+    those with a longer remaining time, the lists are sorted longest first and a walk stops at
+    the first one past them that it does not skip, so a search alike but in its predicted
+    duration, within both spans, walks alike (Admission._failed)."""
+    t = s.gpu_type
+    single = s.gpus <= ti.max_node_cap
+    need_capacity = not (single and s.free_node is not None)
+    others_help = not (need_capacity and single) or victims.most(ti) >= s.gpus
+    low, high = _span(victims.baseline(t), s.predicted_s) if others_help else (-math.inf, math.inf)
+    own_low, own_high = _span(victims.baseline(t, s.tenant), s.predicted_s)
+    return low, high, own_low, own_high
+
+
+def _span(cands: Sequence[Candidate], predicted_s: float) -> tuple[float, float]:
+    """(low, high): the durations p, low <= p < high, for which the same leading candidates of
+    a list sorted longest remaining time first have a remaining time longer than p as for
+    predicted_s (a lazy list is grown as far as that)."""
+    items = cands
+    if isinstance(cands, _Grown):
+        grown = cands._items
+        while (not grown or grown[-1].remaining_s > predicted_s) and cands._more():
+            pass
+        items = grown
+    cut = bisect.bisect_left(items, -predicted_s, key=_less_remaining)
+    return (
+        items[cut].remaining_s if cut < len(items) else -math.inf,
+        items[cut - 1].remaining_s if cut else math.inf,
+    )
+
+
+def _less_remaining(c: Candidate) -> float:
+    return -c.remaining_s
+
+
 def _qualifies(s: Search, source: str, c: Candidate) -> bool:
     """Whether the rule of a list lets this job take this candidate."""
     if source == "baseline":
