@@ -38,7 +38,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from scheduler.model import Config, Ordering, Running, VictimOrder
 from scheduler.placement import ClusterIndex, Fits, Topology, TypeIndex, nodes_of
@@ -393,29 +393,22 @@ class Victims:
     def _pooled_baseline(
         self, pool: VictimPool, gpu_type: str, tenant: str | None
     ) -> Sequence[Candidate]:
+        # The lazy lists test and refresh their candidates inline (as _may_go and _refresh):
+        # they walk every candidate of the type, most of them not borrowed, at every plan.
+        gate = _Gate(None, self._now_s, self._config.min_runtime_s, self._config)
         if pool.srtf:
             if tenant is None:
-                borrowed = self._borrowed()
-                may_go = self._may_go
-
-                def ok(c: Candidate) -> bool:
-                    return c.run.attempt_id in borrowed and may_go(c)
-
-                return _Lazy(pool.srtf_type.get(gpu_type, []), ok, self._refresh)
-            return _Lazy(pool.srtf_own.get((tenant, gpu_type), []), self._may_go, self._refresh)
+                gate = gate._replace(borrowed=self._borrowed())
+                return _Lazy(pool.srtf_type.get(gpu_type, []), gate)
+            return _Lazy(pool.srtf_own.get((tenant, gpu_type), []), gate)
         if pool.las and self._now_s >= pool.las_latest_as_of_s:
             # Before an attempt's as_of its service is not base + slope x now (_las_base).
             if tenant is None:
-                borrowed = self._borrowed()
-                may_go = self._may_go
-
-                def borrowed_ok(c: Candidate) -> bool:
-                    return c.run.attempt_id in borrowed and may_go(c)
-
+                gate = gate._replace(borrowed=self._borrowed())
                 groups = pool.las_type.get(gpu_type, {})
-                return _LasLazy(groups, borrowed_ok, self._refresh, self._now_s, pool.las_scale)
+                return _LasLazy(groups, gate, pool.las_scale)
             groups = pool.las_own.get((tenant, gpu_type), {})
-            return _LasLazy(groups, self._may_go, self._refresh, self._now_s, pool.las_scale)
+            return _LasLazy(groups, gate, pool.las_scale)
         if tenant is None:
             found = list(self.cross(gpu_type))
         else:
@@ -710,44 +703,57 @@ class _Grown(Sequence[Candidate]):
         return self._items[i]
 
 
+class _Gate(NamedTuple):
+    """Which of a pool's candidates a lazy list hands out, and as of when: borrowed ones only
+    (attempt ids; None: any), that have run `min_runtime_s` by `now_s`, refreshed to then."""
+
+    borrowed: set[int] | None
+    now_s: float
+    min_runtime_s: float
+    config: Config
+
+
 class _Lazy(_Grown):
     """A pool's SRTF list as the searches read it: candidates taken, refreshed and put in the
     exact order (runs of equal remaining time sorted) only as far as a walk goes; a search
     stops at the first candidate whose remaining time is not longer than the job's."""
 
-    def __init__(
-        self,
-        source: list[PoolEntry],
-        ok: Callable[[Candidate], bool],
-        refresh: Callable[[Candidate], object],
-    ):
+    def __init__(self, source: list[PoolEntry], gate: _Gate):
         self._source = source
         self._pos = 0
-        self._ok = ok
-        self._refresh = refresh
+        self._gate = gate
         self._items: list[Candidate] = []
 
     def _more(self) -> bool:
-        source, ok, refresh = self._source, self._ok, self._refresh
+        source = self._source
+        borrowed, now_s, min_runtime_s, config = self._gate
         pos, n = self._pos, len(source)
         first = None
         while pos < n:
             c = source[pos][-1]
             pos += 1
-            if ok(c):
+            r = c.run
+            if (borrowed is None or r.attempt_id in borrowed) and not (
+                now_s - r.started_at_s < min_runtime_s
+            ):
                 first = c
                 break
         if first is None:
             self._pos = pos
             return False
-        refresh(first)
+        if first.at_s != now_s:
+            first.refresh(now_s, config)
         run = [first]
         while pos < n:
             c = source[pos][-1]
-            if not ok(c):
+            r = c.run
+            if (borrowed is not None and r.attempt_id not in borrowed) or (
+                now_s - r.started_at_s < min_runtime_s
+            ):
                 pos += 1
                 continue
-            refresh(c)
+            if c.at_s != now_s:
+                c.refresh(now_s, config)
             if c.remaining_s != first.remaining_s:
                 break
             run.append(c)
@@ -794,23 +800,21 @@ class _LasLazy(_Grown):
     def __init__(
         self,
         groups: dict[float, list[PoolEntry]],
-        ok: Callable[[Candidate], bool],
-        refresh: Callable[[Candidate], object],
-        now_s: float,
+        gate: _Gate,
         scale: float,
     ):
         self._groups = [(slope, entries, [0]) for slope, entries in groups.items() if entries]
-        self._ok = ok
-        self._refresh = refresh
-        self._now_s = now_s
+        self._gate = gate
+        now_s = self._now_s = gate.now_s
         slopes = max((abs(slope) for slope, _, _ in self._groups), default=0.0)
         self._slack = _LAS_ROUNDING * (scale + slopes * abs(now_s)) + _LAS_ROUNDING
         self._heap: list[tuple[tuple[float, ...], Candidate]] = []
         self._items: list[Candidate] = []
 
     def _more(self) -> bool:
-        heap, ok, refresh = self._heap, self._ok, self._refresh
-        now_s, slack = self._now_s, self._slack
+        heap = self._heap
+        borrowed, now_s, min_runtime_s, config = self._gate
+        slack = self._slack
         best = heap[0][1].attained_s if heap else None
         for slope, entries, at in self._groups:
             pos, n = at[0], len(entries)
@@ -821,9 +825,13 @@ class _LasLazy(_Grown):
                     break
                 pos += 1
                 c = entry[-1]
-                if not ok(c):
+                r = c.run
+                if (borrowed is not None and r.attempt_id not in borrowed) or (
+                    now_s - r.started_at_s < min_runtime_s
+                ):
                     continue
-                refresh(c)
+                if c.at_s != now_s:
+                    c.refresh(now_s, config)
                 heapq.heappush(heap, (_las_key(c), c))
                 if best is None or c.attained_s > best:
                     best = c.attained_s
