@@ -353,11 +353,15 @@ class ProcessRuntime(Runtime):
             checkpoint_dir = spec.checkpoint.host_path
             ensure_checkpoint_dir(checkpoint_dir, 0o700)  # the job runs as the agent's user
         attempt_dir = self._dir(spec.attempt_id)
-        if attempt_dir.exists():
+        try:
+            attempt_dir.mkdir()
+        except FileExistsError:
             # Left from an earlier run of this very attempt: never start one twice.
-            raise StartError(f"attempt {spec.attempt_id} already has a folder in {self._root}")
+            raise StartError(
+                f"attempt {spec.attempt_id} already has a folder in {self._root}"
+            ) from None
         workdir = attempt_dir / "work"
-        workdir.mkdir(parents=True)
+        workdir.mkdir()
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCP_")}
         env.update(spec.env)
         env.update(visible_devices_env(spec.gpu_uuids))

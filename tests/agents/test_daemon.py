@@ -204,14 +204,20 @@ def test_a_restarted_agent_adopts_its_running_attempt_and_never_starts_it_twice(
     # The agent dies here (no shutdown at all); the job lives on.
 
     second = make_agent(control_plane, state_dir)
-    assert second.cycle()
-    assert control_plane.reported(4)[-1]["state"] == "running"
-    marker.touch()
-    ended(second, 4)
-    second.cycle()
-    assert control_plane.reported(4)[-1]["exit_code"] == 0
-    assert runs.read_text() == "run\n"
+    finishes_adopted_once(second, control_plane, 4, marker, runs)
     assert len(control_plane.registrations) == 1
+
+
+def finishes_adopted_once(agent, control_plane, attempt_id, marker, runs):
+    """A restarted agent reports the attempt running, then its end once `marker` lets it end;
+    the job ran once (`runs` holds one line)."""
+    assert agent.cycle()
+    assert control_plane.reported(attempt_id)[-1]["state"] == "running"
+    marker.touch()
+    ended(agent, attempt_id)
+    agent.cycle()
+    assert control_plane.reported(attempt_id)[-1]["exit_code"] == 0
+    assert runs.read_text() == "run\n"
 
 
 def test_an_attempts_energy_is_the_counter_delta_of_its_own_gpus(

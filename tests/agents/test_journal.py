@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from agents import journal as journal_mod
 from agents.journal import AttemptJournal
 from tests.agents.conftest import kept_records, wait_until
-from tests.agents.test_daemon import attempt, ended, make_agent, uuids
+from tests.agents.test_daemon import attempt, finishes_adopted_once, make_agent, uuids
 
 
 def record(attempt_id: int, **fields) -> dict:
@@ -151,13 +151,7 @@ def test_an_agent_takes_over_the_records_of_an_agent_before_the_log(
     second = make_agent(control_plane, state_dir)
     assert sorted(kept_records(state_dir)) == [4]
     assert not legacy.exists() and not gone.exists()
-    assert second.cycle()
-    assert control_plane.reported(4)[-1]["state"] == "running"
-    marker.touch()
-    ended(second, 4)
-    second.cycle()
-    assert control_plane.reported(4)[-1]["exit_code"] == 0
-    assert runs.read_text() == "run\n"  # adopted, never started again
+    finishes_adopted_once(second, control_plane, 4, marker, runs)
     assert control_plane.reported(3) == []
 
 
