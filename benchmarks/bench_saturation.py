@@ -8,10 +8,11 @@ Issue 19 asks the dev file (../shared/data/philly/philly-jobs.csv: 74k jobs, 2,8
 replay in under 2 minutes per policy at L = 6, 8 and 12, and `ours` to beat `fifo-shared` at
 L = 6 and 8. Printed per replay as soon as it ends: wall and CPU seconds, plan calls, plans
 asked again with a larger window, thrash stalls (must be 0), the load average of the machine
-(it is shared: CPU seconds are the figure to compare); then per load factor the table of mean /
-p99 JCT, mean / p99 queue, max rho (against FIFO on each tenant's own partition) and
-preemptions per victim (mean / max), and where `ours` stands between fifo-shared and
-srtf-shared. ``--results DIR`` keeps every replay (``L<load>-<policy>.pkl``) and reuses it.
+(it is shared: CPU seconds are the figure to compare) and the hash of every job's outcome
+(outcome_hash); then per load factor the table of mean / p99 JCT, mean / p99 queue, max rho
+(against FIFO on each tenant's own partition) and preemptions per victim (mean / max), and
+where `ours` stands between fifo-shared and srtf-shared. ``--results DIR`` keeps every replay
+(``L<load>-<policy>.pkl``) and reuses it.
 
 A policy may be a preset with fields of its Config set otherwise, ``PRESET+FIELD=VALUE[+...]``
 (``ours+max_preemptions=3``): a variant measured beside the presets. Under the table: the
@@ -22,6 +23,8 @@ distribution of preemptions per victim (how many preempted jobs were preempted 1
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import math
 import os
 import pickle
@@ -65,6 +68,15 @@ def variant(name: str) -> tuple[str, dict[str, object]]:
     return preset_name, changes
 
 
+def outcome_hash(result: Result) -> str:
+    """What every job got, as 16 hex digits: every field of each JobOutcome, sorted by job id,
+    and the sorted unfinished ids (sha256 of their repr). Two replays that decided alike have
+    the same; a change meant to be faster only must keep it."""
+    rows = [dataclasses.astuple(o) for o in sorted(result.outcomes, key=lambda o: o.job_id)]
+    text = repr((rows, sorted(result.unfinished_job_ids)))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, None))
 
 
@@ -101,7 +113,7 @@ def replay(
         f"  L={load:<4g} {name:<16} wall {result.wall_s:7.1f} s  cpu {result.cpu_s:7.1f} s  "
         f"plans {result.plan_calls:>7,}  re-asked {result.window_replans:>6,}  "
         f"thrash stalls {result.thrash_stalls}  unfinished {len(result.unfinished_job_ids)}  "
-        f"load {before} -> {_load()}",
+        f"load {before} -> {_load()}  outcomes {outcome_hash(result)}",
         flush=True,
     )
     if path is not None:
