@@ -1163,7 +1163,14 @@ class Agent:
         for meta in metas:
             self._meta[meta.attempt_id] = meta
         if metas:
-            self._save_metas(metas)
+            try:
+                self._save_metas(metas)
+            except OSError:
+                # Not recorded (a full disk): none of them started, and none may stay known,
+                # or the next answer that lists them would take them for started.
+                for meta in metas:
+                    del self._meta[meta.attempt_id]
+                raise
         for spec, meta in zip(specs, metas, strict=True):
             with self._about(spec.attempt_id, spec.job_id):
                 self._start(spec, meta)

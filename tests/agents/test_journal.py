@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from agents import journal as journal_mod
 from agents.journal import AttemptJournal
 from tests.agents.conftest import kept_records, wait_until
-from tests.agents.test_daemon import attempt, finishes_adopted_once, make_agent, uuids
+from tests.agents.test_daemon import attempt, ended, finishes_adopted_once, make_agent, uuids
 
 
 def record(attempt_id: int, **fields) -> dict:
@@ -175,3 +175,35 @@ def test_the_attempts_started_together_are_recorded_before_the_first_starts(
     agent.cycle()
 
     assert seen_at_start == [{11, 12}, {11, 12}]
+
+
+def test_starts_whose_records_could_not_be_written_are_started_by_a_later_cycle(
+    control_plane, state_dir, tmp_path, monkeypatch
+):
+    """A full disk when the records are written: nothing starts, and once there is room the
+    next cycle starts each attempt, once."""
+    runs = tmp_path / "runs"
+    agent = make_agent(control_plane, state_dir)
+    real_put = agent._journal.put
+
+    def full(records, *, durable):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(agent._journal, "put", full)
+    control_plane.set_desired(
+        [
+            attempt(a, "sh", "-c", f"echo {a} >> {runs}", gpus=[gpu])
+            for a, gpu in zip((21, 22), uuids(agent), strict=True)
+        ]
+    )
+    with pytest.raises(OSError, match="No space"):
+        agent.cycle()
+    assert agent.runtime.statuses() == [] and not runs.exists()
+
+    monkeypatch.setattr(agent._journal, "put", real_put)
+    agent.cycle()
+    for a in (21, 22):
+        ended(agent, a)
+    agent.cycle()
+    assert sorted(runs.read_text().split()) == ["21", "22"]
+    assert {r["state"] for a in (21, 22) for r in control_plane.reported(a)} == {"exited"}
