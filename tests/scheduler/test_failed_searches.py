@@ -11,11 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import scheduler.admit as admit
-import scheduler.policy as policy
 from scheduler.model import Config, Ordering, Snapshot
 from scheduler.policy import plan
 from scheduler.preemption import _Grown, _span
-from tests.scheduler.test_plan_properties import configs, snapshots
+from tests.scheduler.test_plan_properties import configs, plan_with_admission, snapshots
 
 
 class _Forgets(dict):
@@ -58,12 +57,7 @@ def _crowded(snap: Snapshot, copies: int, durations: list[float]) -> Snapshot:
 )
 def test_remembered_failures_give_the_plan_every_search_gives(snap, config, copies, durations):
     snap = _crowded(snap, copies, durations)
-    remembered = plan(snap, config)
-    policy.Admission = _Searches
-    try:
-        assert plan(snap, config) == remembered
-    finally:
-        policy.Admission = admit.Admission
+    assert plan_with_admission(_Searches, snap, config) == plan(snap, config)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
@@ -72,12 +66,7 @@ def test_remembered_failures_under_srtf_and_las(snap, copies, durations):
     for ordering in (Ordering.SRTF, Ordering.LAS):
         config = Config(ordering=ordering, borrowing=True, preemption=True, backfill=False)
         crowded = _crowded(snap, copies, durations)
-        remembered = plan(crowded, config)
-        policy.Admission = _Searches
-        try:
-            assert plan(crowded, config) == remembered
-        finally:
-            policy.Admission = admit.Admission
+        assert plan_with_admission(_Searches, crowded, config) == plan(crowded, config)
 
 
 class _Cand:

@@ -362,6 +362,18 @@ def _can_hold(snap: Snapshot, p, job: Pending, at_s: float, config: Config) -> b
     return False
 
 
+def plan_with_admission(admission, snap, config):
+    """The plan made with `admission` as the planner's Admission class (restored after)."""
+    import scheduler.admit as admit
+    import scheduler.policy as policy
+
+    policy.Admission = admission
+    try:
+        return plan(snap, config)
+    finally:
+        policy.Admission = admit.Admission
+
+
 class _Forgets(dict):
     """A memo that never recalls anything: the plan must then be worked out in full."""
 
@@ -373,7 +385,6 @@ class _Forgets(dict):
 @given(snapshots(), configs)
 def test_remembering_failed_searches_never_changes_a_plan(snap, config):
     import scheduler.admit as admit
-    import scheduler.policy as policy
 
     class Forgetful(admit.Admission):
         def __init__(self, *args, **kwargs):
@@ -382,12 +393,7 @@ def test_remembering_failed_searches_never_changes_a_plan(snap, config):
             self._claim_memo = _Forgets()
             self.search_failed_at = _Forgets()
 
-    remembered = plan(snap, config)
-    policy.Admission = Forgetful
-    try:
-        assert plan(snap, config) == remembered
-    finally:
-        policy.Admission = admit.Admission
+    assert plan_with_admission(Forgetful, snap, config) == plan(snap, config)
 
 
 @SETTINGS
