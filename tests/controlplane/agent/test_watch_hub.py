@@ -171,6 +171,10 @@ def test_no_change_is_lost_whenever_it_lands_around_a_watchs_start(
     rng = random.Random(14)
     fleet = nodes(6)
     for gpu_index in range(4):  # one GPU per round: each change is a new admission
+        # Every node has been told its desired state as it now is: a watch that says changed
+        # can only have seen a change of this round.
+        for node, token in fleet:
+            agent.heartbeat(token, readings(node))
         changing = rng.sample(fleet, rng.randint(1, len(fleet) - 1))
         delays_s = {node.name: rng.uniform(0, 0.06) for node, _ in changing}
 
@@ -199,8 +203,6 @@ def test_no_change_is_lost_whenever_it_lands_around_a_watchs_start(
         results = {name: w.result() for name, w in watches.items()}
 
         assert results == {node.name: node in [n for n, _ in changing] for node, _ in fleet}
-        for node, token in changing:
-            agent.heartbeat(token, readings(node))  # told of the change: the next round starts
 
 
 @pytest.mark.django_db(transaction=True)
