@@ -418,7 +418,7 @@ class Agent:
     def _shutdown(self) -> None:
         if self.config.stop_jobs_on_exit:
             self._stop_all_attempts()
-        self._journal.put([asdict(meta) for meta in self._meta.values()], durable=True)
+        self._journal.rewrite(self._records())
         self._journal.close()
         try:
             self.runtime.close()
@@ -486,7 +486,7 @@ class Agent:
             if record.attempt_id not in self._tombstones:
                 self._meta.setdefault(record.attempt_id, record)
         # Start from a log of only what is kept, synced before the files it replaces go.
-        self._journal.rewrite([asdict(meta) for meta in self._meta.values()])
+        self._journal.rewrite(self._records())
         for path in legacy:
             path.unlink(missing_ok=True)
         adopted = {s.attempt_id: s for s in self.runtime.adopt()}
@@ -1269,7 +1269,11 @@ class Agent:
     def _save_metas(self, metas: list[AttemptMeta], *, durable: bool = True) -> None:
         """Append these records to the journal in one write (and one fsync when durable)."""
         self._journal.put([asdict(meta) for meta in metas], durable=durable)
-        self._journal.compact_if_due(lambda: [asdict(meta) for meta in self._meta.values()])
+        self._journal.compact_if_due(self._records)
+
+    def _records(self) -> list[dict[str, Any]]:
+        """Every attempt the agent keeps, as the journal stores them."""
+        return [asdict(meta) for meta in self._meta.values()]
 
     def _load_tombstones(self) -> None:
         """The snapshot, then the log appended since (a torn last line is one never synced)."""

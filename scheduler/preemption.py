@@ -33,6 +33,7 @@ evicted, so a job never causes a second preemption for GPUs it is already owed.
 
 from __future__ import annotations
 
+import abc
 import bisect
 import heapq
 import math
@@ -670,8 +671,9 @@ class _Grown(Sequence[Candidate]):
 
     _items: list[Candidate]
 
+    @abc.abstractmethod
     def _more(self) -> bool:
-        raise NotImplementedError
+        """Add the next candidate to `_items`; False once there is none."""
 
     def __iter__(self) -> Iterator[Candidate]:
         items = self._items
