@@ -100,6 +100,10 @@ class _Gpu:
     lost: bool = False
 
 
+# The largest state written in place: one page, which a killed writer leaves whole or untouched.
+_IN_PLACE_MAX_BYTES = 4096
+
+
 class SimulatedBackend(GpuBackend):
     """``count`` GPUs of ``gpu_type`` on node ``node_name``, drawing what the power model says."""
 
@@ -121,6 +125,8 @@ class SimulatedBackend(GpuBackend):
         self._lock = threading.Lock()
         self._profile = power_profile or PowerProfile()
         self._state_path = Path(state_path) if state_path else None
+        # The state file's length, which a shorter state is padded to (see _save_state).
+        self._state_bytes = 0
         # Like a board where only root may set limits: for testing what happens when it fails.
         self.power_limit_settable = power_limit_settable
         # How many limits were written (a real board wears no counter; tests and demos read it).
@@ -325,7 +331,9 @@ class SimulatedBackend(GpuBackend):
         if self._state_path is None or not self._state_path.exists():
             return {}
         try:
-            state: dict[str, Any] = json.loads(self._state_path.read_text())
+            text = self._state_path.read_bytes()
+            self._state_bytes = len(text)
+            state: dict[str, Any] = json.loads(text)
             return state
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable %s: %s", self._state_path, exc)
@@ -337,6 +345,23 @@ class SimulatedBackend(GpuBackend):
         state = {
             uuid: {"energy_j": gpu.energy_j, "cap_w": gpu.cap_w} for uuid, gpu in self._gpus.items()
         }
-        tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self._state_path)
+        data = json.dumps(state).encode()
+        if max(len(data), self._state_bytes) > _IN_PLACE_MAX_BYTES:
+            tmp = self._state_path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, self._state_path)
+            self._state_bytes = len(data)
+            return
+        # Saved at every telemetry read (every agent cycle), so written in place: a new file
+        # and a rename each time cost a new inode and a freed one, which ext4 without a journal
+        # pays for at every later file the agent makes. A write within one page is whole or
+        # absent after a kill of the agent (the kernel stops a write cut by a fatal signal only
+        # between pages); a crash of the host may tear it, and an unreadable file then starts
+        # the counters at zero, as a driver reloaded at boot does. A shorter text is padded
+        # with spaces, which JSON ignores, so no truncate is needed either.
+        fd = os.open(self._state_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, data.ljust(self._state_bytes), 0)
+        finally:
+            os.close(fd)
+        self._state_bytes = max(self._state_bytes, len(data))

@@ -1,5 +1,7 @@
 """The simulated GPU keeps NVML's contract, and draws what the scheduler's power model says."""
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -249,3 +251,45 @@ def test_the_wire_form_carries_units_in_its_names_and_nulls_for_what_is_unknown(
     assert lost["power_draw_w"] is None and lost["energy_j"] is None
     assert lost["healthy"] is False
     assert fine["ecc_errors"] == 0
+
+
+def test_the_state_kept_at_every_reading_is_rewritten_in_place_and_survives_a_kill(tmp_path):
+    """Every telemetry read saves the counters (an agent killed at any time loses none of the
+    energy it reported), into the same file: no new file per reading."""
+    clock = FakeClock()
+    state = tmp_path / "simulated-gpus.json"
+    gpu = make("simulated:A100-SXM4-80GB:2", clock=clock, state_path=state)
+    uuids = [g.uuid for g in gpu.inventory()]
+    gpu.attach_load(1, uuids[:1], utilization=1.0)
+    gpu.telemetry()
+    inode = state.stat().st_ino
+    reported_j = {}
+    for cap_w in (400.0, 123.0, 400.0):  # the text grows and shrinks with the numbers
+        gpu.set_power_limit(uuids[0], cap_w)
+        clock.advance(3.5)
+        reported_j = {t.uuid: t.energy_j for t in gpu.telemetry()}
+        assert state.stat().st_ino == inode
+        assert os.listdir(tmp_path) == ["simulated-gpus.json"]
+    # No close(): the agent was killed right after its last reading.
+    again = make("simulated:A100-SXM4-80GB:2", clock=FakeClock(), state_path=state)
+    for uuid in uuids:
+        assert again.energy_j(uuid) >= reported_j[uuid]
+    assert reported_j[uuids[0]] > reported_j[uuids[1]] > 0
+    assert again.enforced_power_limit_w(uuids[0]) == 400.0
+
+
+def test_a_state_longer_than_a_page_is_replaced_whole(tmp_path):
+    """A write of more than a page can be cut by a kill between its pages: a large node's
+    state goes through a new file and a rename instead, and reads back whole."""
+    clock = FakeClock()
+    state = tmp_path / "simulated-gpus.json"
+    gpu = make("simulated:A100-SXM4-80GB:64", clock=clock, state_path=state)
+    clock.advance(10.0)
+    reported = {t.uuid: t.energy_j for t in gpu.telemetry()}
+    assert state.stat().st_size > 4096
+    inode = state.stat().st_ino
+    clock.advance(10.0)
+    gpu.telemetry()
+    assert state.stat().st_ino != inode
+    again = make("simulated:A100-SXM4-80GB:64", clock=FakeClock(), state_path=state)
+    assert all(again.energy_j(uuid) >= j for uuid, j in reported.items())
