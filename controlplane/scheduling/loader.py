@@ -28,7 +28,7 @@ from controlplane.jobs.models import (
     JobState,
 )
 from controlplane.scheduling.profiles import with_learned_profiles
-from controlplane.scheduling.rows import UnixSeconds, from_unix_s, raw_rows, unix_s
+from controlplane.scheduling.rows import UnixSeconds, fixed_rows, from_unix_s, raw_rows, unix_s
 from controlplane.tenancy.models import Quota, Tenant
 from scheduler import model as m
 
@@ -72,7 +72,7 @@ class LoadedSnapshot:
 def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
     """Read the cluster as the scheduler must see it. A fixed number of queries whatever the row counts (ten, plus one for budgets, one per budget period in use, and two when running attempts are due for a power-profile look)."""
     now_s = time.time() if now_s is None else now_s
-    pool_rows = list(Pool.objects.order_by("name").values_list("id", "name", "power_budget_w"))
+    pool_rows = fixed_rows(_pool_rows)
     pools = tuple(m.Pool(name=name, power_budget_w=budget) for _, name, budget in pool_rows)
     pool_names = {pk: name for pk, name, _ in pool_rows}
 
@@ -124,20 +124,7 @@ def load_nodes(
     )
     node_names = {row[0]: row[1] for row in node_rows}
     gpu_rows: dict[int, list[tuple]] = defaultdict(list)
-    for row in raw_rows(
-        GPU.objects.order_by("node_id", "index").values_list(
-            "node_id",
-            "uuid",
-            "index",
-            "model",
-            "power_min_w",
-            "power_max_w",
-            "power_default_w",
-            "power_cap_w",
-            "healthy",
-            "desired_power_cap_w",
-        )
-    ):
+    for row in fixed_rows(_gpu_rows):
         node_id, uuid = row[0], row[1]
         gpu_rows[node_id].append(row[1:9])
         gpu_node[uuid] = node_names[node_id]
@@ -167,6 +154,25 @@ def load_nodes(
     out = last_nodes if same else tuple(nodes)
     _last_nodes["by_id"], _last_nodes["nodes"] = by_id, out
     return out
+
+
+def _pool_rows():
+    return Pool.objects.order_by("name").values_list("id", "name", "power_budget_w")
+
+
+def _gpu_rows():
+    return GPU.objects.order_by("node_id", "index").values_list(
+        "node_id",
+        "uuid",
+        "index",
+        "model",
+        "power_min_w",
+        "power_max_w",
+        "power_default_w",
+        "power_cap_w",
+        "healthy",
+        "desired_power_cap_w",
+    )
 
 
 def _node(key: tuple) -> m.Node:
@@ -235,6 +241,10 @@ def _without_gpus(node: m.Node, uuids: set[str]) -> m.Node:
 
 def _earlier_service_s() -> dict[int, float]:
     """GPU-seconds each live job received in attempts that have ended (preempted, lost)."""
+    return dict(fixed_rows(_earlier_service_rows))
+
+
+def _earlier_service_rows():
     # A waiting job with an attempt behind it, or a running one with more than its current
     # one: exactly the condition of the partial index job_with_earlier_attempts, so that the
     # read stays small however many attempts the database keeps.
@@ -242,7 +252,7 @@ def _earlier_service_s() -> dict[int, float]:
         Q(state=JobState.PENDING, attempt_count__gt=0)
         | Q(state__in=[JobState.ADMITTED, JobState.RUNNING], attempt_count__gt=1)
     )
-    return dict(
+    return (
         JobAttempt.objects.filter(job__in=jobs.values("id"))
         .exclude(state__in=ACTIVE_ATTEMPT_STATES)
         .values("job_id")
@@ -256,9 +266,7 @@ def _load_running(
 ) -> tuple[tuple[m.Running, ...], dict[int, tuple[str, ...]], set[str]]:
     gpus_by_attempt: dict[int, list[tuple[str, str]]] = defaultdict(list)
     held: set[str] = set()
-    for attempt_id, uuid, model in raw_rows(
-        Allocation.objects.filter(active=True).values_list("attempt_id", "gpu__uuid", "gpu__model")
-    ):
+    for attempt_id, uuid, model in fixed_rows(_allocation_rows):
         gpus_by_attempt[attempt_id].append((uuid, model))
         held.add(uuid)
     running = []
@@ -282,32 +290,7 @@ def _load_running(
         grace_s,
         checkpoint_interval_s,
         last_checkpoint_s,
-    ) in raw_rows(
-        JobAttempt.objects.filter(state__in=ACTIVE_ATTEMPT_STATES)
-        .order_by("id")
-        .values_list(
-            "id",
-            "job_id",
-            "job__tenant__slug",
-            "job__submitted_by__username",
-            "job__priority",
-            "job__preemptible",
-            unix_s("started_at"),
-            unix_s("created_at"),
-            unix_s("stop_requested_at"),
-            unix_s("job__submitted_at"),
-            "job__predicted_duration_s",
-            "job__estimated_duration_s",
-            "job__max_runtime_s",
-            "job__cpus",
-            "job__memory_mib",
-            "job__preemption_grace_s",
-            "job__checkpoint_interval_s",
-            # The job's latest checkpoint over all its attempts (it keeps one directory): a
-            # correlated subquery of the same statement, through the (job, number) index.
-            UnixSeconds(_latest_checkpoint_at()),
-        )
-    ):
+    ) in fixed_rows(_running_rows):
         held_gpus = gpus_by_attempt.get(attempt_id, [])
         uuids = tuple(u for u, _ in held_gpus)
         running_gpus[attempt_id] = uuids
@@ -345,6 +328,41 @@ def _load_running(
     return tuple(running), running_gpus, held
 
 
+def _allocation_rows():
+    return Allocation.objects.filter(active=True).values_list(
+        "attempt_id", "gpu__uuid", "gpu__model"
+    )
+
+
+def _running_rows():
+    return (
+        JobAttempt.objects.filter(state__in=ACTIVE_ATTEMPT_STATES)
+        .order_by("id")
+        .values_list(
+            "id",
+            "job_id",
+            "job__tenant__slug",
+            "job__submitted_by__username",
+            "job__priority",
+            "job__preemptible",
+            unix_s("started_at"),
+            unix_s("created_at"),
+            unix_s("stop_requested_at"),
+            unix_s("job__submitted_at"),
+            "job__predicted_duration_s",
+            "job__estimated_duration_s",
+            "job__max_runtime_s",
+            "job__cpus",
+            "job__memory_mib",
+            "job__preemption_grace_s",
+            "job__checkpoint_interval_s",
+            # The job's latest checkpoint over all its attempts (it keeps one directory): a
+            # correlated subquery of the same statement, through the (job, number) index.
+            UnixSeconds(_latest_checkpoint_at()),
+        )
+    )
+
+
 def _latest_checkpoint_at() -> Subquery:
     return Subquery(
         JobAttempt.objects.filter(job_id=OuterRef("job_id"), last_checkpoint_at__isnull=False)
@@ -364,7 +382,30 @@ def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dic
     by_id: dict[int, tuple] = {}
     pending = []
     rows: dict[int, PendingRow] = {}
-    for row in raw_rows(
+    for row in fixed_rows(_pending_rows):
+        job_id = row[0]
+        # The mounts as the driver gave them (text): decoded only when the job is new or changed.
+        job_key = (
+            *row[:13],
+            row[13],
+            row[14],
+            row[15],
+            earlier.get(job_id, 0.0),
+            row[22],
+        )
+        row_key = row[16:22]
+        last = last_by_id.get(job_id)
+        job = last[1] if last is not None and last[0] == job_key else _pending(job_key)
+        stored = last[3] if last is not None and last[2] == row_key else PendingRow(*row_key)
+        by_id[job_id] = (job_key, job, row_key, stored)
+        pending.append(job)
+        rows[job_id] = stored
+    _last_pending = by_id
+    return tuple(pending), rows
+
+
+def _pending_rows():
+    return (
         # A deactivated tenant's jobs stay queued but are not offered to the scheduler, nor
         # are held ones (controlplane.jobs.holds): the job_schedulable index skips them.
         Job.objects.filter(state=JobState.PENDING, hold="", tenant__active=True)
@@ -394,24 +435,7 @@ def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dic
             "predicted_duration_s",
             "array_id",
         )
-    ):
-        job_id = row[0]
-        job_key = (
-            *row[:13],
-            _volumes(row[13], row[14]),
-            row[15],
-            earlier.get(job_id, 0.0),
-            row[22],
-        )
-        row_key = row[16:22]
-        last = last_by_id.get(job_id)
-        job = last[1] if last is not None and last[0] == job_key else _pending(job_key)
-        stored = last[3] if last is not None and last[2] == row_key else PendingRow(*row_key)
-        by_id[job_id] = (job_key, job, row_key, stored)
-        pending.append(job)
-        rows[job_id] = stored
-    _last_pending = by_id
-    return tuple(pending), rows
+    )
 
 
 def _pending(key: tuple) -> m.Pending:
@@ -429,7 +453,8 @@ def _pending(key: tuple) -> m.Pending:
         max_runtime_s,
         cpus,
         memory_mib,
-        volumes,
+        mounts,
+        checkpoint_volume,
         grace_s,
         attained_s,
         array_id,
@@ -449,7 +474,7 @@ def _pending(key: tuple) -> m.Pending:
         attained_service_s=attained_s,
         cpus=float(cpus),
         memory_mib=int(memory_mib),
-        volumes=volumes,
+        volumes=_volumes(mounts, checkpoint_volume),
         grace_s=float(grace_s),
         group=array_id,
     )
@@ -471,15 +496,11 @@ def load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
     # pace of its energy budget (at most one query per budget period, three in all).
     budgets = scheduler_view(budget_states(now), now)
     quotas: dict[int, list[tuple[str, int, int, int | None]]] = defaultdict(list)
-    for tenant_id, gpu_type, guaranteed, limit, max_jobs in Quota.objects.order_by(
-        "tenant_id", "gpu_type"
-    ).values_list("tenant_id", "gpu_type", "guaranteed_gpus", "limit_gpus", "max_running_jobs"):
+    for tenant_id, gpu_type, guaranteed, limit, max_jobs in fixed_rows(_quota_rows):
         quotas[tenant_id].append((gpu_type, guaranteed, limit, max_jobs))
     tenants = []
     # Inactive tenants are listed too: their running attempts still hold GPUs and count.
-    for tenant_id, slug, weight in Tenant.objects.order_by("slug").values_list(
-        "id", "slug", "weight"
-    ):
+    for tenant_id, slug, weight in fixed_rows(_tenant_rows):
         rows = quotas.get(tenant_id, [])
         # The core has one running-jobs cap per tenant; the tightest of its quotas' caps holds.
         caps = [max_jobs for *_, max_jobs in rows if max_jobs is not None]
@@ -497,6 +518,16 @@ def load_tenants(now_s: float | None = None) -> tuple[m.Tenant, ...]:
             )
         )
     return tuple(tenants)
+
+
+def _quota_rows():
+    return Quota.objects.order_by("tenant_id", "gpu_type").values_list(
+        "tenant_id", "gpu_type", "guaranteed_gpus", "limit_gpus", "max_running_jobs"
+    )
+
+
+def _tenant_rows():
+    return Tenant.objects.order_by("slug").values_list("id", "slug", "weight")
 
 
 @dataclass(frozen=True, slots=True)
