@@ -105,6 +105,51 @@ def test_a_pending_job_is_read_anew_whenever_its_row_changed(make_job, vision, a
     assert loaded.pending_rows[same.pk].reason == ""
 
 
+def test_a_pending_jobs_volumes_follow_its_mounts_when_they_change(make_job, vision, alice):
+    """The mounts are compared as stored and decoded only for a job new or changed: a change
+    of them alone must still reach the scheduler."""
+    job = make_job(vision, alice, gpus=1)
+    assert {p.job_id: p for p in load_snapshot().snapshot.pending}[job.pk].volumes == ()
+    Job.objects.filter(pk=job.pk).update(
+        mounts=[{"name": "data", "volume": "imagenet", "path": "/data"}, {"path": "/x"}]
+    )
+    assert {p.job_id: p for p in load_snapshot().snapshot.pending}[job.pk].volumes == ("imagenet",)
+
+
+def test_every_fixed_read_of_the_cycle_compiles_to_the_same_sql_at_every_moment():
+    """fixed_rows compiles a query once per process: a builder whose SQL or parameters
+    depended on the time (or anything else that moves) would be read stale forever."""
+    from controlplane.scheduling import loader
+
+    builders = [
+        loader._pool_rows,
+        loader._gpu_rows,
+        loader._earlier_service_rows,
+        loader._allocation_rows,
+        loader._running_rows,
+        loader._pending_rows,
+        loader._quota_rows,
+        loader._tenant_rows,
+    ]
+    first = [b().query.sql_with_params() for b in builders]
+    assert [b().query.sql_with_params() for b in builders] == first
+    # Only constants: states, flags, small counts. A time or a date would be a value
+    # of the moment the process compiled it.
+    for _, params in first:
+        assert all(isinstance(p, str | int) for p in params), params
+
+
+def test_fixed_rows_reads_the_rows_anew_at_every_call(make_job, vision, alice):
+    from controlplane.scheduling.loader import _pending_rows
+    from controlplane.scheduling.rows import fixed_rows, raw_rows
+
+    make_job(vision, alice)
+    assert fixed_rows(_pending_rows) == raw_rows(_pending_rows())
+    make_job(vision, alice, name="second")
+    rows = fixed_rows(_pending_rows)
+    assert len(rows) == 2 and rows == raw_rows(_pending_rows())
+
+
 def test_a_running_attempt_carries_its_gpus_its_tenant_and_whether_it_is_stopping(
     make_node, make_job, vision, alice
 ):
