@@ -172,6 +172,7 @@ class Victims:
         # type -> max-heap of (-potential, node), stale entries dropped when met; see most()
         self._potential: dict[str, list[tuple[int, int]]] = {}
         self.cross_gpus: dict[str, dict[int, int]] = {}  # type -> node -> borrowed GPUs there
+        self._labelled = False  # whether the pool was told this cycle's borrowed attempts
         self._cross_some: dict[str, bool] = {}  # type -> whether it has borrowed candidates
 
     def _group(self) -> dict[str, list[Running]]:
@@ -236,10 +237,10 @@ class Victims:
                 now_s, min_runtime_s = self._now_s, self._config.min_runtime_s
                 refresh = self._refresh
                 found = []
-                for entry in pool.victim.get(gpu_type, ()):
+                # The pool's borrowed candidates only, in the same order as all of the type's.
+                for entry in self._lent_pool(pool).lent_victim.get(gpu_type, ()):
                     c = entry[-1]
-                    r = c.run
-                    if r.attempt_id in borrowed and not now_s - r.started_at_s < min_runtime_s:
+                    if not now_s - c.run.started_at_s < min_runtime_s:
                         refresh(c)
                         found.append(c)
                 if not pool.youngest:
@@ -254,6 +255,13 @@ class Victims:
                 self._count_cross(gpu_type, found)
             self._cross[gpu_type] = found
         return found
+
+    def _lent_pool(self, pool: VictimPool) -> VictimPool:
+        """The pool, told this cycle's borrowed attempts (once: they do not change in it)."""
+        if not self._labelled:
+            pool.label(self._borrowed())
+            self._labelled = True
+        return pool
 
     def _count_cross(self, gpu_type: str, found: Iterable[Candidate]) -> None:
         per_node: dict[int, int] = {}
@@ -280,29 +288,11 @@ class Victims:
             if pool is None:
                 self.cross(gpu_type)
             else:
-                borrowed = self._borrowed()
-                now_s, min_runtime_s = self._now_s, self._config.min_runtime_s
-                entries = pool.victim.get(gpu_type, ())
-                # The borrowed attempts or the type's candidates, whichever are fewer; the
-                # counts do not depend on the order they are met in.
-                found: Iterable[Candidate]
-                if len(borrowed) < len(entries):
-                    held = pool.by_attempt
-                    found = (
-                        c
-                        for aid in borrowed
-                        if (c := held.get(aid)) is not None
-                        and (r := c.run).gpu_type == gpu_type
-                        and not now_s - r.started_at_s < min_runtime_s
-                    )
-                else:
-                    found = (
-                        c
-                        for entry in entries
-                        if (r := (c := entry[-1]).run).attempt_id in borrowed
-                        and not now_s - r.started_at_s < min_runtime_s
-                    )
-                self._count_cross(gpu_type, found)
+                # The pool keeps the GPUs of the borrowed candidates that have run
+                # min_runtime_s counted (VictimPool.label, VictimPool.age).
+                self._lent_pool(pool).age(self._now_s)
+                self.cross_gpus[gpu_type] = dict(pool.aged_gpus.get(gpu_type, {}))
+                self._cross_some[gpu_type] = pool.aged_count.get(gpu_type, 0) > 0
             per_node = self.cross_gpus[gpu_type]
         return per_node
 
@@ -400,14 +390,17 @@ class Victims:
         if pool.srtf:
             if tenant is None:
                 gate = gate._replace(borrowed=self._borrowed())
-                return _Lazy(pool.srtf_type.get(gpu_type, []), gate)
+                return _Lazy(self._lent_pool(pool).lent_srtf.get(gpu_type, []), gate)
             return _Lazy(pool.srtf_own.get((tenant, gpu_type), []), gate)
         if pool.las and self._now_s >= pool.las_latest_as_of_s:
             # Before an attempt's as_of its service is not base + slope x now (_las_base).
             if tenant is None:
                 gate = gate._replace(borrowed=self._borrowed())
-                groups = pool.las_type.get(gpu_type, {})
-                return _LasLazy(groups, gate, pool.las_scale)
+                # The rounding allowed is that of every candidate of the type, as before the
+                # merge read the borrowed ones only.
+                slopes = _max_slope(pool.las_type.get(gpu_type, {}))
+                groups = self._lent_pool(pool).lent_las.get(gpu_type, {})
+                return _LasLazy(groups, gate, pool.las_scale, slopes)
             groups = pool.las_own.get((tenant, gpu_type), {})
             return _LasLazy(groups, gate, pool.las_scale)
         if tenant is None:
@@ -450,7 +443,13 @@ class Victims:
 
     def evicted(self, c: Candidate) -> None:
         """Forget a victim's GPUs in the per-node potential once it is preempted."""
-        if c.run.attempt_id in self._cross_ids:
+        pool = self._pool
+        if c.run.attempt_id in self._cross_ids or (
+            pool is not None
+            and c.run.gpu_type in self.cross_gpus
+            and pool.lent(c)
+            and self._may_go(c)
+        ):
             per_node = self.cross_gpus[c.run.gpu_type]
             for node, count in c.nodes.items():
                 per_node[node] -= count
@@ -534,6 +533,29 @@ class VictimPool:
         # the instant before which the merge does not hold (see _LasLazy).
         self.las_scale = 0.0
         self.las_latest_as_of_s = -math.inf
+        # id(run) -> its entries in the type's lists above (victim order, SRTF or None, LAS
+        # (slope, entry) or None): what _lend() puts in the borrowed-only lists below.
+        self._typed: dict[int, tuple[PoolEntry, PoolEntry | None, tuple[float, PoolEntry] | None]]
+        self._typed = {}
+        # The borrowed candidates, kept as labels flip (label()) and attempts come and go,
+        # instead of being picked out of every candidate of a type at each plan: a search reads
+        # the borrowed ones only (counts at every plan, lists for many), and at saturation they
+        # are a third of the candidates (the dev file at L = 6: about 450 of 1,330). Same
+        # entries as the lists above, so the same orders.
+        self._labelled: set[int] = set()  # attempt ids borrowed as of the last label()
+        self._lent: dict[int, list[tuple[list[PoolEntry], PoolEntry]]] = {}  # id(run) -> placed
+        self.lent_victim: dict[str, list[PoolEntry]] = {}  # type -> in the victim order
+        self.lent_srtf: dict[str, list[PoolEntry]] = {}  # type -> longest remaining first
+        self.lent_las: dict[str, dict[float, list[PoolEntry]]] = {}  # type -> slope -> LAS
+        # Of the borrowed candidates, those that have not run min_runtime_s by `aged_at_s`
+        # (the latest instant age() was told), youngest first, (-start, -attempt id, candidate):
+        # at saturation most borrowed attempts are that young (the dev file at L = 6: about 285
+        # of 450), and time only ages them, so they leave from the tail, each once; the rest
+        # are counted.
+        self.aged_at_s = -math.inf
+        self.young: dict[str, list[PoolEntry]] = {}
+        self.aged_gpus: dict[str, dict[int, int]] = {}  # type -> node -> GPUs (none at 0)
+        self.aged_count: dict[str, int] = {}  # type -> borrowed candidates counted
 
     def follow(self, totals: RunningTotals) -> None:
         """Take in what the last update of the running totals changed, if the pool holds the
@@ -605,6 +627,8 @@ class VictimPool:
         placed: list[tuple[list[PoolEntry], PoolEntry]] = [
             (self.victim.setdefault(r.gpu_type, []), order)
         ]
+        srtf_entry: PoolEntry | None = None
+        las_entry: tuple[float, PoolEntry] | None = None
         if self.fair:
             placed.append((self.own.setdefault(kind, []), (r.priority, *order)))
         if self.srtf:
@@ -612,7 +636,7 @@ class VictimPool:
                 end_s = r.predicted_end_s
             else:
                 end_s = r.started_at_s + self.config.default_duration_s
-            entry = (-end_s, *tail)
+            entry = srtf_entry = (-end_s, *tail)
             placed.append((self.srtf_type.setdefault(r.gpu_type, []), entry))
             placed.append((self.srtf_own.setdefault(kind, []), entry))
         if self.las:
@@ -621,6 +645,7 @@ class VictimPool:
             if r.attained_as_of_s is not None:
                 self.las_latest_as_of_s = max(self.las_latest_as_of_s, r.attained_as_of_s)
             entry = (-base, -r.attempt_id, c)
+            las_entry = (slope, entry)
             placed.append((self.las_type.setdefault(r.gpu_type, {}).setdefault(slope, []), entry))
             placed.append((self.las_own.setdefault(kind, {}).setdefault(slope, []), entry))
         for into, entry in placed:
@@ -631,6 +656,9 @@ class VictimPool:
                 bulk[id(into)] = into
         self._entries[key] = placed
         self.owned.setdefault(kind, {})[key] = c
+        self._typed[key] = (order, srtf_entry, las_entry)
+        if r.attempt_id in self._labelled:
+            self._lend(key, c, bulk)
 
     def _remove(self, key: int, c: Candidate) -> None:
         r = c.run
@@ -641,6 +669,118 @@ class VictimPool:
         for into, entry in self._entries.pop(key):
             del into[bisect.bisect_left(into, entry)]
         del self.owned[(r.tenant, r.gpu_type)][key]
+        if key in self._lent:
+            self._unlend(key, c)
+        del self._typed[key]
+
+    def label(self, borrowed: set[int]) -> None:
+        """Hold as borrowed the candidates whose attempt ids are in `borrowed` (a plan's
+        quota.label_borrowed) and no others. Between two plans a few labels flip (a tenant's
+        attempts come and go, so the tail past its guarantee moves), and only those are moved:
+        the sets are compared in C, the candidates walked are the flipped ones."""
+        labelled = self._labelled
+        flips = borrowed ^ labelled
+        if not flips:
+            return
+        labelled ^= flips
+        held, lent = self.by_attempt, self._lent
+        coming: list[Candidate] = []
+        for aid in flips:
+            c = held.get(aid)
+            if c is None:
+                continue
+            key = id(c.run)
+            if aid in labelled:
+                if key not in lent:
+                    coming.append(c)
+            elif key in lent:
+                self._unlend(key, c)
+        bulk: dict[int, list[PoolEntry]] | None = {} if len(coming) > 64 else None
+        for c in coming:
+            self._lend(id(c.run), c, bulk)
+        if bulk:
+            for into in bulk.values():
+                into.sort()
+
+    def _lend(self, key: int, c: Candidate, bulk: dict[int, list[PoolEntry]] | None) -> None:
+        r = c.run
+        t = r.gpu_type
+        order, srtf_entry, las_entry = self._typed[key]
+        placed: list[tuple[list[PoolEntry], PoolEntry]] = [
+            (self.lent_victim.setdefault(t, []), order)
+        ]
+        if srtf_entry is not None:
+            placed.append((self.lent_srtf.setdefault(t, []), srtf_entry))
+        if las_entry is not None:
+            slope, entry = las_entry
+            placed.append((self.lent_las.setdefault(t, {}).setdefault(slope, []), entry))
+        self._lent[key] = placed
+        if self.aged_at_s - r.started_at_s < self.config.min_runtime_s:
+            # young as of aged_at_s: counted once age() finds it has run long enough
+            placed = [*placed, (self.young.setdefault(t, []), (-r.started_at_s, -r.attempt_id, c))]
+        else:
+            self._count_aged(c, 1)
+        for into, entry in placed:
+            if bulk is None:
+                bisect.insort(into, entry)
+            else:
+                into.append(entry)
+                bulk[id(into)] = into
+
+    def _unlend(self, key: int, c: Candidate) -> None:
+        for into, entry in self._lent.pop(key):
+            del into[bisect.bisect_left(into, entry)]
+        # In its type's young list as of aged_at_s, or counted.
+        r = c.run
+        if self.aged_at_s - r.started_at_s < self.config.min_runtime_s:
+            young = self.young[r.gpu_type]
+            del young[bisect.bisect_left(young, (-r.started_at_s, -r.attempt_id, c))]
+        else:
+            self._count_aged(c, -1)
+
+    def _count_aged(self, c: Candidate, sign: int) -> None:
+        t = c.run.gpu_type
+        per_node = self.aged_gpus.setdefault(t, {})
+        for node, count in c.nodes.items():
+            left = per_node.get(node, 0) + sign * count
+            if left:
+                per_node[node] = left
+            else:
+                del per_node[node]
+        self.aged_count[t] = self.aged_count.get(t, 0) + sign
+
+    def age(self, now_s: float) -> None:
+        """Count the borrowed candidates that have run min_runtime_s by now_s (aged_gpus)."""
+        if now_s == self.aged_at_s:
+            return
+        min_runtime_s = self.config.min_runtime_s
+        if now_s < self.aged_at_s:
+            # Back in time (not in a scheduling loop): some counted are young again.
+            self.young, self.aged_gpus, self.aged_count = {}, {}, {}
+            for placed in self._lent.values():
+                c = placed[0][1][-1]
+                r = c.run
+                if now_s - r.started_at_s < min_runtime_s:
+                    self.young.setdefault(r.gpu_type, []).append(
+                        (-r.started_at_s, -r.attempt_id, c)
+                    )
+                else:
+                    self._count_aged(c, 1)
+            for young in self.young.values():
+                young.sort()
+            self.aged_at_s = now_s
+            return
+        self.aged_at_s = now_s
+        for young in self.young.values():
+            # A start ages once now - start reaches min_runtime_s, and that difference only
+            # grows as the start falls: the aged are a tail of the youngest-first list.
+            while young and not now_s - young[-1][-1].run.started_at_s < min_runtime_s:
+                self._count_aged(young.pop()[-1], 1)
+
+    def lent(self, c: Candidate) -> bool:
+        """Whether the pool holds this candidate as borrowed (as of the last label())."""
+        placed = self._lent.get(id(c.run))
+        return placed is not None and placed[0][1][-1] is c
 
 
 def _settle(
@@ -780,6 +920,11 @@ def _las_base(r: Running) -> tuple[float, float, float]:
     return slope, r.attained_service_s - shift, abs(r.attained_service_s) + abs(shift)
 
 
+def _max_slope(groups: dict[float, list[PoolEntry]]) -> float:
+    """The largest slope of a LAS list that holds any candidate (0 when none does)."""
+    return max((abs(slope) for slope, entries in groups.items() if entries), default=0.0)
+
+
 # Rounding allowed between an attained service worked out as priority.attained_now does and as
 # `base + slope x now`, relative to the magnitude of the terms: float arithmetic errs by a few
 # parts in 1e16 there, so this is generous and costs only a few candidates refreshed early.
@@ -804,11 +949,15 @@ class _LasLazy(_Grown):
         groups: dict[float, list[PoolEntry]],
         gate: _Gate,
         scale: float,
+        slopes: float | None = None,
     ):
+        # `slopes`: the largest slope the rounding allowed is worked out for (default: that of
+        # these groups)
         self._groups = [(slope, entries, [0]) for slope, entries in groups.items() if entries]
         self._gate = gate
         now_s = self._now_s = gate.now_s
-        slopes = max((abs(slope) for slope, _, _ in self._groups), default=0.0)
+        if slopes is None:
+            slopes = _max_slope(groups)
         self._slack = _LAS_ROUNDING * (scale + slopes * abs(now_s)) + _LAS_ROUNDING
         self._heap: list[tuple[tuple[float, ...], Candidate]] = []
         self._items: list[Candidate] = []

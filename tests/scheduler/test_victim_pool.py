@@ -12,7 +12,7 @@ from scheduler.memo import PlanMemo
 from scheduler.model import Config, Ordering, Running, Snapshot, VictimOrder
 from scheduler.placement import ClusterIndex, Topology
 from scheduler.policy import plan
-from scheduler.preemption import Candidate, VictimPool, Victims, _settle
+from scheduler.preemption import Candidate, PoolEntry, VictimPool, Victims, _settle
 from scheduler.quota import RunningTotals, build_books, label_borrowed
 from tests.scheduler.test_plan_properties import NOW, configs, snapshots
 
@@ -172,3 +172,96 @@ def test_las_lists_merged_per_slope_are_the_lists_sorted_at_each_instant():
     index = ClusterIndex((), part, topo)
     at_100 = Victims(part, index, lambda: every, config, 100.0, None, pool, totals)
     assert [c.run.attempt_id for c in at_100.baseline("H100", "a")] == [4, 5, 2, 1, 3]
+
+
+# Per attempt and step: 0 absent (not started yet, or finished), 1 running, 2 told to stop
+# (preempted: a new object); and whether its tenant's quota labels it borrowed.
+STATES = st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=0, max_size=40)
+# The instant of each plan: mostly later than the last, now and then earlier.
+INSTANTS = st.sampled_from([NOW - 20_000.0, NOW - 5_000.0, NOW - 61.0, NOW, NOW + 30.0, NOW + 61.0])
+
+
+def _lent_afresh(pool: VictimPool, borrowed: set[int], now_s: float) -> dict[str, object]:
+    """What VictimPool keeps of its borrowed candidates, recounted from all of its lists."""
+
+    def only(entries: list[PoolEntry]) -> list[PoolEntry]:
+        return [e for e in entries if e[-1].run.attempt_id in borrowed]
+
+    min_runtime_s = pool.config.min_runtime_s
+    out: dict[str, object] = {}
+    for t, entries in pool.victim.items():
+        kept = [e[-1] for e in entries if e[-1].run.attempt_id in borrowed]
+        young = [c for c in kept if now_s - c.run.started_at_s < min_runtime_s]
+        aged = [c for c in kept if not now_s - c.run.started_at_s < min_runtime_s]
+        gpus: dict[int, int] = {}
+        for c in aged:
+            for node, count in c.nodes.items():
+                gpus[node] = gpus.get(node, 0) + count
+        out[f"victim {t}"] = only(entries)
+        out[f"young {t}"] = sorted((-c.run.started_at_s, -c.run.attempt_id, c) for c in young)
+        out[f"gpus {t}"] = gpus
+        out[f"count {t}"] = len(aged)
+    for t, entries in pool.srtf_type.items():
+        out[f"srtf {t}"] = only(entries)
+    for t, groups in pool.las_type.items():
+        out[f"las {t}"] = {slope: only(e) for slope, e in groups.items() if only(e)}
+    return out
+
+
+def _lent_kept(pool: VictimPool) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for t in pool.victim:
+        out[f"victim {t}"] = pool.lent_victim.get(t, [])
+        out[f"young {t}"] = pool.young.get(t, [])
+        out[f"gpus {t}"] = pool.aged_gpus.get(t, {})
+        out[f"count {t}"] = pool.aged_count.get(t, 0)
+    for t in pool.srtf_type:
+        out[f"srtf {t}"] = pool.lent_srtf.get(t, [])
+    for t in pool.las_type:
+        out[f"las {t}"] = {s: e for s, e in pool.lent_las.get(t, {}).items() if e}
+    return out
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    snapshots(),
+    configs,
+    st.lists(st.tuples(STATES, INSTANTS, st.booleans()), min_size=1, max_size=6),
+    st.booleans(),
+)
+def test_borrowed_candidates_kept_across_plans_are_those_counted_afresh(
+    snap, config, steps, lazily
+):
+    # Attempts start, are preempted and finish between plans, labels flip as tenants' attempts
+    # come and go, and time moves: the pool's borrowed lists and the GPUs of those that have
+    # run long enough, kept by moving only what changed, must be the pool's candidates with a
+    # borrowed label, listed and counted afresh.
+    config = replace(config, preemption=True)
+    universe = _as_of_start(
+        tuple(replace(r, stopping=False) for r in _regular(snap.running)), lazily
+    )
+    stopped = {r.attempt_id: replace(r, stopping=True) for r in universe}
+    topo = Topology(snap.nodes)
+    totals = RunningTotals()
+    pool = VictimPool(config, topo)
+    for i, (states, now_s, aged_first) in enumerate(steps):
+        part = tuple(
+            r if state == 1 else stopped[r.attempt_id]
+            for r, (state, _) in zip(universe, states, strict=False)
+            if state
+        )
+        borrowed = {r.attempt_id for r, (_, lent) in zip(universe, states, strict=False) if lent}
+        totals.update(part)
+        if i == 0:
+            pool.sync(part, totals)
+        else:
+            pool.follow(totals)
+        assert pool.epoch == totals.epoch
+        # Aged before or after the labels flip: either way round gives the same.
+        if aged_first:
+            pool.age(now_s)
+        pool.label(borrowed)
+        pool.age(now_s)
+        assert _lent_kept(pool) == _lent_afresh(pool, borrowed, now_s)
+        for c in pool.by_attempt.values():
+            assert pool.lent(c) == (c.run.attempt_id in borrowed)
