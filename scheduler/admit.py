@@ -82,6 +82,35 @@ def _blocked_preference(option: Option) -> tuple[bool, bool]:
     return (not option[1].ok, not option[1].wait)
 
 
+class _Borrowed:
+    """Attempt ids running beyond their tenant's guarantee (quota.label_borrowed), worked out
+    when first asked for.
+
+    Held apart from the Admission: the victims read it, and a closure over the Admission
+    (which holds the victims) made a reference cycle of every plan's whole state, so none of
+    it was freed when the plan ended but by the cyclic collector, which then walked it all
+    (a tenth of a preempting replay).
+    """
+
+    __slots__ = ("_running", "_books", "_totals", "_ids")
+
+    def __init__(
+        self,
+        running: tuple[Running, ...],
+        books: dict[str, Book],
+        totals: quota.RunningTotals | None,
+    ):
+        self._running = running
+        self._books = books
+        self._totals = totals
+        self._ids: set[int] | None = None
+
+    def __call__(self) -> set[int]:
+        if self._ids is None:
+            self._ids = quota.label_borrowed(self._running, self._books, self._totals)
+        return self._ids
+
+
 class Admission:
     """The mutable state of one cycle's admission, and the decisions it made."""
 
@@ -112,7 +141,7 @@ class Admission:
         self.index = index
         self.books = books
         self.predicted_s = predicted_s
-        self._borrowed: set[int] | None = None
+        self._borrowed = _Borrowed(snapshot.running, books, totals)
         self.capacity = {t: ti.total_cap for t, ti in index.types.items()}
         self.types = list(index.types)  # sorted by name
         self.reservations: dict[str, Reservation] = {}
@@ -150,9 +179,7 @@ class Admission:
     @property
     def borrowed(self) -> set[int]:
         """Attempt ids running beyond their tenant's guarantee (worked out when first needed)."""
-        if self._borrowed is None:
-            self._borrowed = quota.label_borrowed(self.snapshot.running, self.books, self._totals)
-        return self._borrowed
+        return self._borrowed()
 
     @property
     def victims(self) -> Victims:
@@ -166,7 +193,7 @@ class Admission:
             self._victims = Victims(
                 running,
                 self.index,
-                lambda: self.borrowed,
+                self._borrowed,
                 self.config,
                 self.now_s,
                 self._kept_candidates,
