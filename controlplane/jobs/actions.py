@@ -1310,6 +1310,31 @@ class Report:
 # What record_reports writes of a job, read under its lock and written back whole.
 _JOB_COLUMNS = ("state", "state_reason", "started_at", "finished_at", "exit_code")
 
+# record_reports' statements as fixed text (bulk.execute_for_ids): the GPUs' power limits of
+# the attempts that ended (for the bound on their energy), then, following the attempts' rows it
+# just wrote, their GPUs released at their end, and a one-node attempt's member taking its
+# state, start, end and exit code.
+_ALLOCATIONS = f'"{Allocation._meta.db_table}"'
+_MEMBERS = f'"{AttemptMember._meta.db_table}"'
+_ATTEMPTS = f'"{JobAttempt._meta.db_table}"'
+_MAX_POWER_SQL = (
+    f'SELECT al."attempt_id", g."power_max_w" FROM {_ALLOCATIONS} al '
+    f'JOIN "{GPU._meta.db_table}" g ON g."id" = al."gpu_id" WHERE al."attempt_id" {{among}}'
+)
+_RELEASE_ENDED_SQL = (
+    f'UPDATE {_ALLOCATIONS} SET "active" = false, "released_at" = '
+    f'(SELECT a."finished_at" FROM {_ATTEMPTS} a WHERE a."id" = {_ALLOCATIONS}."attempt_id") '
+    f'WHERE {_ALLOCATIONS}."active" AND {_ALLOCATIONS}."attempt_id" {{among}}'
+)
+_MEMBER_FOLLOWS_SQL = (
+    f"UPDATE {_MEMBERS} SET "
+    + ", ".join(
+        f'"{c}" = (SELECT a."{c}" FROM {_ATTEMPTS} a WHERE a."id" = {_MEMBERS}."attempt_id")'
+        for c in ("state", "started_at", "finished_at", "exit_code")
+    )
+    + f' WHERE {_MEMBERS}."attempt_id" {{among}}'
+)
+
 
 @transaction.atomic
 def record_reports(reports: Sequence[Report]) -> set[int]:
@@ -1367,9 +1392,9 @@ def record_reports(reports: Sequence[Report]) -> set[int]:
         )
     }
     max_power_w: dict[int, list[float]] = {}
-    for attempt_id, gpu_max_w in Allocation.objects.filter(
-        attempt_id__in=[a for a in attempts if by_id[a].exited]
-    ).values_list("attempt_id", "gpu__power_max_w"):
+    for attempt_id, gpu_max_w in bulk.rows_for_ids(
+        _MAX_POWER_SQL, [a for a in attempts if by_id[a].exited]
+    ):
         max_power_w.setdefault(attempt_id, []).append(gpu_max_w)
     now = timezone.now()
     started_rows, ended_rows, events = [], [], []
@@ -1487,20 +1512,9 @@ def record_reports(reports: Sequence[Report]) -> set[int]:
     )
     # Each attempt's GPUs are released when it ended, which its row now says: by attempt id,
     # through its index (a join with the rows' array had PostgreSQL hash every active one).
-    Allocation.objects.filter(attempt_id__in=released, active=True).update(
-        active=False,
-        released_at=Subquery(
-            JobAttempt.objects.filter(pk=OuterRef("attempt_id")).values("finished_at")[:1]
-        ),
-    )
+    bulk.execute_for_ids(_RELEASE_ENDED_SQL, released)
     # Each one-node attempt's member moves with it: one statement, from the rows just written.
-    own = JobAttempt.objects.filter(pk=OuterRef("attempt_id"))
-    AttemptMember.objects.filter(attempt_id__in=applied).update(
-        state=Subquery(own.values("state")[:1]),
-        started_at=Subquery(own.values("started_at")[:1]),
-        finished_at=Subquery(own.values("finished_at")[:1]),
-        exit_code=Subquery(own.values("exit_code")[:1]),
-    )
+    bulk.execute_for_ids(_MEMBER_FOLLOWS_SQL, sorted(applied))
     cleared = fields_on_entering(JobState.RUNNING, now)
     bulk.update_rows(
         Job,

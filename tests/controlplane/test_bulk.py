@@ -8,7 +8,7 @@ from django.db import IntegrityError, connection, transaction
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from controlplane.bulk import insert_rows, update_rows
+from controlplane.bulk import execute_for_ids, insert_rows, rows_for_ids, sqlite_chunk, update_rows
 from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobState
 
 pytestmark = pytest.mark.django_db
@@ -124,3 +124,19 @@ def test_json_and_booleans_update_as_they_insert(make_node, make_job, vision, al
         True,
         counters,
     )
+
+
+def test_a_fixed_statement_touches_exactly_the_rows_of_the_ids_given(make_job, vision, alice):
+    """execute_for_ids and rows_for_ids: only the ids given, none twice, whatever their number
+    (more than SQLite takes in one statement included); an empty list runs nothing."""
+    jobs = [make_job(vision, alice, name=f"j{i}") for i in range(4)]
+    table = Job._meta.db_table
+    many = [jobs[0].pk, jobs[2].pk, *range(10**9, 10**9 + sqlite_chunk(1) + 5)]
+    sql = f'UPDATE "{table}" SET "queue_position" = 7 WHERE "id" {{among}}'
+    assert execute_for_ids(sql, many) == 2
+    assert [j.queue_position for j in Job.objects.order_by("pk")] == [7, None, 7, None]
+    select = f'SELECT "id", "name" FROM "{table}" WHERE "id" {{among}}'
+    assert sorted(rows_for_ids(select, many)) == [(jobs[0].pk, "j0"), (jobs[2].pk, "j2")]
+    with CaptureQueriesContext(connection) as queries:
+        assert execute_for_ids(sql, []) == 0 and rows_for_ids(select, []) == []
+    assert len(queries) == 0
