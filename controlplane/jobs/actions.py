@@ -33,6 +33,7 @@ from controlplane.jobs.models import (
     SubmitKey,
 )
 from controlplane.jobs.transitions import fields_on_entering, is_allowed
+from controlplane.prepared import Prepared
 from controlplane.storage.models import Volume
 from controlplane.tenancy.models import Tenant
 
@@ -1310,6 +1311,45 @@ class Report:
 # What record_reports writes of a job, read under its lock and written back whole.
 _JOB_COLUMNS = ("state", "state_reason", "started_at", "finished_at", "exit_code")
 
+# record_reports' reads, compiled once (controlplane.prepared): the reported attempts still
+# active and not told to stop, and their jobs, each locked.
+_REPORTED_ATTEMPTS = Prepared(
+    lambda ids: (
+        JobAttempt.objects.select_for_update(of=("self",))
+        .filter(pk__in=ids, state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True)
+        .order_by("pk")
+        .values(
+            "pk",
+            "job_id",
+            "number",
+            "state",
+            "started_at",
+            "created_at",
+            "energy_j",
+            "node__name",
+            "node_addrs",
+        )
+    )
+)
+_REPORTED_JOBS = Prepared(
+    # NO KEY: the job's key is not written, and events inserted for it meanwhile (their
+    # foreign key takes a KEY SHARE lock) need not wait for this transaction.
+    lambda ids: (
+        Job.objects.select_for_update(no_key=True)
+        .filter(pk__in=ids)
+        .order_by("pk")
+        .values(
+            "pk",
+            "stop_signal",
+            "preemption_grace_s",
+            "array_id",
+            "has_dependents",
+            "tenant_id",
+            *_JOB_COLUMNS,
+        )
+    )
+)
+
 # record_reports' statements as fixed text (bulk.execute_for_ids): the GPUs' power limits of
 # the attempts that ended (for the bound on their energy), then, following the attempts' rows it
 # just wrote, their GPUs released at their end, and a one-node attempt's member taking its
@@ -1357,39 +1397,10 @@ def record_reports(reports: Sequence[Report]) -> set[int]:
     by_id = {r.attempt_id: r for r in reports if r.started_at is not None or r.exited}
     if not by_id:
         return set()
-    attempts = {
-        row["pk"]: row
-        for row in JobAttempt.objects.select_for_update(of=("self",))
-        .filter(pk__in=by_id, state__in=ACTIVE_ATTEMPT_STATES, stop_requested_at__isnull=True)
-        .order_by("pk")
-        .values(
-            "pk",
-            "job_id",
-            "number",
-            "state",
-            "started_at",
-            "created_at",
-            "energy_j",
-            "node__name",
-            "node_addrs",
-        )
-    }
+    attempts = {row["pk"]: row for row in _REPORTED_ATTEMPTS.values(sorted(by_id))}
     jobs = {
         row["pk"]: row
-        # NO KEY: the job's key is not written, and events inserted for it meanwhile (their
-        # foreign key takes a KEY SHARE lock) need not wait for this transaction.
-        for row in Job.objects.select_for_update(no_key=True)
-        .filter(pk__in={a["job_id"] for a in attempts.values()})
-        .order_by("pk")
-        .values(
-            "pk",
-            "stop_signal",
-            "preemption_grace_s",
-            "array_id",
-            "has_dependents",
-            "tenant_id",
-            *_JOB_COLUMNS,
-        )
+        for row in _REPORTED_JOBS.values(sorted({a["job_id"] for a in attempts.values()}))
     }
     max_power_w: dict[int, list[float]] = {}
     for attempt_id, gpu_max_w in bulk.rows_for_ids(
