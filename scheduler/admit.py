@@ -152,6 +152,7 @@ class Admission:
         self.preemptions: list[Preemption] = []
         self.waiting: list[Waiting] = []
         self.preempted: set[int] = set()  # attempt ids
+        self._evicted: list[Running] = []  # the attempts of `preempted`
         # type -> jobs left waiting when GPUs of the type being freed were last seen unclaimed
         # after a decision (Plan.soon_left_after)
         self.soon_left_after: dict[str, int] = {}
@@ -663,6 +664,7 @@ class Admission:
     def _evict(self, r: Running, size: int, reason: str, for_job_id: int | None) -> None:
         self._changes += 1
         self.preempted.add(r.attempt_id)
+        self._evicted.append(r)
         self.preemptions.append(
             Preemption(
                 attempt_id=r.attempt_id, job_id=r.job_id, reason=reason, for_job_id=for_job_id
@@ -684,12 +686,21 @@ class Admission:
         if self._soon_until is None:
             until: dict[tuple[str, int], float] = {}
             now_s = self.now_s
-            for r in self.snapshot.running:
-                if r.stopping:
+            # The latest end per node: the order the attempts are met in does not matter, so
+            # the ones told to stop come from the totals (a few) instead of every running one.
+            if self._totals is not None:
+                for r in self._totals.stopping.values():
                     by_s = r.stop_by_s if r.stop_by_s is not None else now_s + r.grace_s
                     self._note_soon(until, r, by_s)
-                elif r.attempt_id in self.preempted:
+                for r in self._evicted:
                     self._note_soon(until, r, now_s + r.grace_s)
+            else:
+                for r in self.snapshot.running:
+                    if r.stopping:
+                        by_s = r.stop_by_s if r.stop_by_s is not None else now_s + r.grace_s
+                        self._note_soon(until, r, by_s)
+                    elif r.attempt_id in self.preempted:
+                        self._note_soon(until, r, now_s + r.grace_s)
             self._soon_until = until
         return self._soon_until
 

@@ -172,6 +172,7 @@ class RunningTotals:
         "versions",
         "_stamp",
         "borrowed_by_tenant",
+        "stopping",
     )
 
     def __init__(self) -> None:
@@ -202,11 +203,15 @@ class RunningTotals:
         # label_borrowed): (preemptible, start, attempt id, type, GPUs), sorted
         self.by_tenant: dict[str, list[tuple[bool, float, int, str, int]]] = {}
         self.kinds: dict[tuple[str, str], int] = {}  # (tenant, type) -> attempts not stopping
+        # id -> the attempts told to stop: a plan that preempts reads when each frees its GPUs
+        # (admit's _soon_until_by_node), a few among thousands running
+        self.stopping: dict[int, Running] = {}
 
     def _reset(self) -> None:
         self._seen, self.held, self.gpus, self.jobs, self.started = {}, set(), {}, {}, {}
         self.by_tenant, self.kinds = {}, {}
         self.versions, self.borrowed_by_tenant = {}, {}
+        self.stopping = {}
 
     def update(self, running: tuple[Running, ...]) -> RunningTotals:
         self.epoch += 1
@@ -241,8 +246,13 @@ class RunningTotals:
             for key in list(new):
                 old = same.pop(_counted(now[key]), None)
                 if old is not None:
-                    replaced.append((seen.pop(old), now[key]))
+                    was = seen.pop(old)
+                    replaced.append((was, now[key]))
                     seen[key] = now[key]
+                    if was.stopping:
+                        # its notice (grace_s, stop_by_s) may be what was remade
+                        del self.stopping[old]
+                        self.stopping[key] = now[key]
                     gone.discard(old)
                     new.discard(key)
         for key in gone:
@@ -263,6 +273,11 @@ class RunningTotals:
             self.held.update(r.gpus)
         else:
             self.held.difference_update(r.gpus)
+        if r.stopping:
+            if sign > 0:
+                self.stopping[id(r)] = r
+            else:
+                del self.stopping[id(r)]
         key = (r.tenant, r.gpu_type, r.stopping)
         n = self.gpus.get(key, 0) + sign * len(r.gpus)
         if n:

@@ -250,7 +250,7 @@ def test_running_totals_kept_across_updates_are_the_totals_counted_afresh(rounds
         running = tuple(current)
         totals.update(running)
         afresh = RunningTotals().update(running)
-        for field in ("held", "gpus", "jobs", "started", "by_tenant", "kinds"):
+        for field in ("held", "gpus", "jobs", "started", "by_tenant", "kinds", "stopping"):
             assert getattr(totals, field) == getattr(afresh, field), field
         before = {id(r): r for r in last}
         now = {id(r): r for r in running}
