@@ -2,10 +2,12 @@
 
 Django builds a queryset and compiles it to SQL anew at every call; for the reads of a heartbeat
 or a request (a handful of rows by id, under a lock) that costs more CPU than PostgreSQL spends
-running them. A Prepared query is built once per process, thread and shape of its arguments,
-with stand-in values where the arguments go; each call puts the real values in their places
-and runs the same text, and Django's own converters (timestamps, JSON) still turn the driver's
-rows into what the queryset would have returned.
+running them. A Prepared query is built once per process and shape of its arguments, with
+stand-in values where the arguments go; each call puts the real values in their places and runs
+the same text on the calling thread's connection, and Django's own converters (timestamps, JSON)
+still turn the driver's rows into what the queryset would have returned. The converters only
+read the settings of the connection that compiled it (time zone, backend operations), the same
+for every thread, so the compiled form is shared by all of a web process's threads.
 
     ATTEMPTS = Prepared(lambda ids: JobAttempt.objects.filter(pk__in=ids).values("pk", "state"))
     ATTEMPTS.values([3, 4])   # [{"pk": 3, "state": "running"}, ...]
@@ -48,22 +50,28 @@ class _Compiled:
 
 
 class Prepared:
-    """A values() or values_list() queryset built by `build(*args)`, compiled once per shape."""
+    """A values() or values_list() queryset built by `build(*args)`, compiled once per shape
+    and database vendor."""
 
     def __init__(self, build: Callable[..., Any], using: str = "default"):
         self._build = build
         self._using = using
-        self._local = threading.local()
+        self._cache: dict[tuple, _Compiled] = {}
+        self._lock = threading.Lock()
 
     def _compiled(self, args: Sequence) -> _Compiled:
         shape = tuple(len(a) if isinstance(a, list | tuple) else None for a in args)
-        cache = getattr(self._local, "cache", None)
-        if cache is None:
-            cache = self._local.cache = {}
-        vendor = connections[self._using].vendor
-        found = cache.get((vendor, shape))
+        key = (connections[self._using].vendor, shape)
+        found = self._cache.get(key)
         if found is not None:
             return found
+        with self._lock:
+            found = self._cache.get(key)
+            if found is None:
+                found = self._cache[key] = self._compile(args)
+        return found
+
+    def _compile(self, args: Sequence) -> _Compiled:
         slots: dict[object, tuple[int, int | None]] = {}
         stand_ins: list[object] = []
         for i, arg in enumerate(args):
@@ -92,8 +100,7 @@ class Prepared:
                 "a Prepared query's builder must pass each argument to the database unchanged"
             )
         names = [*query.extra_select, *query.values_select, *query.annotation_select]
-        found = cache[(vendor, shape)] = _Compiled(compiler, sql, list(params), places, names)
-        return found
+        return _Compiled(compiler, sql, list(params), places, names)
 
     def rows(self, *args) -> list[tuple]:
         """The rows, converted as the queryset converts them (tuples in its column order)."""

@@ -62,3 +62,26 @@ def test_a_builder_that_changes_its_argument_is_refused():
     by_flag = Prepared(lambda flag: Job.objects.filter(preemptible=flag).values("pk"))
     with pytest.raises(TypeError, match="integers, text"):
         by_flag.values(True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_query_compiled_on_one_thread_runs_on_anothers_connection(make_job, vision, alice):
+    """Compiled once for the whole process: another web thread runs it on its own connection
+    and gets the same rows, converted the same way."""
+    import threading
+
+    job = make_job(vision, alice, name="threaded")
+    expected = _expected([job.pk], "vision")
+    assert JOBS.values([job.pk], "vision") == expected
+    seen = []
+
+    def other():
+        try:
+            seen.append(JOBS.values([job.pk], "vision"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == [expected]
