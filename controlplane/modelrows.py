@@ -20,6 +20,8 @@ from typing import Any, Generic, TypeVar
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Model, signals
 
+from controlplane import bulk
+
 M = TypeVar("M", bound=Model)
 
 
@@ -73,8 +75,15 @@ class Columns(Generic[M]):
 
 
 def fetch(sql: str, params: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> list[tuple]:
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
+    """The rows of one statement. On the default database it is prepared once per connection
+    on PostgreSQL (bulk.execute): these statements run at every request, and PostgreSQL would
+    otherwise parse and plan each anew."""
+    if using != DEFAULT_DB_ALIAS:
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    with bulk.cursor() as cursor:
+        bulk.execute(cursor, sql, params)
         return cursor.fetchall()
 
 
@@ -128,9 +137,7 @@ def insert(instance: Model, using: str = DEFAULT_DB_ALIAS) -> None:
     params = [
         f.get_db_prep_save(v, connection=connection) for f, v in zip(fields, values, strict=True)
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        (pk,) = cursor.fetchone()
+    (pk,) = fetch(sql, params, using)[0]
     setattr(instance, meta.auto_field.attname, pk)  # type: ignore[union-attr]
     instance._state.adding = False
     instance._state.db = using
