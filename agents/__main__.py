@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     from agents.daemon import Agent, AgentConfig, RegistrationRefused
     from agents.gpu import GpuError, make_backend
     from agents.runtime import make_runtime
+    from agents.runtime.process import handle_ignored_stop_signals
 
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    handle_ignored_stop_signals()
     log.info(
         "gpucp-agent %s: node %s, %s runtime, %s GPUs (%d), control plane %s",
         __version__,

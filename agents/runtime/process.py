@@ -208,6 +208,25 @@ def _text_records(record: dict[str, Any]) -> bool:
     return record.get("records") == TEXT_RECORDS
 
 
+def _ignored(_signum: int, _frame: object) -> None:
+    """A signal the agent was started with ignored: still nothing happens to the agent."""
+
+
+def handle_ignored_stop_signals() -> None:
+    """Turn every stop signal the agent was started with ignored into one it handles by doing
+    nothing. Call it from the main thread, before the first start.
+
+    nohup leaves SIGHUP ignored, a shell's background job SIGINT and SIGQUIT; an ignore passes
+    through exec to every job, which start() would then undo in a Python step between fork and
+    exec (preexec_fn): a full fork of the agent's memory instead of a vfork, and Python run in
+    the child of a threaded process, for every job. A handled signal is reset to its default
+    by exec, so the jobs start with the defaults at no cost, and the agent still shrugs it off.
+    """
+    for sig in (*STOP_SIGNALS, *JOB_STOP_SIGNALS):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, _ignored)
+
+
 def _restore_stop_signals() -> None:
     for sig in (*STOP_SIGNALS, *JOB_STOP_SIGNALS):
         signal.signal(sig, signal.SIG_DFL)
@@ -375,7 +394,9 @@ class ProcessRuntime(Runtime):
         if spec.job_id is not None:
             env["GPUCP_JOB_ID"] = str(spec.job_id)
         # bash can neither trap nor reset a signal ignored when it started, and the job would
-        # inherit the ignore: an agent that ignores one (nohup) pays for a Python step instead.
+        # inherit the ignore: an agent that ignores one (nohup) pays for a Python step instead,
+        # unless it made its ignores handlers first (handle_ignored_stop_signals; the agent's
+        # main does).
         inherited_ignore = any(
             signal.getsignal(sig) == signal.SIG_IGN for sig in (*STOP_SIGNALS, *JOB_STOP_SIGNALS)
         )

@@ -13,6 +13,7 @@ from agents.runtime.base import AttemptSpec, AttemptState, StartError
 from agents.runtime.process import (
     LOST_EXIT_CODE,
     ProcessRuntime,
+    handle_ignored_stop_signals,
     proc_start_ticks,
     read_child,
     read_exit,
@@ -505,3 +506,39 @@ def test_a_fence_of_the_former_version_still_finds_and_stops_new_jobs(state_dir)
     assert not (state_dir / "process/1/exit.json").exists()
     os.killpg(child["pid"], signal.SIGKILL)
     assert ended(runtime, 1).exit_code == 128 + signal.SIGKILL
+
+
+def test_an_agent_started_with_stop_signals_ignored_starts_jobs_without_a_python_step(
+    state_dir, monkeypatch
+):
+    """nohup ignores SIGHUP, a shell's background job SIGINT and SIGQUIT. The agent makes those
+    ignores do-nothing handlers: it still lives through them, exec gives every job the
+    defaults, and no job's start forks the agent to run Python before the exec."""
+    ignored = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}
+    popens = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        popens.append(kwargs.get("preexec_fn"))
+        return real_popen(*args, **kwargs)
+
+    try:
+        handle_ignored_stop_signals()
+        for sig in ignored:
+            os.kill(os.getpid(), sig)  # the test process (the agent here) lives on
+        monkeypatch.setattr(subprocess, "Popen", popen)
+        runtime = ProcessRuntime(state_dir)
+        runtime.start(spec(1, "sleep", "300"))
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert popens == [None]
+    pid = job_pid(state_dir, 1)
+    wait_until(lambda: os.readlink(f"/proc/{pid}/exe").endswith("/sleep"), what="the exec")
+    assert _handled_signals(pid) == []
+    with open(f"/proc/{pid}/status") as f:
+        ignores = int(next(x for x in f if x.startswith("SigIgn")).split()[1], 16)
+    assert not ignores & (1 << (signal.SIGQUIT - 1))
+    os.killpg(pid, signal.SIGTERM)
+    assert ended(runtime, 1).exit_code == 128 + signal.SIGTERM
