@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable
-from itertools import accumulate, compress, islice
+from itertools import accumulate, compress
 from operator import is_not, itemgetter
 
 from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode, Running, Snapshot, Tenant
@@ -344,32 +344,32 @@ def _changes(
     """
     gone: list[Running] = []
     new: list[Running] = []
-    i = j = 0
     n, m = len(last), len(running)
-    while True:
-        differ = compress(
-            itertools.count(), map(is_not, islice(last, i, None), islice(running, j, None))
-        )
-        k = next(differ, None)
-        if k is None:
-            gone.extend(last[i + min(n - i, m - j) :])
-            new.extend(running[j + min(n - i, m - j) :])
-            break
-        i += k
-        j += k
+    # One pass over both: the pairs compared are last[k + skip_last] and running[k +
+    # skip_running]; where the two are out of step, the element that lines them up again is
+    # taken off its iterator (next()), so no run of alike pairs is walked twice.
+    last_it, running_it = iter(last), iter(running)
+    differ = compress(itertools.count(), map(is_not, last_it, running_it))
+    skip_last = skip_running = 0
+    for k in differ:
+        i, j = k + skip_last, k + skip_running
         if i + 1 < n and last[i + 1] is running[j]:
             gone.append(last[i])
-            i += 1
+            next(last_it)  # last[i + 1], the same as running[j]
+            skip_last += 1
         elif j + 1 < m and running[j + 1] is last[i]:
             new.append(running[j])
-            j += 1
+            next(running_it)  # running[j + 1], the same as last[i]
+            skip_running += 1
         else:
             gone.append(last[i])
             new.append(running[j])
-            i += 1
-            j += 1
         if len(gone) + len(new) > _FEW_CHANGES:
             return None
+    # map() stops at the shorter iterator: every pair up to there was compared.
+    pairs = min(n - skip_last, m - skip_running)
+    gone.extend(last[pairs + skip_last :])
+    new.extend(running[pairs + skip_running :])
     if len(gone) + len(new) > _FEW_CHANGES:
         return None
     ids = {id(r) for r in new}
