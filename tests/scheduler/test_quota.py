@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.model import ANY_GPU_TYPE, Config, ReasonCode, Running
-from scheduler.quota import RunningTotals, _beyond, _beyond_one, build_books, label_borrowed
+from scheduler.quota import (
+    RunningTotals,
+    _beyond,
+    _beyond_one,
+    _changes,
+    build_books,
+    label_borrowed,
+)
 from tests.scheduler.builders import cluster, decision, start_of, started
 
 
@@ -261,3 +268,47 @@ def test_running_totals_kept_across_updates_are_the_totals_counted_afresh(rounds
         assert {id(r) for r in totals.removed} == gone - {a for a, _ in pairs}
         assert {id(r) for r in totals.added} == new - {b for _, b in pairs}
         last = running
+
+
+# Edits of a tuple of attempts: drop at, insert a new one at, remake at, swap at and at + 1,
+# repeat the one at.
+EDITS = st.lists(
+    st.tuples(st.sampled_from(["drop", "insert", "remake", "swap", "twice"]), st.integers(0, 99)),
+    max_size=40,
+)
+
+
+@given(st.integers(0, 80), EDITS)
+def test_walking_two_tuples_in_step_finds_what_came_and_went(size, edits):
+    # _changes walks the last tuple and the new one in step; what it finds, when it answers,
+    # must be exactly the attempts (by identity) only the last one held and only the new one
+    # holds, each once.
+    last = tuple(_attempt(i) for i in range(size))
+    current = list(last)
+    fresh_id = size
+    for op, at in edits:
+        k = at % (len(current) + 1)
+        if op == "insert" or not current:
+            current.insert(k, _attempt(fresh_id))
+            fresh_id += 1
+            continue
+        k %= len(current)
+        if op == "drop":
+            del current[k]
+        elif op == "remake":
+            current[k] = replace(current[k], user="v")
+        elif op == "swap" and len(current) > 1:
+            j = (k + 1) % len(current)
+            current[k], current[j] = current[j], current[k]
+        elif op == "twice":
+            current.append(current[k])
+    running = tuple(current)
+    seen = {id(r): r for r in last}
+    found = _changes(last, running, seen)
+    if found is None:
+        return
+    gone, new = found
+    held = {id(r) for r in running}
+    assert sorted(map(id, gone)) == sorted(id(r) for r in last if id(r) not in held)
+    assert sorted(map(id, new)) == sorted({id(r) for r in running} - seen.keys())
+    assert len({id(r) for r in new}) == len(new)
