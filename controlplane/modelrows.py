@@ -20,8 +20,6 @@ from typing import Any, Generic, TypeVar
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Model, signals
 
-from controlplane import bulk
-
 M = TypeVar("M", bound=Model)
 
 
@@ -75,15 +73,8 @@ class Columns(Generic[M]):
 
 
 def fetch(sql: str, params: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> list[tuple]:
-    """The rows of one statement. On the default database it is prepared once per connection
-    on PostgreSQL (bulk.execute): these statements run at every request, and PostgreSQL would
-    otherwise parse and plan each anew."""
-    if using != DEFAULT_DB_ALIAS:
-        with connections[using].cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
-    with bulk.cursor() as cursor:
-        bulk.execute(cursor, sql, params)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
         return cursor.fetchall()
 
 
@@ -137,7 +128,9 @@ def insert(instance: Model, using: str = DEFAULT_DB_ALIAS) -> None:
     params = [
         f.get_db_prep_save(v, connection=connection) for f, v in zip(fields, values, strict=True)
     ]
-    (pk,) = fetch(sql, params, using)[0]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        (pk,) = cursor.fetchone()
     setattr(instance, meta.auto_field.attname, pk)  # type: ignore[union-attr]
     instance._state.adding = False
     instance._state.db = using
