@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from django.db import connection, models
 
-from controlplane import bulk
 from controlplane.cluster import lease
 from controlplane.cluster.agent_auth import db_datetime
 from controlplane.cluster.models import GPU, Node
@@ -295,11 +294,8 @@ def load_work(node_id: int) -> dict[int, Work]:
     GPU at all.
     """
     admitted, running = AttemptState.ADMITTED.value, AttemptState.RUNNING.value
-    # Prepared once per connection on PostgreSQL (bulk.execute): planning this statement cost
-    # PostgreSQL more than running it, at every heartbeat that is not a steady one.
-    with bulk.cursor() as cursor:
-        bulk.execute(
-            cursor,
+    with connection.cursor() as cursor:
+        cursor.execute(
             _statement("work", work_sql),
             [node_id, node_id, admitted, running, node_id, node_id, admitted, running],
         )
@@ -373,8 +369,8 @@ def _rendezvous(w: Work) -> dict | None:
 
 
 def desired_caps(node_id: int) -> dict[str, float]:
-    with bulk.cursor() as cursor:
-        bulk.execute(cursor, _statement("caps", caps_sql), [node_id])
+    with connection.cursor() as cursor:
+        cursor.execute(_statement("caps", caps_sql), [node_id])
         return dict(cursor.fetchall())
 
 
