@@ -648,12 +648,7 @@ class VictimPool:
             las_entry = (slope, entry)
             placed.append((self.las_type.setdefault(r.gpu_type, {}).setdefault(slope, []), entry))
             placed.append((self.las_own.setdefault(kind, {}).setdefault(slope, []), entry))
-        for into, entry in placed:
-            if bulk is None:
-                bisect.insort(into, entry)
-            else:
-                into.append(entry)
-                bulk[id(into)] = into
+        _insert_all(placed, bulk)
         self._entries[key] = placed
         self.owned.setdefault(kind, {})[key] = c
         self._typed[key] = (order, srtf_entry, las_entry)
@@ -720,12 +715,7 @@ class VictimPool:
             placed = [*placed, (self.young.setdefault(t, []), (-r.started_at_s, -r.attempt_id, c))]
         else:
             self._count_aged(c, 1)
-        for into, entry in placed:
-            if bulk is None:
-                bisect.insort(into, entry)
-            else:
-                into.append(entry)
-                bulk[id(into)] = into
+        _insert_all(placed, bulk)
 
     def _unlend(self, key: int, c: Candidate) -> None:
         for into, entry in self._lent.pop(key):
@@ -781,6 +771,19 @@ class VictimPool:
         """Whether the pool holds this candidate as borrowed (as of the last label())."""
         placed = self._lent.get(id(c.run))
         return placed is not None and placed[0][1][-1] is c
+
+
+def _insert_all(
+    placed: list[tuple[list[Any], Any]], bulk: dict[int, list[PoolEntry]] | None
+) -> None:
+    """Put each entry into its sorted list: in place, or appended to a list of `bulk`, which
+    the caller sorts once when it has taken every attempt."""
+    for into, entry in placed:
+        if bulk is None:
+            bisect.insort(into, entry)
+        else:
+            into.append(entry)
+            bulk[id(into)] = into
 
 
 def _settle(
