@@ -28,6 +28,10 @@ from typing import Any
 
 from django.db import connections
 
+# Lists up to this long are compiled once per length; a longer one is compiled at its call, so
+# that the forms kept stay few whatever lengths callers pass.
+MAX_CACHED_LENGTH = 64
+
 # Stand-ins: integers no id reaches, and text no caller passes (NUL is refused at every input).
 _FIRST_INT = -(2**62)
 
@@ -61,6 +65,8 @@ class Prepared:
 
     def _compiled(self, args: Sequence) -> _Compiled:
         shape = tuple(len(a) if isinstance(a, list | tuple) else None for a in args)
+        if any(n is not None and n > MAX_CACHED_LENGTH for n in shape):
+            return self._compile(args)  # rare, and not worth a form kept for ever
         key = (connections[self._using].vendor, shape)
         found = self._cache.get(key)
         if found is not None:

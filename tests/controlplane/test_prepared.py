@@ -85,3 +85,13 @@ def test_a_query_compiled_on_one_thread_runs_on_anothers_connection(make_job, vi
     thread.start()
     thread.join()
     assert seen == [expected]
+
+
+def test_a_long_list_reads_what_its_queryset_reads_without_a_form_kept(make_job, vision, alice):
+    from controlplane.prepared import MAX_CACHED_LENGTH
+
+    job = make_job(vision, alice, name="long")
+    ids = [job.pk, *range(10**9, 10**9 + MAX_CACHED_LENGTH)]
+    forms = len(JOBS._cache)
+    assert JOBS.values(ids, "vision") == _expected(ids, "vision") != []
+    assert len(JOBS._cache) == forms
