@@ -10,7 +10,9 @@ L = 6 and 8. Printed per replay as soon as it ends: wall and CPU seconds, plan c
 asked again with a larger window, thrash stalls (must be 0), the load average of the machine
 (it is shared: CPU seconds are the figure to compare) and the hash of every job's outcome
 (outcome_hash); then per load factor the table of mean / p99 JCT, mean / p99 queue, max rho
-(against FIFO on each tenant's own partition) and preemptions per victim (mean / max), and
+(against FIFO on each tenant's own partition), preemptions per victim (mean / max), the jobs
+that arrived within their tenant's guarantee with how many of them waited longer than the
+preemption rules allow (min run time + notice + a tick) and the longest such wait, and
 where `ours` stands between fifo-shared and srtf-shared. ``--results DIR`` keeps every replay
 (``L<load>-<policy>.pkl``) and reuses it.
 
@@ -130,8 +132,9 @@ def change(value: float, base: float) -> str:
 def table(rows: list[Summary]) -> str:
     head = (
         "| policy | mean JCT s | p99 JCT s | mean queue s | p99 queue s | max rho | "
-        "preempted jobs | preemptions per victim mean / max | wall s | CPU s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "preempted jobs | preemptions per victim mean / max | within guarantee: jobs / "
+        "over the bound / max wait s | wall s | CPU s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for s in rows:
@@ -140,10 +143,15 @@ def table(rows: list[Summary]) -> str:
             if s.preempted_jobs
             else "-"
         )
+        guarantee = (
+            f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} / {s.guaranteed_wait_max_s:,.0f}"
+            if s.guaranteed_jobs >= 0
+            else "not recorded"
+        )
         lines.append(
             f"| {s.policy} | {s.mean_jct_s:,.0f} | {s.p99_jct_s:,.0f} | {s.mean_queue_s:,.0f} | "
             f"{s.p99_queue_s:,.0f} | {s.max_rho:.3f} | {s.preempted_jobs:,} | {per_victim} | "
-            f"{s.wall_s:.1f} | {s.cpu_s:.1f} |"
+            f"{guarantee} | {s.wall_s:.1f} | {s.cpu_s:.1f} |"
         )
     return "\n".join(lines)
 

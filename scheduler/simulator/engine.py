@@ -209,6 +209,14 @@ class Result:
     thrash_stalls: int = 0
     # Plans asked again with a larger window of the backlog (see _Engine._window).
     window_replans: int = 0
+    # Jobs that arrived within their tenant's guarantee: the GPUs the tenant held, plus those
+    # of its jobs already waiting, plus the job's own, were within the GPUs guaranteed to it
+    # (None: a replay made before this was recorded).
+    within_guarantee_job_ids: frozenset[int] | None = None
+    # How long such a job may wait under the preemption rules: a borrower becomes a candidate
+    # once it has run min_runtime_s, then has the notice (grace_s) to leave, and the cycle that
+    # sees it may be one tick later.
+    guarantee_wait_bound_s: float | None = None
 
 
 class _Job:
@@ -406,6 +414,9 @@ class _Engine:
         self.dirty = False
         self.last_start_s = -_INF
         self.last_plan: Plan | None = None
+        # When the last plan was made: what it could not take then (an attempt younger than
+        # min_runtime_s) may be taken at a later tick with no event in between.
+        self.last_plan_s = -_INF
         # LAS ranks running attempts by the service they attained, which moves with time: their
         # objects are made anew for each instant. SRTF's remaining time moves too, but the plan
         # works it out itself from predicted_end_s (the oracle's end) when remaining_s is None,
@@ -475,6 +486,10 @@ class _Engine:
         self.guaranteed_gpus = {
             t.name: sum(q.guaranteed_gpus for q in t.quotas) for t in self.tenants
         }
+        # GPUs asked for by each tenant's waiting jobs, kept so that an arrival can tell whether
+        # it is within the tenant's guarantee without summing the backlog.
+        self.tenant_pending_gpus: dict[str, int] = {t.name: 0 for t in self.tenants}
+        self.within_guarantee: set[int] = set()
         self.window_replans = 0
 
     # ----- power -------------------------------------------------------------------------------
@@ -568,6 +583,7 @@ class _Engine:
     def _enqueue(self, job: _Job) -> None:
         job.pending = self._make_pending(job)
         self.pending[job.trace.job_id] = job
+        self.tenant_pending_gpus[job.trace.tenant] += job.trace.gpus
         self.pending_objs[job.trace.job_id] = job.pending
         self.tenant_pending[job.trace.tenant][job.trace.job_id] = job.pending
         self.pending_tuple = None
@@ -1072,6 +1088,10 @@ class _Engine:
                 self._request_cycle(self._next_tick(now_s, strictly_after=False))
 
     def _arrive(self, trace: TraceJob) -> None:
+        tenant = trace.tenant
+        held = self.usage.get((tenant, ANY_GPU_TYPE), 0)
+        if held + self.tenant_pending_gpus[tenant] + trace.gpus <= self.guaranteed_gpus[tenant]:
+            self.within_guarantee.add(trace.job_id)
         job = _Job(trace, self.options.checkpoints.interval_s(trace.job_id))
         self.state[trace.job_id] = job
         self._enqueue(job)
@@ -1259,6 +1279,7 @@ class _Engine:
         del self.pending[t.job_id]
         del self.pending_objs[t.job_id]
         del self.tenant_pending[t.tenant][t.job_id]
+        self.tenant_pending_gpus[t.tenant] -= t.gpus
         self.pending_tuple = None
         self._unqueue_from_class(job)
         self.predicted_objs.pop(t.job_id, None)
@@ -1347,11 +1368,14 @@ class _Engine:
             self.nodes_tuple = tuple(self.node_list)
             self.nodes_in_play.clear()
 
-    def _time_dependent(self, now_s: float) -> bool:
-        """Whether plan could decide differently later with no event in between."""
+    def _time_dependent(self, as_of_s: float) -> bool:
+        """Whether plan could decide differently later than at ``as_of_s`` with no event in
+        between: at the last plan's instant when a tick asks whether to plan (an attempt too
+        young to preempt then may have come of age by the tick), at its own instant when a
+        plan asks whether a tick is needed."""
         if not self.pending or not self.running:
             return False
-        if self.config.preemption and now_s - self.last_start_s < self.config.min_runtime_s:
+        if self.config.preemption and as_of_s - self.last_start_s < self.config.min_runtime_s:
             return True
         if self.partitioned:
             return bool(self.time_bound_tenants)
@@ -1405,7 +1429,7 @@ class _Engine:
             self.dirty = False
             self.cycles_skipped += 1
             return
-        if not self.dirty and not self._time_dependent(now_s):
+        if not self.dirty and not self._time_dependent(self.last_plan_s):
             self.cycles_skipped += 1
             return
         tenants = None
@@ -1455,6 +1479,7 @@ class _Engine:
             self.plan_wall_s += time.perf_counter() - t0
             self.plan_calls += 1
             self.last_plan = plan
+            self.last_plan_s = now_s
             if tenants is not None:
                 self._note_time_bound(tenants, plan)
             if self.options.on_cycle is not None:
@@ -1598,6 +1623,8 @@ class _Engine:
             preempted_gpu_s_progress=self.lost_progress_gpu_s,
             thrash_stalls=self.thrash_stalls,
             window_replans=self.window_replans,
+            within_guarantee_job_ids=frozenset(self.within_guarantee),
+            guarantee_wait_bound_s=self.config.min_runtime_s + self.grace_s + self.options.cycle_s,
         )
 
     def _total_budget(self) -> float | None:

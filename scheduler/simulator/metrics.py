@@ -111,6 +111,14 @@ class Summary:
     preemptions_per_victim_p50: float = math.nan
     preemptions_per_victim_p99: float = math.nan
     preemptions_per_victim_max: int = 0
+    # Jobs that arrived within their tenant's guarantee (Result.within_guarantee_job_ids) and
+    # finished: how long they waited for their first start, and how many waited longer than
+    # the preemption rules allow (Result.guarantee_wait_bound_s). NaN / -1: not recorded.
+    guaranteed_jobs: int = -1
+    guaranteed_wait_p99_s: float = math.nan
+    guaranteed_wait_max_s: float = math.nan
+    guaranteed_over_bound: int = -1
+    guarantee_wait_bound_s: float = math.nan
 
     @property
     def events_per_s(self) -> float:
@@ -157,6 +165,11 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         )
     rhos = [t.rho for t in tenant_rows if not math.isnan(t.rho)]
     victims = [float(o.preemptions) for o in outcomes if o.preemptions > 0]
+    # getattr: a Result pickled before these fields existed reads as "not recorded".
+    within = getattr(result, "within_guarantee_job_ids", None)
+    bound_s = getattr(result, "guarantee_wait_bound_s", None)
+    recorded = within is not None and bound_s is not None
+    waits = [o.first_start_s - o.submit_s for o in outcomes if o.job_id in (within or ())]
     return Summary(
         policy=policy,
         jobs=len(outcomes),
@@ -188,6 +201,11 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         preemptions_per_victim_p50=percentile(victims, 50),
         preemptions_per_victim_p99=percentile(victims, 99),
         preemptions_per_victim_max=int(max(victims, default=0)),
+        guaranteed_jobs=len(waits) if recorded else -1,
+        guaranteed_wait_p99_s=percentile(waits, 99) if recorded else math.nan,
+        guaranteed_wait_max_s=max(waits, default=math.nan) if recorded else math.nan,
+        guaranteed_over_bound=sum(1 for w in waits if w > (bound_s or 0.0)) if recorded else -1,
+        guarantee_wait_bound_s=bound_s if bound_s is not None else math.nan,
     )
 
 

@@ -1,0 +1,90 @@
+"""Issue 19's promise to a tenant within its guarantee: it never waits longer than its
+guaranteed GPUs take to free up under the preemption rules, and the replay says whether it did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from scheduler.simulator.metrics import summarize
+from tests.scheduler.simulator.builders import by_id, job, run, trace
+
+
+def _borrowed_then_claimed(claim_at_s: float):
+    # Tenant b fills both nodes (it borrows a's two GPUs) with long jobs at t = 0: its first two
+    # are within its own guarantee of 2, the next two are not. Tenant a then asks for three GPUs,
+    # one at a time: the first two are within its guarantee of 2 (the second counts the first,
+    # still waiting, ahead of it), the third is not.
+    jobs = [job(k, "b", 0, 5000) for k in range(1, 5)]
+    jobs += [job(10 + k, "a", claim_at_s + k, 100) for k in range(3)]
+    return trace(jobs, {"a": (1, 2), "b": (1, 2)})
+
+
+def test_jobs_within_the_guarantee_are_told_apart_from_those_beyond_it():
+    result = run(_borrowed_then_claimed(100.0), "ours")
+    assert result.within_guarantee_job_ids == {1, 2, 10, 11}
+    assert result.guarantee_wait_bound_s == 60.0 + 0.0 + 60.0  # min run time, notice, a tick
+
+
+def test_ours_gives_a_tenant_its_guarantee_back_within_the_bound_and_fifo_shared_does_not():
+    t = _borrowed_then_claimed(100.0)
+    ours = summarize("ours", run(t, "ours"))
+    # b's borrowers have run 100 s (past the 60 s minimum): a's two jobs start at their submit,
+    # as b's first two did on free GPUs.
+    assert ours.guaranteed_jobs == 4
+    assert ours.guaranteed_wait_max_s == 0.0
+    assert ours.guaranteed_over_bound == 0
+    fifo = summarize("fifo-shared", run(t, "fifo-shared"))
+    # Without preemption a waits for b's borrowers to finish, 4,900 s after it asked.
+    assert fifo.guaranteed_jobs == 4
+    assert fifo.guaranteed_wait_max_s > 4000
+    assert fifo.guaranteed_over_bound == 2
+
+
+def test_a_claim_on_young_borrowers_waits_for_their_minimum_run_time_only():
+    result = run(_borrowed_then_claimed(10.0), "ours")
+    out = by_id(result)
+    # The borrowers started at 0 and may be taken from 60 s on.
+    assert out[10].first_start_s == 60.0
+    assert out[11].first_start_s == 60.0
+    s = summarize("ours", result)
+    assert s.guaranteed_wait_max_s == 50.0
+    assert s.guaranteed_over_bound == 0
+
+
+def test_a_replay_recorded_before_the_guarantee_was_tracked_says_so():
+    old = dataclasses.replace(
+        run(_borrowed_then_claimed(100.0), "ours"),
+        within_guarantee_job_ids=None,
+        guarantee_wait_bound_s=None,
+    )
+    s = summarize("ours", old)
+    assert s.guaranteed_jobs == -1
+    assert s.guaranteed_over_bound == -1
+    assert math.isnan(s.guaranteed_wait_max_s)
+
+
+# tiresias-shared is not among them: under 2D-LAS a new job outranks the borrower only once the
+# borrower's attained service crosses a queue threshold, which the engine plans for apart.
+@pytest.mark.parametrize("preset", ["ours", "ours-oracle", "srtf-shared"])
+@pytest.mark.parametrize("borrowed_at_s", [0.0, 5.0, 59.0])
+def test_a_victim_that_comes_of_age_with_no_event_is_taken_at_the_next_tick(preset, borrowed_at_s):
+    # The class of a bug the replays had: with no arrival or completion after the claim, the
+    # cycle at the tick after the borrower's minimum run time was skipped as "nothing changed",
+    # and the claim waited for the borrower's end (5,000 s) instead of a tick, whatever the
+    # preset. b borrows a's only GPU; a's short job arrives while the borrower is young.
+    t = trace(
+        [
+            job(1, "b", 0, 5000),
+            job(2, "b", borrowed_at_s, 5000),
+            job(3, "a", borrowed_at_s + 1, 10),
+        ],
+        {"a": (1, 1), "b": (1, 1)},
+    )
+    out = by_id(run(t, preset))
+    of_age_s = borrowed_at_s + 60.0
+    next_tick_s = math.ceil(of_age_s / 60.0) * 60.0
+    assert out[3].first_start_s == next_tick_s
