@@ -73,6 +73,15 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
         ),
     ),
     ("GPU-h lost", lambda s: f"{s.preempted_gpu_hours_lost:,.1f}"),
+    (
+        "within guarantee: jobs / over bound / max wait (s)",
+        lambda s: (
+            "-"
+            if s.guaranteed_jobs < 0
+            else f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} / "
+            f"{_cell(s.guaranteed_wait_max_s, 0)}"
+        ),
+    ),
     ("util", lambda s: "-" if math.isnan(s.utilization) else f"{100 * s.utilization:.1f} %"),
     ("jobs", lambda s: f"{s.jobs:,}" + (f" (+{s.unfinished} unfinished)" if s.unfinished else "")),
     ("wall (s)", lambda s: f"{s.wall_s:.1f}"),
@@ -232,6 +241,11 @@ def write_csv(path: Path, runs: Mapping[float, Sequence[Summary]]) -> None:
         "preemptions_per_victim_p99",
         "preemptions_per_victim_max",
         "preempted_gpu_hours_lost",
+        "guaranteed_jobs",
+        "guaranteed_over_bound",
+        "guaranteed_wait_p99_s",
+        "guaranteed_wait_max_s",
+        "guarantee_wait_bound_s",
         "jobs",
         "unfinished",
         "wall_s",
@@ -326,7 +340,10 @@ def write_sweep(
     parts += [
         "Queue = total time pending; rho = a tenant's mean JCT over its mean JCT under FIFO on "
         "its own static partition at the same load (max over tenants); preempted jobs = jobs "
-        "preempted at least once; preempt / victim = preemptions per preempted job; wall and "
+        "preempted at least once; preempt / victim = preemptions per preempted job; within "
+        "guarantee = jobs that arrived with their tenant's held and waiting GPUs plus their own "
+        "within its guarantee, how many waited for their first start longer than the preemption "
+        "rules allow (min run time + notice + a tick), and the longest such wait; wall and "
         "CPU seconds of each replay. Unformatted figures: sweep.csv.",
         "",
     ]
