@@ -115,10 +115,12 @@ def sqlite_chunk(columns: int) -> int:
 def server_cursor():
     """A psycopg cursor binding parameters on the server, on this thread's Django connection.
 
-    Its statements run with prepare=True are prepared once per connection. Django leaves
-    psycopg's preparing off (prepare_threshold None, for poolers that cannot follow prepared
-    statements); it is turned on here for such statements alone (Django's own cursors bind on
-    the client and never prepare), unless DB_PREPARED_STATEMENTS is False.
+    Its statements run with prepare=True are prepared once per connection. settings.py
+    normally has psycopg prepare any statement a connection ran 5 times (prepare_threshold 5,
+    with server-side binding). Where the threshold is None (Django's default, kept by a
+    deployment that set DB_PREPARED_STATEMENTS=0 in the environment, for a pooler that cannot
+    follow prepared statements), it is set here out of reach of counting, so that only
+    prepare=True statements are prepared, unless the DB_PREPARED_STATEMENTS setting is False.
     """
     import psycopg
 
