@@ -117,10 +117,10 @@ def server_cursor():
 
     Its statements run with prepare=True are prepared once per connection. settings.py
     normally has psycopg prepare any statement a connection ran 5 times (prepare_threshold 5,
-    with server-side binding). Where the threshold is None (Django's default, kept by a
-    deployment that set DB_PREPARED_STATEMENTS=0 in the environment, for a pooler that cannot
-    follow prepared statements), it is set here out of reach of counting, so that only
-    prepare=True statements are prepared, unless the DB_PREPARED_STATEMENTS setting is False.
+    with server-side binding). With DB_PREPARED_STATEMENTS=0 (a pooler that cannot follow
+    prepared statements) nothing is prepared, prepare=True statements included. Where the
+    threshold is None otherwise (Django's default), it is set here out of reach of counting,
+    so that only prepare=True statements are prepared.
     """
     import psycopg
 

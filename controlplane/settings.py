@@ -190,7 +190,9 @@ else:
     # (bench_throughput with pg_stat_statements.track_planning: 12.4 s planning, 10.4 s
     # executing). DB_PREPARED_STATEMENTS=0 turns it off, for a pooler in transaction mode that
     # cannot keep prepared statements (PgBouncer before 1.21, or without max_prepared_statements).
-    if os.environ.get("DB_PREPARED_STATEMENTS", "1") != "0":
+    # bulk.server_cursor reads DB_PREPARED_STATEMENTS too: with 0, nothing is prepared at all.
+    DB_PREPARED_STATEMENTS = os.environ.get("DB_PREPARED_STATEMENTS", "1") != "0"
+    if DB_PREPARED_STATEMENTS:
         DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
         # Django turns psycopg's preparing off unless told (poolers again); 5 is psycopg's own.
         DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5

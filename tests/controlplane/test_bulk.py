@@ -1,7 +1,11 @@
 """The bulk-write helper: insert_rows writes exactly the rows bulk_create writes, update_rows
 what bulk_update writes, each in one statement, on PostgreSQL and on SQLite alike."""
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -140,3 +144,71 @@ def test_a_fixed_statement_touches_exactly_the_rows_of_the_ids_given(make_job, v
     with CaptureQueriesContext(connection) as queries:
         assert execute_for_ids(sql, []) == 0 and rows_for_ids(select, []) == []
     assert len(queries) == 0
+
+
+def _prepared_count() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_prepared_statements")
+        return cur.fetchone()[0]
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_nothing_is_prepared_behind_a_pooler_that_cannot_keep_prepared_statements(
+    settings, allowed
+):
+    # DB_PREPARED_STATEMENTS=0 leaves psycopg's threshold at None (Django's default); the fixed
+    # statements' prepare=True must then prepare nothing either, or a transaction-mode pooler
+    # hands the next transaction a server connection without them ("prepared statement does
+    # not exist").
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    settings.DB_PREPARED_STATEMENTS = allowed
+    connection.ensure_connection()
+    raw = connection.connection
+    kept = raw.prepare_threshold
+    raw.prepare_threshold = None
+    try:
+        before = _prepared_count()
+        for _ in range(3):
+            rows_for_ids("SELECT id FROM jobs_job WHERE id {among}", [1, 2])
+        assert _prepared_count() - before == (1 if allowed else 0)
+    finally:
+        raw.prepare_threshold = kept
+
+
+_PREPARED_IN_A_FRESH_PROCESS = """
+import django
+django.setup()
+from django.db import connection
+from controlplane.bulk import rows_for_ids
+for _ in range(3):
+    rows_for_ids("SELECT relnatts FROM pg_class WHERE oid::bigint {among}", [1259, 1247])
+with connection.cursor() as cur:
+    cur.execute("SELECT count(*) FROM pg_prepared_statements")
+    print(cur.fetchone()[0])
+"""
+
+
+@pytest.mark.parametrize(("setting", "prepared"), [("0", "0"), ("1", "1")])
+def test_the_setting_reaches_the_fixed_statements_in_a_process_configured_from_its_environment(
+    setting, prepared
+):
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    url = os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres"
+    env = {
+        "PATH": os.environ["PATH"],
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "DATABASE_URL": url,
+        "DB_PREPARED_STATEMENTS": setting,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _PREPARED_IN_A_FRESH_PROCESS],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == prepared
