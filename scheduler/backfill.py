@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 from scheduler.model import Running
 from scheduler.placement import Topology, TypeIndex, nodes_of
 
+_INF = float("inf")
+
 # (predicted end in seconds, node ordinal, GPUs of the type it frees there)
 Release = tuple[float, int, int]
 
@@ -150,15 +152,25 @@ def reserve(
             if node_cap[node] < n or (node_ok is not None and not node_ok(node)):
                 continue
             listed = per_node.get(node, ())
+            beside = more.get(node)
+            free = ti.free_on(node)
+            if best is not None and free < n:
+                # GPUs this node lacks free up no sooner than its earliest listed end: a node
+                # that cannot start before the best so far (met in order, so a tie loses) is
+                # passed without building its events.
+                first_s = listed[0][0] if listed else _INF
+                if beside:
+                    first_s = min(first_s, min(end_s for end_s, _ in beside))
+                if max(first_s, now_s) >= best[0]:
+                    continue
             if skip:
                 events = [(end_s, c) for end_s, a, c in listed if a not in skip]
             else:
                 events = [(end_s, c) for end_s, _, c in listed]
-            beside = more.get(node)
             if beside:
                 events.extend(beside)
                 events.sort()
-            start_s = _when(n - ti.free_on(node), events, now_s)
+            start_s = _when(n - free, events, now_s)
             if start_s is not None and (best is None or (start_s, node) < best):
                 best = (start_s, node)
                 best_events = events

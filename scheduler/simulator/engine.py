@@ -47,7 +47,7 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -467,13 +467,27 @@ class _Engine:
         self.power_wall_s = 0.0
 
         # The window (see _window): pending jobs by class, each class in the plan's own order.
+        self.windowed = options.window and not self.power_active
         # Under FAIR with oracle durations a class's order moves with aging (the aged priority
-        # comes before the duration), so those replays hand the plan the whole backlog.
-        self.windowed = (
-            options.window
-            and not self.power_active
-            and not (config.ordering is Ordering.FAIR and options.oracle is not Oracle.NONE)
-        )
+        # comes before the duration): each class is kept in submit order and cut, at each
+        # cycle, into its aging levels, each in the plan's order (see _aged_levels).
+        self.aged_levels = config.ordering is Ordering.FAIR and options.oracle is not Oracle.NONE
+        # This cycle's aging levels of each class: (class, level) -> its entries in plan order.
+        self.level_queues: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
+        # class -> (its version, the instant its levels stay good until, (level, rows) pairs,
+        # the rows of each run of the queue by its first and last entry):
+        # a class's levels change only when one of its jobs comes or goes (the version, bumped
+        # by _queue_in_class and _unqueue_from_class) or waits into its next level.
+        self.level_cache: dict[
+            tuple[object, ...],
+            tuple[
+                int,
+                float,
+                list[tuple[int, list[tuple[float | int, ...]]]],
+                dict[tuple[object, ...], list[tuple[float | int, ...]]],
+            ],
+        ] = {}
+        self.class_version: dict[tuple[object, ...], int] = {}
         self.classes: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
         self.by_duration = options.oracle is not Oracle.NONE and config.ordering in (
             Ordering.SJF,
@@ -627,6 +641,8 @@ class _Engine:
         else:
             bisect.insort(queue, entry)
         job.queued_as = (klass, entry)
+        if self.aged_levels:
+            self.class_version[klass] = self.class_version.get(klass, 0) + 1
 
     def _unqueue_from_class(self, job: _Job) -> None:
         if job.queued_as is None:
@@ -635,9 +651,13 @@ class _Engine:
         queue = self.classes[klass]
         i = bisect.bisect_left(queue, entry)
         del queue[i]
+        job.queued_as = None
         if not queue:
             del self.classes[klass]
-        job.queued_as = None
+            self.class_version.pop(klass, None)
+            self.level_cache.pop(klass, None)
+        elif self.aged_levels:
+            self.class_version[klass] += 1
 
     def _running_now(self, a: _Attempt, now_s: float) -> Running:
         """The attempt as of ``now_s``, for orderings whose ranks move with time; several cycles
@@ -859,8 +879,89 @@ class _Engine:
             history=history,
         )
 
+    def _aged_levels(
+        self, now_s: float, wanted: set[str] | None
+    ) -> dict[tuple[object, ...], list[tuple[float | int, ...]]]:
+        """Every class cut into its aging levels at ``now_s``, each level in the plan's order.
+
+        FAIR ranks a tenant's jobs by aged priority (the priority plus a level per full aging
+        period waited), then predicted duration, then submit time. Within a class the priority
+        is one, so the plan meets a class's oldest level first, each level by duration: a job
+        of a younger level may be shorter than one of an older level and get what it could
+        not (room before a reservation). Within a level, later in the plan's order is no
+        shorter, so the window's reasoning holds per (class, level): each is a class of its
+        own for this cycle, keyed (*class, level).
+        """
+        period_s = self.config.aging_period_s
+        pending_objs = self.pending_objs
+        out: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
+        cache = self.level_cache
+        # A job's level moves when its wait reaches the next multiple of the period; the
+        # margin renews a class's levels a hair early rather than a rounding late.
+        margin_s = 1e-9 * (abs(now_s) + period_s)
+
+        def level_of(entry: tuple[float | int, ...]) -> int:
+            # As priority.aged_priority computes it: the same arithmetic, so the same level.
+            waited_s = now_s - float(entry[0])
+            return math.floor(waited_s / period_s) if period_s > 0 and waited_s > 0 else 0
+
+        def minus_level(entry: tuple[float | int, ...]) -> int:
+            return -level_of(entry)
+
+        for klass, queue in self.classes.items():
+            if wanted is not None and klass[0] not in wanted:
+                continue
+            version = self.class_version[klass]
+            kept = cache.get(klass)
+            if kept is not None and kept[0] == version:
+                if now_s < kept[1]:
+                    for level, rows in kept[2]:
+                        out[(*klass, level)] = rows
+                    continue
+                sorted_runs = kept[3]
+            else:
+                sorted_runs = {}
+            # The queue is in submit order and a level never rises with a later submit (the
+            # arithmetic is monotone), so each level is a run of it, found by bisection; a run
+            # whose ends are those of a run sorted before (the class unchanged) is reused.
+            pairs = []
+            runs: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
+            until_s = _INF
+            hi = len(queue)
+            while hi > 0:
+                level = level_of(queue[hi - 1])
+                lo = bisect.bisect_left(queue, -level, 0, hi - 1, key=minus_level)
+                span = (queue[lo], queue[hi - 1])
+                kept_rows = sorted_runs.get(span)
+                if kept_rows is not None:
+                    rows = kept_rows
+                else:
+                    rows = []
+                    for entry in queue[lo:hi]:
+                        p = pending_objs[int(entry[-1])]
+                        predicted = p.predicted_duration_s
+                        assert predicted is not None, "an oracle replay states every duration"
+                        if p.max_runtime_s is not None and predicted > p.max_runtime_s:
+                            predicted = p.max_runtime_s  # as scheduler.predict bounds it
+                        rows.append((max(predicted, 0.0), *entry))
+                    rows.sort()
+                runs[span] = rows
+                out[(*klass, level)] = rows
+                pairs.append((level, rows))
+                if period_s > 0:
+                    # The run's oldest job is the first to wait into the next level.
+                    next_s = float(queue[lo][0]) + (level + 1) * period_s - margin_s
+                    until_s = min(until_s, next_s)
+                hi = lo
+            cache[klass] = (version, until_s, pairs, runs)
+        self.level_queues = out
+        return out
+
     def _window(
-        self, tenants: tuple[str, ...] | None, heads: dict[tuple[object, ...], int]
+        self,
+        tenants: tuple[str, ...] | None,
+        heads: dict[tuple[object, ...], int],
+        now_s: float = 0.0,
     ) -> tuple[tuple[Pending, ...], dict[tuple[object, ...], int]]:
         """The head of every class of pending jobs (of ``tenants``), and how many each showed
         where it showed fewer than it has.
@@ -881,6 +982,11 @@ class _Engine:
         """
         wanted = None if tenants is None else set(tenants)
         fair = self.config.ordering is Ordering.FAIR
+        classes: Iterable[tuple[tuple[object, ...], list[tuple[float | int, ...]]]]
+        if self.aged_levels:
+            classes = self._aged_levels(now_s, wanted).items()
+        else:
+            classes = self.classes.items()
         free_all = self.total_gpus - self.busy_gpus
         room: dict[str, int] = {}
         if fair:
@@ -890,7 +996,7 @@ class _Engine:
         pending_objs = self.pending_objs
         out: list[Pending] = []
         cut: dict[tuple[object, ...], int] = {}
-        for klass, queue in self.classes.items():
+        for klass, queue in classes:
             tenant = klass[0]
             if wanted is not None and tenant not in wanted:
                 continue
@@ -968,7 +1074,8 @@ class _Engine:
         left_after = plan.soon_left_after
         short = []
         for klass, shown in cut.items():
-            last = int(self.classes[klass][shown - 1][-1])
+            queue = self.level_queues[klass] if self.aged_levels else self.classes[klass]
+            last = int(queue[shown - 1][-1])
             if last in started or last in waiting_for_victims:
                 short.append(klass)
             elif preempting:
@@ -1455,7 +1562,7 @@ class _Engine:
             self.cycles_skipped += 1
             return
         heads: dict[tuple[object, ...], int] = {}
-        window, cut = self._window(tenants, heads) if self.windowed else (None, {})
+        window, cut = self._window(tenants, heads, now_s) if self.windowed else (None, {})
         snapshot = self._snapshot(now_s, tenants, window)
         self.dirty = False
         self._advance_power(now_s)
@@ -1468,7 +1575,7 @@ class _Engine:
                     heads[klass] = cut[klass] * 2
                 for klass, shown in cut.items():
                     heads.setdefault(klass, shown)
-                window, cut = self._window(tenants, heads)
+                window, cut = self._window(tenants, heads, now_s)
                 snapshot = self._snapshot(now_s, tenants, window)
                 plan = self.policy(snapshot, self.config)
                 self.window_replans += 1

@@ -1,9 +1,15 @@
 """EASY backfill: later jobs start early only where they cannot delay the head of the queue."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from scheduler import backfill
+from scheduler.memo import PlanMemo
 from scheduler.model import ReasonCode
+from scheduler.placement import ClusterIndex
 from tests.scheduler.builders import NOW, cluster, decision, started
+from tests.scheduler.test_plan_properties import snapshots
 
 H = 3600.0
 
@@ -126,3 +132,100 @@ def test_a_gang_larger_than_any_node_reserves_gpus_over_the_whole_type():
     assert decision(p, 12).reason_code is ReasonCode.RESERVED
     at_s = NOW + 2 * H
     assert gpus_free_on(snap, p, "n1", at_s) + gpus_free_on(snap, p, "n2", at_s) >= 14
+
+
+def _reserve_by_every_node(job_id, n, ti, now_s, releases, extra, skip, node_ok):
+    """The reservation as worked out for every node, no node passed over: the reference for
+    backfill.reserve, which passes over nodes that cannot beat the best found so far."""
+    if n > ti.max_node_cap:
+        return None  # over the whole type: not the per-node walk under test
+    best = None
+    for node in sorted(ti.node_cap):
+        if ti.node_cap[node] < n or (node_ok is not None and not node_ok(node)):
+            continue
+        listed = releases.by_node.get(ti.gpu_type, {}).get(node, ())
+        events = [(e, c) for e, a, c in listed if a not in skip]
+        events += [(e, c) for e, nd, c in extra if nd == node]
+        events.sort()
+        need = n - ti.free_on(node)
+        start_s = None
+        if need <= 0:
+            start_s = now_s
+        else:
+            got = 0
+            for end_s, count in events:
+                got += count
+                if got >= need:
+                    start_s = max(end_s, now_s)
+                    break
+        if start_s is not None and (best is None or (start_s, node) < best[:2]):
+            freed = sum(c for e, c in events if e <= start_s)
+            best = (start_s, node, ti.free_on(node) + freed - n)
+    return best
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(snapshots(), st.data())
+def test_a_reservation_is_the_earliest_over_every_node_whichever_nodes_it_passes_over(snap, data):
+    memo = PlanMemo()
+    totals = memo.running_totals(snap.running)
+    topology = memo.topology(snap.nodes)
+    index = ClusterIndex(
+        snap.nodes, snap.running, topology, totals.held, memo.free_gpus(topology, snap.running)
+    )
+    releases = memo.releases(topology, 3600.0, snap.running)
+    for ti in index.types.values():
+        nodes = sorted(ti.node_cap)
+        if not nodes:
+            continue
+        n = data.draw(st.integers(1, ti.max_node_cap))
+        now_s = NOW + data.draw(st.sampled_from([0.0, 0.0, 100.0, 5000.0]))
+        # GPUs freeing up besides the running attempts' ends (notices, this cycle's starts).
+        extra = data.draw(
+            st.lists(
+                st.tuples(
+                    st.floats(NOW - 100, NOW + 20_000), st.sampled_from(nodes), st.integers(1, 4)
+                ),
+                max_size=4,
+            )
+        )
+        ids = sorted({r.attempt_id for r in snap.running})
+        skip = set(data.draw(st.lists(st.sampled_from(ids), max_size=3))) if ids else set()
+        barred = set(data.draw(st.lists(st.sampled_from(nodes), max_size=2)))
+        node_ok = None
+        if data.draw(st.booleans()):
+            node_ok = lambda node, barred=barred: node not in barred  # noqa: E731
+        got = backfill.reserve(7, n, ti, now_s, releases, extra, skip, node_ok)
+        want = _reserve_by_every_node(7, n, ti, now_s, releases, extra, skip, node_ok)
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert (got.start_s, got.node, got.slack) == want
+
+
+def _indexes(snap):
+    memo = PlanMemo()
+    totals = memo.running_totals(snap.running)
+    topology = memo.topology(snap.nodes)
+    index = ClusterIndex(
+        snap.nodes, snap.running, topology, totals.held, memo.free_gpus(topology, snap.running)
+    )
+    return topology, index, memo.releases(topology, 3600.0, snap.running)
+
+
+def test_a_later_node_freed_sooner_by_a_notice_than_by_any_end_wins_the_reservation():
+    # n1's attempt ends first; n2's ends later, but GPUs told to stop free up on n2 sooner than
+    # anything on n1: the walk may pass over a node only by its earliest release of any kind.
+    snap = (
+        cluster()
+        .nodes(2, gpus=2)
+        .tenant("a")
+        .running(1, "a", gpus=2, node="n1", ends_in_s=1000)
+        .running(2, "a", gpus=2, node="n2", ends_in_s=5000)
+        .snapshot()
+    )
+    topology, index, releases = _indexes(snap)
+    ti = next(iter(index.types.values()))
+    n2 = topology.names.index("n2")
+    got = backfill.reserve(9, 2, ti, NOW, releases, [(NOW + 10, n2, 2)], set(), None)
+    assert got is not None
+    assert (got.start_s, got.node) == (NOW + 10, n2)
