@@ -133,7 +133,7 @@ def table(rows: list[Summary]) -> str:
     head = (
         "| policy | mean JCT s | p99 JCT s | mean queue s | p99 queue s | max rho | "
         "preempted jobs | preemptions per victim mean / max | within guarantee: jobs / "
-        "over the bound / max wait s | wall s | CPU s |\n"
+        "over the bound (gangs) / max wait s | wall s | CPU s |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
@@ -144,7 +144,8 @@ def table(rows: list[Summary]) -> str:
             else "-"
         )
         guarantee = (
-            f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} / {s.guaranteed_wait_max_s:,.0f}"
+            f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} "
+            f"({s.guaranteed_over_bound_gangs:,}) / {s.guaranteed_wait_max_s:,.0f}"
             if s.guaranteed_jobs >= 0
             else "not recorded"
         )

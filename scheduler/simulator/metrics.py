@@ -118,6 +118,9 @@ class Summary:
     guaranteed_wait_p99_s: float = math.nan
     guaranteed_wait_max_s: float = math.nan
     guaranteed_over_bound: int = -1
+    # Of those, gangs (more than one GPU): the preemption rules take only borrowed GPUs, so a
+    # gang waits also until some node holds enough GPUs free or borrowed together.
+    guaranteed_over_bound_gangs: int = -1
     guarantee_wait_bound_s: float = math.nan
 
     @property
@@ -169,7 +172,11 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
     within = getattr(result, "within_guarantee_job_ids", None)
     bound_s = getattr(result, "guarantee_wait_bound_s", None)
     recorded = within is not None and bound_s is not None
-    waits = [o.first_start_s - o.submit_s for o in outcomes if o.job_id in (within or ())]
+    claims = [
+        (o.first_start_s - o.submit_s, o.gpus) for o in outcomes if o.job_id in (within or ())
+    ]
+    waits = [w for w, _ in claims]
+    over = [gpus for w, gpus in claims if w > (bound_s or 0.0)]
     return Summary(
         policy=policy,
         jobs=len(outcomes),
@@ -204,7 +211,8 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         guaranteed_jobs=len(waits) if recorded else -1,
         guaranteed_wait_p99_s=percentile(waits, 99) if recorded else math.nan,
         guaranteed_wait_max_s=max(waits, default=math.nan) if recorded else math.nan,
-        guaranteed_over_bound=sum(1 for w in waits if w > (bound_s or 0.0)) if recorded else -1,
+        guaranteed_over_bound=len(over) if recorded else -1,
+        guaranteed_over_bound_gangs=sum(1 for g in over if g > 1) if recorded else -1,
         guarantee_wait_bound_s=bound_s if bound_s is not None else math.nan,
     )
 

@@ -74,12 +74,12 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
     ),
     ("GPU-h lost", lambda s: f"{s.preempted_gpu_hours_lost:,.1f}"),
     (
-        "within guarantee: jobs / over bound / max wait (s)",
+        "within guarantee: jobs / over bound (gangs) / max wait (s)",
         lambda s: (
             "-"
             if s.guaranteed_jobs < 0
-            else f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} / "
-            f"{_cell(s.guaranteed_wait_max_s, 0)}"
+            else f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} "
+            f"({s.guaranteed_over_bound_gangs:,}) / {_cell(s.guaranteed_wait_max_s, 0)}"
         ),
     ),
     ("util", lambda s: "-" if math.isnan(s.utilization) else f"{100 * s.utilization:.1f} %"),
@@ -243,6 +243,7 @@ def write_csv(path: Path, runs: Mapping[float, Sequence[Summary]]) -> None:
         "preempted_gpu_hours_lost",
         "guaranteed_jobs",
         "guaranteed_over_bound",
+        "guaranteed_over_bound_gangs",
         "guaranteed_wait_p99_s",
         "guaranteed_wait_max_s",
         "guarantee_wait_bound_s",
@@ -343,7 +344,9 @@ def write_sweep(
         "preempted at least once; preempt / victim = preemptions per preempted job; within "
         "guarantee = jobs that arrived with their tenant's held and waiting GPUs plus their own "
         "within its guarantee, how many waited for their first start longer than the preemption "
-        "rules allow (min run time + notice + a tick), and the longest such wait; wall and "
+        "rules allow (min run time + notice + a tick; in brackets those that are gangs, which wait "
+        "also for a node with enough GPUs free or borrowed together), and the longest such "
+        "wait; wall and "
         "CPU seconds of each replay. Unformatted figures: sweep.csv.",
         "",
     ]

@@ -88,3 +88,17 @@ def test_a_victim_that_comes_of_age_with_no_event_is_taken_at_the_next_tick(pres
     of_age_s = borrowed_at_s + 60.0
     next_tick_s = math.ceil(of_age_s / 60.0) * 60.0
     assert out[3].first_start_s == next_tick_s
+
+
+def test_gangs_over_the_bound_are_counted_apart():
+    # b borrows a's two GPUs; a asks for both at once (a gang of 2, within its guarantee) and
+    # for one more GPU later. Without preemption both wait past the bound, one of them a gang.
+    jobs = [job(k, "b", 0, 5000) for k in range(1, 5)]
+    jobs += [job(10, "a", 100, 100, gpus=2), job(11, "a", 6000, 100)]
+    t = trace(jobs, {"a": (1, 2), "b": (1, 2)})
+    fifo = summarize("fifo-shared", run(t, "fifo-shared"))
+    assert fifo.guaranteed_over_bound == 1  # job 11 arrives with a's GPUs free again
+    assert fifo.guaranteed_over_bound_gangs == 1
+    ours = summarize("ours", run(t, "ours"))
+    assert ours.guaranteed_over_bound == 0
+    assert ours.guaranteed_over_bound_gangs == 0

@@ -252,10 +252,10 @@ def test_the_sweep_writes_the_load_sweep_plot_and_every_replays_figures(tmp_path
     # Every replay of this run recorded its jobs within their guarantee: jobs / over / max wait.
     rows = report.split("## Every replay")[1].strip().split("\n\n")[0].splitlines()
     at = [c.strip() for c in rows[0].split("|")].index(
-        "within guarantee: jobs / over bound / max wait (s)"
+        "within guarantee: jobs / over bound (gangs) / max wait (s)"
     )
     for row in rows[2:]:
-        assert re.fullmatch(r"[\d,]+ / [\d,]+ / [\d,]+", row.split("|")[at].strip()), row
+        assert re.fullmatch(r"[\d,]+ / [\d,]+ \([\d,]+\) / [\d,]+", row.split("|")[at].strip()), row
     csv_lines = (out / "sweep.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + 4 and csv_lines[0].startswith("load,policy,mean_jct_s")
     assert not ABSOLUTE.search(report)
