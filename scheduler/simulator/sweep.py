@@ -116,6 +116,12 @@ def build_sweep_parser() -> argparse.ArgumentParser:
         "benchmarks/bench_saturation.py does) and reuse those found there; the name says only "
         "the load, policy and limit, so reuse them with the same options",
     )
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="with --results: replay nothing, and leave out of each load the policies it has no "
+        "replay of (the report says which); for drawing what long replays have finished so far",
+    )
     return parser
 
 
@@ -128,8 +134,12 @@ def cached_compare(
     results: Path,
     limit: int | None,
     progress: bool = False,
+    cached_only: bool = False,
 ) -> Comparison:
-    """``compare`` with every replay (the reference too) kept in and reused from ``results``."""
+    """``compare`` with every replay (the reference too) kept in and reused from ``results``.
+
+    ``cached_only``: replay nothing; a policy without a kept replay is left out (the reference
+    must be there: rho is measured against it)."""
     found: dict[str, Result] = {}
     for name in dict.fromkeys([REFERENCE_PRESET, *names]):
         path = results / f"L{load_factor:g}-{name}{'' if limit is None else f'-n{limit}'}.pkl"
@@ -137,6 +147,11 @@ def cached_compare(
             with path.open("rb") as handle:
                 found[name] = pickle.load(handle)  # our own replays, written below
             print(f"{name:>16}: reused {path.name}", file=sys.stderr)
+            continue
+        if cached_only:
+            if name == REFERENCE_PRESET:
+                raise UsageError(f"--cached-only: no replay of {name} (the reference) in {path}")
+            print(f"{name:>16}: no {path.name}, left out", file=sys.stderr)
             continue
         opts = replace(options, progress=progress_bar(name)) if progress else options
         found[name] = run_preset(trace, name, opts, load_factor=load_factor)
@@ -146,6 +161,7 @@ def cached_compare(
         with path.open("wb") as handle:
             pickle.dump(found[name], handle)
     reference = found[REFERENCE_PRESET]
+    names = [n for n in names if n in found]
     return Comparison(
         [summarize(n, found[n], reference) for n in names], {n: found[n] for n in names}
     )
@@ -395,21 +411,33 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out:
         print("--out: a folder for the sweep's report is needed", file=sys.stderr)
         return 2
+    if args.cached_only and not args.results:
+        print("--cached-only: give the folder of the replays with --results", file=sys.stderr)
+        return 2
     for note in trace.notes:
         print(f"trace: {note}", file=sys.stderr)
     runs: dict[float, Comparison] = {}
+    notes = list(trace.notes)
     for load in args.loads:
         print(f"load factor {load:g}", file=sys.stderr)
         if args.results:
-            runs[load] = cached_compare(
-                trace,
-                names,
-                options,
-                load_factor=load,
-                results=args.results,
-                limit=args.limit,
-                progress=not args.quiet,
-            )
+            try:
+                runs[load] = cached_compare(
+                    trace,
+                    names,
+                    options,
+                    load_factor=load,
+                    results=args.results,
+                    limit=args.limit,
+                    progress=not args.quiet,
+                    cached_only=args.cached_only,
+                )
+            except UsageError as exc:
+                print(exc, file=sys.stderr)
+                return 2
+            missing = [n for n in names if n not in runs[load].results]
+            if missing:
+                notes.append(f"L = {load:g}: no replay of {', '.join(missing)} (--cached-only)")
         else:
             runs[load] = compare(trace, names, options, load_factor=load, progress=not args.quiet)
     label = trace_label(args.trace, trace, seed=args.seed)
@@ -418,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         runs,
         title=f"{label}: {len(trace.jobs):,} jobs",
-        notes=trace.notes,
+        notes=notes,
         command=command_line("python -m scheduler.simulator.sweep", argv),
         tenant_guarantees=guarantees(trace),
         plots=not args.no_plots,

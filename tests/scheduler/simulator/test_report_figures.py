@@ -307,3 +307,27 @@ def test_the_sweep_keeps_its_replays_and_reuses_them(tmp_path, capsys):
     assert "reused L2-ours-n30.pkl" in capsys.readouterr().err
     table = [(tmp_path / d / "sweep.csv").read_text() for d in ("a", "b")]
     assert table[0] == table[1]
+
+
+def test_the_sweep_draws_what_long_replays_have_finished_and_replays_nothing(tmp_path, capsys):
+    res = tmp_path / "res"
+    argv = ["--trace", "synthetic", "--policy", "fifo-shared,ours", "--limit", "30", "--quiet"]
+    argv += ["--no-plots", "--results", str(res)]
+    assert sweep_main([*argv, "--loads", "1,2", "--out", str(tmp_path / "a")]) == 0
+    (res / "L2-ours-n30.pkl").unlink()  # a replay still running elsewhere
+    kept = sorted(p.name for p in res.iterdir())
+    capsys.readouterr()
+    out = tmp_path / "b"
+    assert sweep_main([*argv, "--loads", "1,2", "--cached-only", "--out", str(out)]) == 0
+    assert "L2-ours-n30.pkl, left out" in capsys.readouterr().err
+    assert sorted(p.name for p in res.iterdir()) == kept  # nothing replayed
+    report = (out / "report.md").read_text()
+    assert "L = 2: no replay of ours (--cached-only)" in report
+    assert "| 1 | ours |" in report and "| 2 | ours |" not in report
+    assert "| 2 | fifo-shared |" in report
+    # Without the reference there is no rho to measure: refused, naming what is missing.
+    (res / "L1-fifo-static-n30.pkl").unlink()
+    assert sweep_main([*argv, "--loads", "1", "--cached-only", "--out", str(out)]) == 2
+    assert "no replay of fifo-static (the reference)" in capsys.readouterr().err
+    assert sweep_main([*argv[:-2], "--loads", "1", "--cached-only", "--out", str(out)]) == 2
+    assert "--results" in capsys.readouterr().err
