@@ -155,9 +155,9 @@ def reserve(
             beside = more.get(node)
             free = ti.free_on(node)
             if best is not None and free < n:
-                # GPUs this node lacks free up no sooner than its earliest listed end: a node
-                # that cannot start before the best so far (met in order, so a tie loses) is
-                # passed without building its events.
+                # GPUs this node lacks free up no sooner than its earliest release (a listed
+                # end or a notice beside): a node that cannot start before the best so far (met
+                # in order, so a tie loses) is passed without building its events.
                 first_s = listed[0][0] if listed else _INF
                 if beside:
                     first_s = min(first_s, min(end_s for end_s, _ in beside))

@@ -961,7 +961,7 @@ class _Engine:
         self,
         tenants: tuple[str, ...] | None,
         heads: dict[tuple[object, ...], int],
-        now_s: float = 0.0,
+        now_s: float,
     ) -> tuple[tuple[Pending, ...], dict[tuple[object, ...], int]]:
         """The head of every class of pending jobs (of ``tenants``), and how many each showed
         where it showed fewer than it has.

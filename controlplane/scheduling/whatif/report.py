@@ -143,6 +143,10 @@ def summaries_from_json(rows: Sequence[dict]) -> list[Summary]:
 def _from_dict(cls, data: dict):
     values = {}
     for f in dataclasses.fields(cls):
+        if f.name not in data and f.default is not dataclasses.MISSING:
+            # A figure added after the row was stored: the field's own "not recorded".
+            values[f.name] = f.default
+            continue
         value = data.get(f.name)
         # Only a plain float field stores NaN as null; an optional one (a power budget) means it.
         if value is None and f.type in ("float", float):
