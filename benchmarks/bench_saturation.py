@@ -12,7 +12,10 @@ asked again with a larger window, thrash stalls (must be 0), the load average of
 (outcome_hash); then per load factor the table of mean / p99 JCT, mean / p99 queue, max rho
 (against FIFO on each tenant's own partition), preemptions per victim (mean / max), the jobs
 that arrived within their tenant's guarantee with how many of them waited longer than the
-preemption rules allow (min run time + notice + a tick) and the longest such wait, and
+preemption rules allow (min run time + notice + a tick) and the longest such wait, the same
+promise per tenant whichever of its jobs the policy serves first (spells during which a tenant
+held less than its guarantee while a job of it that fits in the rest waited: how many, how
+many lasted past the bound, and the longest), and
 where `ours` stands between fifo-shared and srtf-shared. ``--results DIR`` keeps every replay
 (``L<load>-<policy>.pkl``) and reuses it.
 
@@ -133,8 +136,9 @@ def table(rows: list[Summary]) -> str:
     head = (
         "| policy | mean JCT s | p99 JCT s | mean queue s | p99 queue s | max rho | "
         "preempted jobs | preemptions per victim mean / max | within guarantee: jobs / "
-        "over the bound (gangs) / max wait s | wall s | CPU s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "over the bound (gangs) / max wait s | tenants owed: spells / past the bound (gangs "
+        "only) / longest s | wall s | CPU s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for s in rows:
@@ -149,10 +153,16 @@ def table(rows: list[Summary]) -> str:
             if s.guaranteed_jobs >= 0
             else "not recorded"
         )
+        owed = (
+            f"{s.owed_spells:,} / {s.owed_over_bound:,} ({s.owed_over_bound_gangs:,}) / "
+            f"{s.owed_max_s:,.0f}"
+            if s.owed_spells >= 0
+            else "not recorded"
+        )
         lines.append(
             f"| {s.policy} | {s.mean_jct_s:,.0f} | {s.p99_jct_s:,.0f} | {s.mean_queue_s:,.0f} | "
             f"{s.p99_queue_s:,.0f} | {s.max_rho:.3f} | {s.preempted_jobs:,} | {per_victim} | "
-            f"{guarantee} | {s.wall_s:.1f} | {s.cpu_s:.1f} |"
+            f"{guarantee} | {owed} | {s.wall_s:.1f} | {s.cpu_s:.1f} |"
         )
     return "\n".join(lines)
 

@@ -46,7 +46,7 @@ import bisect
 import heapq
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -217,6 +217,11 @@ class Result:
     # once it has run min_runtime_s, then has the notice (grace_s) to leave, and the cycle that
     # sees it may be one tick later.
     guarantee_wait_bound_s: float | None = None
+    # The promise per tenant, whichever of its jobs a policy serves first: each spell during
+    # which a tenant held fewer GPUs than guaranteed while a job of it that fits in the rest
+    # waited, as (seconds, whether a one-GPU job waited at some point of it); spells of no
+    # length left out. None: a replay made before this was recorded.
+    owed_spells: list[tuple[float, bool]] | None = None
 
 
 class _Job:
@@ -504,6 +509,11 @@ class _Engine:
         # it is within the tenant's guarantee without summing the backlog.
         self.tenant_pending_gpus: dict[str, int] = {t.name: 0 for t in self.tenants}
         self.within_guarantee: set[int] = set()
+        # The sizes of each tenant's waiting jobs (GPUs >= 1), and each owed tenant's spell:
+        # since when, and whether a one-GPU job waited during it (see Result.owed_spells).
+        self.pending_sizes: dict[str, Counter[int]] = {t.name: Counter() for t in self.tenants}
+        self.owed_since: dict[str, tuple[float, bool]] = {}
+        self.owed_spells: list[tuple[float, bool]] = []
         self.window_replans = 0
 
     # ----- power -------------------------------------------------------------------------------
@@ -598,6 +608,8 @@ class _Engine:
         job.pending = self._make_pending(job)
         self.pending[job.trace.job_id] = job
         self.tenant_pending_gpus[job.trace.tenant] += job.trace.gpus
+        if job.trace.gpus > 0:
+            self.pending_sizes[job.trace.tenant][job.trace.gpus] += 1
         self.pending_objs[job.trace.job_id] = job.pending
         self.tenant_pending[job.trace.tenant][job.trace.job_id] = job.pending
         self.pending_tuple = None
@@ -1202,6 +1214,7 @@ class _Engine:
         job = _Job(trace, self.options.checkpoints.interval_s(trace.job_id))
         self.state[trace.job_id] = job
         self._enqueue(job)
+        self._owed(tenant, trace.submit_s)
         self._changed(trace.submit_s, trace.tenant)
 
     def _quota_keys(self, tenant: str, gpus: tuple[str, ...]) -> dict[tuple[str, str], int]:
@@ -1230,6 +1243,23 @@ class _Engine:
         job.held_s += held
         job.attained_gpu_s += held * len(a.gpus)
         job.attempt = None
+        self._owed(job.trace.tenant, now_s)
+
+    def _owed(self, tenant: str, now_s: float) -> None:
+        """Open or close the tenant's owed spell after what it holds or waits for changed."""
+        room = self.guaranteed_gpus[tenant] - self.usage.get((tenant, ANY_GPU_TYPE), 0)
+        sizes = self.pending_sizes[tenant]
+        smallest = min(sizes) if sizes and room > 0 else 0
+        spell = self.owed_since.get(tenant)
+        if 0 < smallest <= room:
+            if spell is None:
+                self.owed_since[tenant] = (now_s, smallest == 1)
+            elif smallest == 1 and not spell[1]:
+                self.owed_since[tenant] = (spell[0], True)
+        elif spell is not None:
+            del self.owed_since[tenant]
+            if now_s > spell[0]:
+                self.owed_spells.append((now_s - spell[0], spell[1]))
 
     def _complete(self, now_s: float, attempt_id: int, version: int) -> None:
         a = self.running.get(attempt_id)
@@ -1332,6 +1362,7 @@ class _Engine:
             job.work_left_s = job.saved_work_left_s
         self._release(a, now_s)
         self._enqueue(job)
+        self._owed(job.trace.tenant, now_s)
 
     def _work_left_at(self, a: _Attempt, at_s: float) -> float:
         """The job's work left at a moment of this attempt (before the moment's progress)."""
@@ -1387,9 +1418,15 @@ class _Engine:
         del self.pending_objs[t.job_id]
         del self.tenant_pending[t.tenant][t.job_id]
         self.tenant_pending_gpus[t.tenant] -= t.gpus
+        if t.gpus > 0:
+            sizes = self.pending_sizes[t.tenant]
+            sizes[t.gpus] -= 1
+            if not sizes[t.gpus]:
+                del sizes[t.gpus]
         self.pending_tuple = None
         self._unqueue_from_class(job)
         self.predicted_objs.pop(t.job_id, None)
+        self._owed(t.tenant, now_s)
         a = _Attempt()
         a.attempt_id = self.next_attempt_id
         self.next_attempt_id += 1
@@ -1693,6 +1730,10 @@ class _Engine:
                     )
                 )
         self._advance_power(now_s)
+        # Spells still open at the end are counted to the last event (the replay stopped them).
+        for since_s, single in self.owed_since.values():
+            if now_s > since_s:
+                self.owed_spells.append((now_s - since_s, single))
         if progress is not None:
             progress(
                 Progress(
@@ -1732,6 +1773,7 @@ class _Engine:
             window_replans=self.window_replans,
             within_guarantee_job_ids=frozenset(self.within_guarantee),
             guarantee_wait_bound_s=self.config.min_runtime_s + self.grace_s + self.options.cycle_s,
+            owed_spells=self.owed_spells,
         )
 
     def _total_budget(self) -> float | None:

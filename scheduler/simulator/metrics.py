@@ -122,6 +122,14 @@ class Summary:
     # gang waits also until some node holds enough GPUs free or borrowed together.
     guaranteed_over_bound_gangs: int = -1
     guarantee_wait_bound_s: float = math.nan
+    # The promise per tenant (Result.owed_spells): spells during which a tenant held less than
+    # its guarantee while a job of it that fits in the rest waited; how many lasted longer than
+    # the bound, how many of those only gangs waited through, and the longest. -1 / NaN: not
+    # recorded.
+    owed_spells: int = -1
+    owed_over_bound: int = -1
+    owed_over_bound_gangs: int = -1
+    owed_max_s: float = math.nan
 
     @property
     def events_per_s(self) -> float:
@@ -177,6 +185,9 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
     ]
     waits = [w for w, _ in claims]
     over = [gpus for w, gpus in claims if w > (bound_s or 0.0)]
+    spells = getattr(result, "owed_spells", None)
+    owed = spells is not None and bound_s is not None
+    long_spells = [single for s, single in spells or () if s > (bound_s or 0.0)]
     return Summary(
         policy=policy,
         jobs=len(outcomes),
@@ -214,6 +225,10 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         guaranteed_over_bound=len(over) if recorded else -1,
         guaranteed_over_bound_gangs=sum(1 for g in over if g > 1) if recorded else -1,
         guarantee_wait_bound_s=bound_s if bound_s is not None else math.nan,
+        owed_spells=len(spells or ()) if owed else -1,
+        owed_over_bound=len(long_spells) if owed else -1,
+        owed_over_bound_gangs=sum(1 for single in long_spells if not single) if owed else -1,
+        owed_max_s=max((s for s, _ in spells or ()), default=0.0) if owed else math.nan,
     )
 
 

@@ -82,6 +82,15 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
             f"({s.guaranteed_over_bound_gangs:,}) / {_cell(s.guaranteed_wait_max_s, 0)}"
         ),
     ),
+    (
+        "tenants owed: spells / past bound (gangs only) / longest (s)",
+        lambda s: (
+            "-"
+            if s.owed_spells < 0
+            else f"{s.owed_spells:,} / {s.owed_over_bound:,} ({s.owed_over_bound_gangs:,}) / "
+            f"{_cell(s.owed_max_s, 0)}"
+        ),
+    ),
     ("util", lambda s: "-" if math.isnan(s.utilization) else f"{100 * s.utilization:.1f} %"),
     ("jobs", lambda s: f"{s.jobs:,}" + (f" (+{s.unfinished} unfinished)" if s.unfinished else "")),
     ("wall (s)", lambda s: f"{s.wall_s:.1f}"),
@@ -263,6 +272,10 @@ def write_csv(path: Path, runs: Mapping[float, Sequence[Summary]]) -> None:
         "guaranteed_wait_p99_s",
         "guaranteed_wait_max_s",
         "guarantee_wait_bound_s",
+        "owed_spells",
+        "owed_over_bound",
+        "owed_over_bound_gangs",
+        "owed_max_s",
         "jobs",
         "unfinished",
         "wall_s",
@@ -362,7 +375,10 @@ def write_sweep(
         "within its guarantee, how many waited for their first start longer than the preemption "
         "rules allow (min run time + notice + a tick; in brackets those that are gangs, which wait "
         "also for a node with enough GPUs free or borrowed together), and the longest such "
-        "wait; wall and "
+        "wait; tenants owed = spells during which a tenant held less than its guarantee while a "
+        "job of it that fits in the rest waited, how many lasted past that bound (in brackets: "
+        "those only gangs waited through) and the longest, whichever of its jobs the policy "
+        "served first; wall and "
         "CPU seconds of each replay. Unformatted figures: sweep.csv.",
         "",
     ]

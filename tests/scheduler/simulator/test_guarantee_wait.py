@@ -60,11 +60,14 @@ def test_a_replay_recorded_before_the_guarantee_was_tracked_says_so():
         run(_borrowed_then_claimed(100.0), "ours"),
         within_guarantee_job_ids=None,
         guarantee_wait_bound_s=None,
+        owed_spells=None,
     )
     s = summarize("ours", old)
     assert s.guaranteed_jobs == -1
     assert s.guaranteed_over_bound == -1
     assert math.isnan(s.guaranteed_wait_max_s)
+    assert s.owed_spells == -1 and s.owed_over_bound == -1
+    assert math.isnan(s.owed_max_s)
 
 
 # tiresias-shared is not among them: under 2D-LAS a new job outranks the borrower only once the
@@ -102,3 +105,42 @@ def test_gangs_over_the_bound_are_counted_apart():
     ours = summarize("ours", run(t, "ours"))
     assert ours.guaranteed_over_bound == 0
     assert ours.guaranteed_over_bound_gangs == 0
+
+
+def test_a_tenant_is_owed_from_its_claim_until_it_holds_its_guarantee():
+    t = _borrowed_then_claimed(100.0)
+    fifo = run(t, "fifo-shared")
+    # a asks at 100 and gets its two GPUs when b's borrowers end at 5,000.
+    assert fifo.owed_spells == [(4900.0, True)]
+    s = summarize("fifo-shared", fifo)
+    assert (s.owed_spells, s.owed_over_bound, s.owed_over_bound_gangs) == (1, 1, 0)
+    assert s.owed_max_s == 4900.0
+    ours = summarize("ours", run(t, "ours"))
+    assert (ours.owed_spells, ours.owed_over_bound) == (0, 0)  # served at the claim's instant
+    young = summarize("ours", run(_borrowed_then_claimed(10.0), "ours"))
+    assert (young.owed_spells, young.owed_over_bound, young.owed_max_s) == (1, 0, 50.0)
+
+
+def test_the_tenant_measure_follows_the_policys_order_where_the_per_job_count_cannot():
+    # a's guarantee is one GPU, lent to b. a asks for a long and a shorter job at one instant:
+    # FAIR with oracle durations serves the shorter first, so the long one, counted within the
+    # guarantee in submit order, waits past the bound while a holds its whole guarantee.
+    t = trace(
+        [
+            job(1, "b", 0, 9000),
+            job(2, "b", 0, 9000),
+            job(3, "a", 100, 5000),
+            job(4, "a", 100, 1000),
+        ],
+        {"a": (1, 1), "b": (1, 1)},
+    )
+    s = summarize("ours-oracle", run(t, "ours-oracle"))
+    assert s.guaranteed_over_bound == 1  # job 3, in submit order
+    assert (s.owed_spells, s.owed_over_bound) == (0, 0)  # a held its GPU from 100 on
+
+
+def test_gangs_alone_waiting_through_a_spell_are_counted_apart():
+    jobs = [job(k, "b", 0, 5000) for k in range(1, 5)]
+    jobs += [job(10, "a", 100, 100, gpus=2)]
+    s = summarize("fifo-shared", run(trace(jobs, {"a": (1, 2), "b": (1, 2)}), "fifo-shared"))
+    assert (s.owed_spells, s.owed_over_bound, s.owed_over_bound_gangs) == (1, 1, 1)

@@ -245,6 +245,7 @@ def test_the_sweep_writes_the_load_sweep_plot_and_every_replays_figures(tmp_path
         "max rho",
         "preempt / victim",
         "within guarantee",
+        "tenants owed",
         "wall (s)",
         "CPU (s)",
     ):
