@@ -219,9 +219,10 @@ class Result:
     guarantee_wait_bound_s: float | None = None
     # The promise per tenant, whichever of its jobs a policy serves first: each spell during
     # which a tenant held fewer GPUs than guaranteed while a job of it that fits in the rest
-    # waited, as (seconds, whether a one-GPU job waited at some point of it); spells of no
-    # length left out. None: a replay made before this was recorded.
-    owed_spells: list[tuple[float, bool]] | None = None
+    # waited, as (seconds, the longest stretch of it during which a one-GPU job waited: the
+    # rest only gangs waited through); spells of no length left out. None: a replay made
+    # before this was recorded.
+    owed_spells: list[tuple[float, float]] | None = None
 
 
 class _Job:
@@ -510,10 +511,11 @@ class _Engine:
         self.tenant_pending_gpus: dict[str, int] = {t.name: 0 for t in self.tenants}
         self.within_guarantee: set[int] = set()
         # The sizes of each tenant's waiting jobs (GPUs >= 1), and each owed tenant's spell:
-        # since when, and whether a one-GPU job waited during it (see Result.owed_spells).
+        # (since when, since when a one-GPU job waits or None, the longest such stretch so far):
+        # see Result.owed_spells.
         self.pending_sizes: dict[str, Counter[int]] = {t.name: Counter() for t in self.tenants}
-        self.owed_since: dict[str, tuple[float, bool]] = {}
-        self.owed_spells: list[tuple[float, bool]] = []
+        self.owed_since: dict[str, tuple[float, float | None, float]] = {}
+        self.owed_spells: list[tuple[float, float]] = []
         self.window_replans = 0
 
     # ----- power -------------------------------------------------------------------------------
@@ -1252,14 +1254,26 @@ class _Engine:
         smallest = min(sizes) if sizes and room > 0 else 0
         spell = self.owed_since.get(tenant)
         if 0 < smallest <= room:
+            single = now_s if smallest == 1 else None
             if spell is None:
-                self.owed_since[tenant] = (now_s, smallest == 1)
-            elif smallest == 1 and not spell[1]:
-                self.owed_since[tenant] = (spell[0], True)
+                self.owed_since[tenant] = (now_s, single, 0.0)
+                return
+            since_s, single_since_s, single_max_s = spell
+            if single_since_s is not None and single is None:
+                single_max_s = max(single_max_s, now_s - single_since_s)
+            elif single_since_s is not None:
+                single = single_since_s  # a one-GPU job still waits: the stretch goes on
+            self.owed_since[tenant] = (since_s, single, single_max_s)
         elif spell is not None:
             del self.owed_since[tenant]
-            if now_s > spell[0]:
-                self.owed_spells.append((now_s - spell[0], spell[1]))
+            self._close_spell(spell, now_s)
+
+    def _close_spell(self, spell: tuple[float, float | None, float], now_s: float) -> None:
+        since_s, single_since_s, single_max_s = spell
+        if single_since_s is not None:
+            single_max_s = max(single_max_s, now_s - single_since_s)
+        if now_s > since_s:
+            self.owed_spells.append((now_s - since_s, single_max_s))
 
     def _complete(self, now_s: float, attempt_id: int, version: int) -> None:
         a = self.running.get(attempt_id)
@@ -1731,9 +1745,8 @@ class _Engine:
                 )
         self._advance_power(now_s)
         # Spells still open at the end are counted to the last event (the replay stopped them).
-        for since_s, single in self.owed_since.values():
-            if now_s > since_s:
-                self.owed_spells.append((now_s - since_s, single))
+        for spell in self.owed_since.values():
+            self._close_spell(spell, now_s)
         if progress is not None:
             progress(
                 Progress(

@@ -187,7 +187,9 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
     over = [gpus for w, gpus in claims if w > (bound_s or 0.0)]
     spells = getattr(result, "owed_spells", None)
     owed = spells is not None and bound_s is not None
-    long_spells = [single for s, single in spells or () if s > (bound_s or 0.0)]
+    # A spell past the bound that no one-GPU job waited through longer than the bound: only
+    # gangs waited past it (a node with enough GPUs free or borrowed together).
+    long_spells = [single_s for s, single_s in spells or () if s > (bound_s or 0.0)]
     return Summary(
         policy=policy,
         jobs=len(outcomes),
@@ -227,7 +229,9 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         guarantee_wait_bound_s=bound_s if bound_s is not None else math.nan,
         owed_spells=len(spells or ()) if owed else -1,
         owed_over_bound=len(long_spells) if owed else -1,
-        owed_over_bound_gangs=sum(1 for single in long_spells if not single) if owed else -1,
+        owed_over_bound_gangs=(
+            sum(1 for single_s in long_spells if single_s <= (bound_s or 0.0)) if owed else -1
+        ),
         owed_max_s=max((s for s, _ in spells or ()), default=0.0) if owed else math.nan,
     )
 

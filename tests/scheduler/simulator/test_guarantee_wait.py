@@ -111,7 +111,8 @@ def test_a_tenant_is_owed_from_its_claim_until_it_holds_its_guarantee():
     t = _borrowed_then_claimed(100.0)
     fifo = run(t, "fifo-shared")
     # a asks at 100 and gets its two GPUs when b's borrowers end at 5,000.
-    assert fifo.owed_spells == [(4900.0, True)]
+    # (spell, longest stretch of it with a one-GPU job waiting): one-GPU jobs waited throughout.
+    assert fifo.owed_spells == [(4900.0, 4900.0)]
     s = summarize("fifo-shared", fifo)
     assert (s.owed_spells, s.owed_over_bound, s.owed_over_bound_gangs) == (1, 1, 0)
     assert s.owed_max_s == 4900.0
@@ -144,3 +145,15 @@ def test_gangs_alone_waiting_through_a_spell_are_counted_apart():
     jobs += [job(10, "a", 100, 100, gpus=2)]
     s = summarize("fifo-shared", run(trace(jobs, {"a": (1, 2), "b": (1, 2)}), "fifo-shared"))
     assert (s.owed_spells, s.owed_over_bound, s.owed_over_bound_gangs) == (1, 1, 1)
+
+
+def test_a_spell_long_only_for_a_gang_is_told_from_one_where_a_single_gpu_claim_waited():
+    result = dataclasses.replace(
+        run(_borrowed_then_claimed(100.0), "ours"),
+        # a gang waited 5,000 s while one-GPU jobs were served within 30 s; one-GPU jobs waited
+        # 4,000 s; a short spell within the bound
+        owed_spells=[(5000.0, 30.0), (5000.0, 4000.0), (50.0, 50.0)],
+    )
+    s = summarize("ours", result)
+    assert (s.owed_spells, s.owed_over_bound, s.owed_over_bound_gangs) == (3, 2, 1)
+    assert s.owed_max_s == 5000.0
