@@ -42,7 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scheduler.simulator.compare import run_preset  # noqa: E402
 from scheduler.simulator.engine import Result, SimOptions  # noqa: E402
 from scheduler.simulator.loaders import load_trace  # noqa: E402
-from scheduler.simulator.metrics import Summary, summarize  # noqa: E402
+from scheduler.simulator.metrics import (  # noqa: E402
+    Summary,
+    guarantee_cell,
+    owed_cell,
+    summarize,
+)
 from scheduler.simulator.policies import PRESETS, REFERENCE_PRESET  # noqa: E402
 
 
@@ -147,22 +152,10 @@ def table(rows: list[Summary]) -> str:
             if s.preempted_jobs
             else "-"
         )
-        guarantee = (
-            f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} "
-            f"({s.guaranteed_over_bound_gangs:,}) / {s.guaranteed_wait_max_s:,.0f}"
-            if s.guaranteed_jobs >= 0
-            else "not recorded"
-        )
-        owed = (
-            f"{s.owed_spells:,} / {s.owed_over_bound:,} ({s.owed_over_bound_gangs:,}) / "
-            f"{s.owed_max_s:,.0f}"
-            if s.owed_spells >= 0
-            else "not recorded"
-        )
         lines.append(
             f"| {s.policy} | {s.mean_jct_s:,.0f} | {s.p99_jct_s:,.0f} | {s.mean_queue_s:,.0f} | "
             f"{s.p99_queue_s:,.0f} | {s.max_rho:.3f} | {s.preempted_jobs:,} | {per_victim} | "
-            f"{guarantee} | {owed} | {s.wall_s:.1f} | {s.cpu_s:.1f} |"
+            f"{guarantee_cell(s)} | {owed_cell(s)} | {s.wall_s:.1f} | {s.cpu_s:.1f} |"
         )
     return "\n".join(lines)
 

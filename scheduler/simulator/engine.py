@@ -506,13 +506,11 @@ class _Engine:
         self.guaranteed_gpus = {
             t.name: sum(q.guaranteed_gpus for q in t.quotas) for t in self.tenants
         }
-        # GPUs asked for by each tenant's waiting jobs, kept so that an arrival can tell whether
-        # it is within the tenant's guarantee without summing the backlog.
-        self.tenant_pending_gpus: dict[str, int] = {t.name: 0 for t in self.tenants}
         self.within_guarantee: set[int] = set()
-        # The sizes of each tenant's waiting jobs (GPUs >= 1), and each owed tenant's spell:
-        # (since when, since when a one-GPU job waits or None, the longest such stretch so far):
-        # see Result.owed_spells.
+        # How many of each tenant's waiting jobs ask for each number of GPUs (>= 1): the GPUs
+        # it waits for and its smallest claim without walking the backlog. And each owed
+        # tenant's spell: (since when, since when a one-GPU job waits or None, the longest such
+        # stretch so far), see Result.owed_spells.
         self.pending_sizes: dict[str, Counter[int]] = {t.name: Counter() for t in self.tenants}
         self.owed_since: dict[str, tuple[float, float | None, float]] = {}
         self.owed_spells: list[tuple[float, float]] = []
@@ -609,7 +607,6 @@ class _Engine:
     def _enqueue(self, job: _Job) -> None:
         job.pending = self._make_pending(job)
         self.pending[job.trace.job_id] = job
-        self.tenant_pending_gpus[job.trace.tenant] += job.trace.gpus
         if job.trace.gpus > 0:
             self.pending_sizes[job.trace.tenant][job.trace.gpus] += 1
         self.pending_objs[job.trace.job_id] = job.pending
@@ -1211,7 +1208,8 @@ class _Engine:
     def _arrive(self, trace: TraceJob) -> None:
         tenant = trace.tenant
         held = self.usage.get((tenant, ANY_GPU_TYPE), 0)
-        if held + self.tenant_pending_gpus[tenant] + trace.gpus <= self.guaranteed_gpus[tenant]:
+        waiting = sum(gpus * count for gpus, count in self.pending_sizes[tenant].items())
+        if held + waiting + trace.gpus <= self.guaranteed_gpus[tenant]:
             self.within_guarantee.add(trace.job_id)
         job = _Job(trace, self.options.checkpoints.interval_s(trace.job_id))
         self.state[trace.job_id] = job
@@ -1431,7 +1429,6 @@ class _Engine:
         del self.pending[t.job_id]
         del self.pending_objs[t.job_id]
         del self.tenant_pending[t.tenant][t.job_id]
-        self.tenant_pending_gpus[t.tenant] -= t.gpus
         if t.gpus > 0:
             sizes = self.pending_sizes[t.tenant]
             sizes[t.gpus] -= 1

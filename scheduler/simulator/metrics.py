@@ -176,16 +176,16 @@ def summarize(policy: str, result: Result, reference: Result | None = None) -> S
         )
     rhos = [t.rho for t in tenant_rows if not math.isnan(t.rho)]
     victims = [float(o.preemptions) for o in outcomes if o.preemptions > 0]
-    # getattr: a Result pickled before these fields existed reads as "not recorded".
-    within = getattr(result, "within_guarantee_job_ids", None)
-    bound_s = getattr(result, "guarantee_wait_bound_s", None)
+    # None (the class default a Result pickled before these fields existed reads): not recorded.
+    within = result.within_guarantee_job_ids
+    bound_s = result.guarantee_wait_bound_s
     recorded = within is not None and bound_s is not None
     claims = [
         (o.first_start_s - o.submit_s, o.gpus) for o in outcomes if o.job_id in (within or ())
     ]
     waits = [w for w, _ in claims]
     over = [gpus for w, gpus in claims if w > (bound_s or 0.0)]
-    spells = getattr(result, "owed_spells", None)
+    spells = result.owed_spells
     owed = spells is not None and bound_s is not None
     # A spell past the bound that no one-GPU job waited through longer than the bound: only
     # gangs waited past it (a node with enough GPUs free or borrowed together).
@@ -408,3 +408,26 @@ def format_seconds(value: float) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:,.1f}"
+
+
+def guarantee_cell(s: Summary) -> str:
+    """The per-job guarantee figures as the tables show them: jobs / over the bound (gangs) /
+    longest wait; "-" for a replay that did not record them."""
+    if s.guaranteed_jobs < 0:
+        return "-"
+    wait = "-" if math.isnan(s.guaranteed_wait_max_s) else f"{s.guaranteed_wait_max_s:,.0f}"
+    return (
+        f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} "
+        f"({s.guaranteed_over_bound_gangs:,}) / {wait}"
+    )
+
+
+def owed_cell(s: Summary) -> str:
+    """The per-tenant guarantee figures as the tables show them: spells / past the bound
+    (gangs only) / longest; "-" for a replay that did not record them."""
+    if s.owed_spells < 0:
+        return "-"
+    return (
+        f"{s.owed_spells:,} / {s.owed_over_bound:,} ({s.owed_over_bound_gangs:,}) / "
+        f"{s.owed_max_s:,.0f}"
+    )

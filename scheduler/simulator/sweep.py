@@ -29,7 +29,7 @@ from pathlib import Path
 from scheduler.simulator.__main__ import UsageError, build_parser, prepare
 from scheduler.simulator.compare import Comparison, compare, progress_bar, run_preset
 from scheduler.simulator.engine import Result, SimOptions
-from scheduler.simulator.metrics import Summary, summarize
+from scheduler.simulator.metrics import Summary, guarantee_cell, owed_cell, summarize
 from scheduler.simulator.policies import REFERENCE_PRESET
 from scheduler.simulator.report import (
     CLASS_EXPLANATION,
@@ -73,24 +73,8 @@ EXTRA_COLUMNS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
         ),
     ),
     ("GPU-h lost", lambda s: f"{s.preempted_gpu_hours_lost:,.1f}"),
-    (
-        "within guarantee: jobs / over bound (gangs) / max wait (s)",
-        lambda s: (
-            "-"
-            if s.guaranteed_jobs < 0
-            else f"{s.guaranteed_jobs:,} / {s.guaranteed_over_bound:,} "
-            f"({s.guaranteed_over_bound_gangs:,}) / {_cell(s.guaranteed_wait_max_s, 0)}"
-        ),
-    ),
-    (
-        "tenants owed: spells / past bound (gangs only) / longest (s)",
-        lambda s: (
-            "-"
-            if s.owed_spells < 0
-            else f"{s.owed_spells:,} / {s.owed_over_bound:,} ({s.owed_over_bound_gangs:,}) / "
-            f"{_cell(s.owed_max_s, 0)}"
-        ),
-    ),
+    ("within guarantee: jobs / over bound (gangs) / max wait (s)", guarantee_cell),
+    ("tenants owed: spells / past bound (gangs only) / longest (s)", owed_cell),
     ("util", lambda s: "-" if math.isnan(s.utilization) else f"{100 * s.utilization:.1f} %"),
     ("jobs", lambda s: f"{s.jobs:,}" + (f" (+{s.unfinished} unfinished)" if s.unfinished else "")),
     ("wall (s)", lambda s: f"{s.wall_s:.1f}"),

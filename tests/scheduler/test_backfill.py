@@ -164,16 +164,20 @@ def _reserve_by_every_node(job_id, n, ti, now_s, releases, extra, skip, node_ok)
     return best
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(snapshots(), st.data())
-def test_a_reservation_is_the_earliest_over_every_node_whichever_nodes_it_passes_over(snap, data):
+def _indexes(snap):
     memo = PlanMemo()
     totals = memo.running_totals(snap.running)
     topology = memo.topology(snap.nodes)
     index = ClusterIndex(
         snap.nodes, snap.running, topology, totals.held, memo.free_gpus(topology, snap.running)
     )
-    releases = memo.releases(topology, 3600.0, snap.running)
+    return topology, index, memo.releases(topology, 3600.0, snap.running)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(snapshots(), st.data())
+def test_a_reservation_is_the_earliest_over_every_node_whichever_nodes_it_passes_over(snap, data):
+    _, index, releases = _indexes(snap)
     for ti in index.types.values():
         nodes = sorted(ti.node_cap)
         if not nodes:
@@ -200,16 +204,6 @@ def test_a_reservation_is_the_earliest_over_every_node_whichever_nodes_it_passes
         assert (got is None) == (want is None)
         if got is not None:
             assert (got.start_s, got.node, got.slack) == want
-
-
-def _indexes(snap):
-    memo = PlanMemo()
-    totals = memo.running_totals(snap.running)
-    topology = memo.topology(snap.nodes)
-    index = ClusterIndex(
-        snap.nodes, snap.running, topology, totals.held, memo.free_gpus(topology, snap.running)
-    )
-    return topology, index, memo.releases(topology, 3600.0, snap.running)
 
 
 def test_a_later_node_freed_sooner_by_a_notice_than_by_any_end_wins_the_reservation():
