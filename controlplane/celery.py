@@ -38,3 +38,32 @@ def json_from_the_start(instance=None, **kwargs) -> None:
     if settings.LOG_FORMAT == "json" and instance is not None:
         instance.quiet = True
         logging.captureWarnings(True)
+
+
+@signals.task_prerun.connect
+def connections_fit_for_the_task(task=None, **kwargs) -> None:
+    """Keep the worker's database connections across tasks, as Django keeps a web thread's
+    across requests (CELERY_DB_REUSE_MAX in settings.py stops Celery's closing): close one
+    that broke or aged past CONN_MAX_AGE, and check a kept one with a round trip, so that a
+    task after a PostgreSQL restart connects again instead of failing on the dead socket.
+    An eager task (tests) runs inside its caller's transaction: its connection is the
+    caller's to manage."""
+    if task is None or getattr(task.request, "is_eager", False):
+        return
+    from django.db import close_old_connections, connections
+
+    close_old_connections()
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.is_usable():
+            conn.close()
+
+
+@signals.task_postrun.connect
+def close_spent_connections(task=None, **kwargs) -> None:
+    """After a task, close what Django would close after a request: a connection that broke,
+    was left outside autocommit, or aged past CONN_MAX_AGE."""
+    if task is None or getattr(task.request, "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()

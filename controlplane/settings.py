@@ -373,6 +373,12 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "gpucp")
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set (it then closes them every 2 x this many tasks): each scheduling cycle paid for a
+# new PostgreSQL backend, and planned every statement again since no prepared statement
+# outlived a cycle. controlplane.celery closes them as Django closes a request's instead
+# (broken, or past CONN_MAX_AGE) and checks a kept one before a task uses it.
+CELERY_DB_REUSE_MAX = 1_000_000
 
 # Scheduling loop (controlplane/wakeups.py). The periodic tick is a floor: submits, cancels and
 # job ends request an extra cycle, at once when no requested cycle is running, else
