@@ -26,7 +26,9 @@ Every process group of ours runs under a small reaper (this script with --reap):
 child subreaper, so that the job supervisors the agents detach, and the jobs, are reaped by
 it and their CPU time lands in its children's time instead of vanishing when they exit.
 PostgreSQL and Redis are the machine's own servers: measure on a quiet machine, where their
-CPU is ours. The load average is printed beside every figure.
+CPU is ours. The load average is printed beside every figure, and before and after the end-to-end
+run what an exec and a few files made and deleted cost the machine at that moment
+(machine_costs): on a shared virtual machine they drift within hours, and every job pays both.
 """
 
 from __future__ import annotations
@@ -230,6 +232,44 @@ def loadavg() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def machine_costs(folder: Path, rounds: int = 200) -> str:
+    """What two kernel operations every job pays cost on this machine now, in CPU ms.
+
+    A start of /bin/true (the job itself; the supervisor is one more exec), and a folder with
+    four files made and deleted on the agents' filesystem (an attempt makes two folders and
+    four files). Both drift on a shared virtual machine (ext4 without a journal scans for
+    recently deleted inodes at every new one): runs of a session are comparable only beside
+    these figures.
+    """
+    before = os.times()
+    for _ in range(rounds):
+        subprocess.run(["/bin/true"], check=True)
+    after = os.times()
+    exec_ms = (
+        (
+            (after.children_user + after.children_system)
+            - (before.children_user + before.children_system)
+        )
+        * 1000
+        / rounds
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    before = os.times()
+    for i in range(rounds):
+        made = folder / str(i)
+        made.mkdir()
+        for name in ("a", "b", "c", "d"):
+            (made / name).write_bytes(b"x")
+        shutil.rmtree(made)
+    after = os.times()
+    files_ms = ((after.user + after.system) - (before.user + before.system)) * 1000 / rounds
+    shutil.rmtree(folder, ignore_errors=True)
+    return (
+        f"machine now: exec of /bin/true {exec_ms:.2f} ms CPU; a folder with 4 files made and "
+        f"deleted {files_ms:.2f} ms CPU  (load {loadavg()})"
+    )
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -312,11 +352,13 @@ def main() -> None:
 
     from django.conf import settings
     from django.contrib.auth import get_user_model
+    from django.db.models import Avg, Count
     from django.utils import timezone
 
     from controlplane.cluster import actions as cluster_actions
     from controlplane.cluster.models import Node
     from controlplane.jobs.models import Job, JobState
+    from controlplane.scheduling.models import SchedulingCycle
     from controlplane.tenancy import actions as tenancy_actions
     from controlplane.tenancy.models import ApiToken
 
@@ -423,6 +465,7 @@ def main() -> None:
                 running.append((min(ran) - job.submitted_at).total_seconds())
         started.sort()
         running.sort()
+        print(machine_costs(log_dir / "machine-costs"), flush=True)
         print(f"1. idle submit -> start, {len(idle_ids)} jobs one at a time (load {loadavg()})")
         print(
             f"   submit -> process started  p50 {percentile(started, 0.5):.3f} s  "
@@ -493,7 +536,18 @@ def main() -> None:
             print(f"   CPU per job  {group:36s} {ms:7.1f} ms")
         print(f"   CPU per job  {'all server-side processes and the job':36s} {total_ms:7.1f} ms")
         available_ms = wall * (os.cpu_count() or 1) * 1000 / max(len(ids), 1)
-        print(f"   (the machine had {available_ms:.1f} CPU-ms per job in that time)", flush=True)
+        print(f"   (the machine had {available_ms:.1f} CPU-ms per job in that time)")
+        # The worker's share scales with how many cycles ran: cheaper cycles may run more often
+        # (requests are spaced by what cycles take, controlplane/wakeups.py).
+        cycles = SchedulingCycle.objects.filter(
+            started_at__gte=dt.datetime.fromtimestamp(t0, dt.UTC),
+            started_at__lte=dt.datetime.fromtimestamp(t_end, dt.UTC),
+        ).aggregate(n=Count("id"), ms=Avg("duration_ms"))
+        print(
+            f"   {cycles['n']} scheduling cycles, {len(ids) / max(cycles['n'], 1):.1f} jobs and "
+            f"{cycles['ms'] or 0:.1f} ms each on average",
+            flush=True,
+        )
 
         # 3. submit only: no node takes work, so the figure is the API's alone.
         for node in Node.objects.all():
@@ -516,6 +570,7 @@ def main() -> None:
                 f"(load {loadavg()})",
                 flush=True,
             )
+        print(machine_costs(log_dir / "machine-costs"), flush=True)
     finally:
         for proc in [*agents, *reversed(list(groups.values()))]:
             stop(proc)
