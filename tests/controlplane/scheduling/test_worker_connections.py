@@ -45,16 +45,24 @@ def _admitted_by_a_cycle(client, token, job_id, worker) -> None:
     assert admitted, worker.log_path.read_text()[-3000:]
 
 
+def _backends_after_a_first_cycle(redis_conn, client, token, make_node, worker) -> set[int]:
+    """A node, one job admitted by the worker, and the backends the worker then holds."""
+    purge_queue(redis_conn)
+    make_node("n1", gpus=8)
+    _admitted_by_a_cycle(client, token, submit(client, token, gpus=1), worker)
+    backends = _worker_backends()
+    assert backends, "the worker holds no connection between cycles"
+    return backends
+
+
 def test_the_worker_keeps_its_database_connection_from_one_cycle_to_the_next(
     lasting_worker, redis_conn, client, alice_token, make_node
 ):
     # Celery's Django fixup would close it after every task: a new PostgreSQL backend per
     # cycle, and every statement of the cycle planned again.
-    purge_queue(redis_conn)
-    make_node("n1", gpus=8)
-    _admitted_by_a_cycle(client, alice_token, submit(client, alice_token, gpus=1), lasting_worker)
-    first = _worker_backends()
-    assert first, "the worker holds no connection between cycles"
+    first = _backends_after_a_first_cycle(
+        redis_conn, client, alice_token, make_node, lasting_worker
+    )
     _admitted_by_a_cycle(client, alice_token, submit(client, alice_token, gpus=1), lasting_worker)
     assert _worker_backends() == first
 
@@ -64,11 +72,9 @@ def test_a_worker_connection_killed_between_cycles_costs_no_cycle(
 ):
     from django.db import connection
 
-    purge_queue(redis_conn)
-    make_node("n1", gpus=8)
-    _admitted_by_a_cycle(client, alice_token, submit(client, alice_token, gpus=1), lasting_worker)
-    killed = _worker_backends()
-    assert killed
+    killed = _backends_after_a_first_cycle(
+        redis_conn, client, alice_token, make_node, lasting_worker
+    )
     with connection.cursor() as cursor:
         for pid in killed:
             # What a PostgreSQL restart does to every connection it had.
