@@ -278,6 +278,8 @@ class Agent:
         self.backoff = Backoff(max_s=config.backoff_max_s)
         self.connected = False
         self.heartbeats_ok = 0
+        # Notified as each heartbeat is answered (the watch re-arms after one, _watch_loop).
+        self._answered = threading.Condition()
         self._last_reported: dict[int, str] = {}
         self._watch_thread: threading.Thread | None = None
         # The runtime's view of the attempts at the last heartbeat: whose output to ship
@@ -304,6 +306,8 @@ class Agent:
         """Leave the loop soon. Jobs keep running; the next start adopts them."""
         self._stop.set()
         self._wake.set()
+        with self._answered:
+            self._answered.notify_all()
 
     @property
     def stopping(self) -> bool:
@@ -592,7 +596,19 @@ class Agent:
                 continue
             backoff.reset()
             if changed:
+                with self._answered:
+                    seen = self.heartbeats_ok
                 self._wake.set()
+                # The control plane answers a watch at once while the node's last heartbeat
+                # answer is older than its desired state. Re-armed before the heartbeat this
+                # wake asks for is answered, the watch came straight back: a request, and the
+                # desired state worked out for nothing, at every change. A heartbeat that
+                # fails (or one answered before the change landed) only costs that round again.
+                with self._answered:
+                    self._answered.wait_for(
+                        lambda seen=seen: self.heartbeats_ok > seen or self.stopping,
+                        timeout=self.config.request_timeout_s,
+                    )
 
     # -- one cycle -------------------------------------------------------------------------------
 
@@ -636,7 +652,9 @@ class Agent:
             log.info("heartbeats answered")
         self.connected = True
         self.backoff.reset()
-        self.heartbeats_ok += 1
+        with self._answered:
+            self.heartbeats_ok += 1
+            self._answered.notify_all()
         self._take_interval(answer)
         self._renew_lease(sent_at, answer)
         if answer.get("degraded"):

@@ -74,6 +74,10 @@ class TinyControlPlane:
         self.fail_next_log_posts = 0
         self.version = 0
         self.watches = 0
+        # As the real control plane does: a watch answers "changed" at once while the node's
+        # last heartbeat answer is older than the desired state (not only on a later change).
+        self.watch_against_last_answer = False
+        self.answered_version = 0
         # The volumes endpoint: None answers 404, like a control plane from before volumes.
         self.volumes: list[dict] | None = None
         self.checkpoint_deletions: list[dict] = []
@@ -236,6 +240,7 @@ class TinyControlPlane:
                     "heartbeat_interval_s": self.heartbeat_interval_s,
                     **lease,
                 }
+            self.answered_version = self.version
             return {
                 "attempts": list(self.desired_attempts),
                 "power_caps_w": dict(self.power_caps_w),
@@ -246,7 +251,7 @@ class TinyControlPlane:
     def _watch(self, body: dict) -> dict:
         with self.lock:
             self.watches += 1
-            seen = self.version
+            seen = self.answered_version if self.watch_against_last_answer else self.version
             self.lock.wait_for(
                 lambda: self.version != seen or self._server is None,
                 timeout=float(body["timeout_s"]),

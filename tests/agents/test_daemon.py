@@ -402,6 +402,37 @@ def test_new_work_is_picked_up_through_the_watch_not_the_next_periodic_heartbeat
     assert not thread.is_alive()
 
 
+def test_a_change_costs_the_agent_one_watch_not_a_second_one_before_its_heartbeat(
+    control_plane, state_dir, tmp_path
+):
+    """The control plane answers a watch at once while the node was not yet told the desired
+    state: re-armed before the heartbeat that a change wakes, the watch came straight back,
+    a request (and the desired state worked out) for nothing at every change."""
+    control_plane.heartbeat_interval_s = 300.0
+    control_plane.watch_against_last_answer = True
+    agent = make_agent(control_plane, state_dir)
+    thread = run_in_thread(agent)
+    try:
+        wait_until(lambda: control_plane.heartbeats and control_plane.watches, what="a watch")
+        for n in range(3):
+            watches_before = control_plane.watches
+            attempts = [attempt(20 + k, *waiting_on(tmp_path / f"go-{k}")) for k in range(n + 1)]
+            control_plane.set_desired(attempts)
+            wait_until(
+                lambda n=n: runtime_state(agent, 20 + n) is AttemptState.RUNNING,
+                what=f"attempt {20 + n}",
+            )
+            # Whatever the start's own report does, the watch is armed again once, and waits.
+            time.sleep(0.5)
+            assert control_plane.watches == watches_before + 1
+    finally:
+        for k in range(3):
+            (tmp_path / f"go-{k}").touch()
+        agent.stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
+
+
 @pytest.mark.parametrize("flush_s", [0.5, 0.0])
 def test_a_running_jobs_output_reaches_the_control_plane_between_heartbeats(
     control_plane, state_dir, tmp_path, flush_s
