@@ -604,11 +604,16 @@ class Agent:
                 # wake asks for is answered, the watch came straight back: a request, and the
                 # desired state worked out for nothing, at every change. A heartbeat that
                 # fails (or one answered before the change landed) only costs that round again.
-                with self._answered:
-                    self._answered.wait_for(
-                        lambda seen=seen: self.heartbeats_ok > seen or self.stopping,
-                        timeout=self.config.request_timeout_s,
-                    )
+                self._await_answer_after(seen)
+
+    def _await_answer_after(self, seen: int) -> None:
+        """Until a heartbeat after the `seen`-th was answered, the agent stops, or the request
+        timeout passed (heartbeats failing)."""
+        with self._answered:
+            self._answered.wait_for(
+                lambda: self.heartbeats_ok > seen or self.stopping,
+                timeout=self.config.request_timeout_s,
+            )
 
     # -- one cycle -------------------------------------------------------------------------------
 
