@@ -48,6 +48,11 @@ class Router(DefaultRouter):
 
 
 router = Router()
+# Django tries the patterns in order, two per route (with and without a format suffix), so a
+# collection registered late costs every one of its requests the failed matches of all before
+# it (a submit paid about 0.1 ms for them): the busiest collections come first.
+router.register("jobs", JobViewSet, basename="job")
+router.register("arrays", ArrayViewSet, basename="array")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("memberships", MembershipViewSet, basename="membership")
 router.register("invitations", InvitationViewSet, basename="invitation")
@@ -56,8 +61,6 @@ router.register("budgets", BudgetViewSet, basename="budget")
 router.register("pools", PoolViewSet, basename="pool")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
-router.register("jobs", JobViewSet, basename="job")
-router.register("arrays", ArrayViewSet, basename="array")
 router.register("join-tokens", JoinTokenViewSet, basename="join-token")
 router.register("audit", AuditEventViewSet, basename="audit")
 router.register("gpu-claim-conflicts", GpuClaimConflictViewSet, basename="gpu-claim-conflict")
