@@ -69,6 +69,10 @@ class TinyControlPlane:
         self.connections_opened = 0
         self.lease_s: float | None = None  # granted in every answer when set
         self.degraded = False  # answer like a control plane whose database is out of reach
+        # An HTTP status every heartbeat gets instead of its answer (a control plane whose web
+        # tier fails), or None; the heartbeat is still counted, but nothing is answered.
+        self.failing_heartbeat_status: int | None = None
+        self.heartbeats_refused = 0
         self.logs: dict[int, bytes] = {}
         self.log_posts: list[tuple[int, int, int]] = []  # (attempt, offset, bytes)
         self.fail_next_log_posts = 0
@@ -174,6 +178,11 @@ class TinyControlPlane:
                 if token not in cp.node_tokens:
                     return self._answer(401, {"detail": "bad node token"})
                 if path == "/heartbeat":
+                    failing = cp.failing_heartbeat_status
+                    if failing is not None:
+                        with cp.lock:
+                            cp.heartbeats_refused += 1
+                        return self._answer(failing, {"detail": "the web tier is failing"})
                     return self._answer(200, cp._heartbeat(body, token))
                 if path == "/watch":
                     return self._answer(200, cp._watch(body))

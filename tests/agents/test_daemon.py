@@ -59,9 +59,8 @@ def make_agent(cp, state_dir, *, gpu=None, clock=None, join=True, **overrides):
         watch_timeout_s=2.0,
         stop_grace_s=5.0,
         backoff_max_s=0.4,
-        request_timeout_s=3.0,
         # The fence is a process of its own, tested in test_fence.py.
-        **{"fence": False, **overrides},
+        **{"fence": False, "request_timeout_s": 3.0, **overrides},
     )
     if gpu is None:
         gpu_type, count = parse_spec("simulated:A100-SXM4-80GB:2")
@@ -428,6 +427,46 @@ def test_a_change_costs_the_agent_one_watch_not_a_second_one_before_its_heartbea
     finally:
         for k in range(3):
             (tmp_path / f"go-{k}").touch()
+        agent.stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
+
+
+def test_while_heartbeats_fail_a_change_rearms_the_watch_once_per_request_timeout(
+    control_plane, state_dir, tmp_path
+):
+    """A change the agent cannot fetch (every heartbeat fails) leaves the watch answering
+    "changed" at once. The agent must go on asking, so that it learns of the change as soon as
+    heartbeats work again, but at the pace of its request timeout: not in a loop of watches
+    (each a request, and the desired state worked out), nor never again."""
+    request_timeout_s = 1.0
+    control_plane.heartbeat_interval_s = 300.0
+    control_plane.watch_against_last_answer = True
+    agent = make_agent(control_plane, state_dir, request_timeout_s=request_timeout_s)
+    thread = run_in_thread(agent)
+    go = tmp_path / "go"
+    try:
+        wait_until(lambda: control_plane.heartbeats and control_plane.watches, what="a watch")
+        control_plane.failing_heartbeat_status = 503
+        watches_before = control_plane.watches
+        control_plane.set_desired([attempt(30, *waiting_on(go))])
+        window_s = 4 * request_timeout_s
+        time.sleep(window_s)
+        rearmed = control_plane.watches - watches_before
+        # About one per request timeout (4 here); a watch re-armed at once would be hundreds.
+        assert 2 <= rearmed <= 2 * window_s / request_timeout_s, rearmed
+        assert control_plane.heartbeats_refused >= 2  # the change did wake heartbeats
+        assert runtime_state(agent, 30) is None
+        # Heartbeats work again: the change is fetched and the attempt starts.
+        control_plane.failing_heartbeat_status = None
+        wait_until(lambda: runtime_state(agent, 30) is AttemptState.RUNNING, what="attempt 30")
+        # Then the watch waits for the next change again.
+        time.sleep(0.5)
+        settled = control_plane.watches
+        time.sleep(2 * request_timeout_s)
+        assert control_plane.watches <= settled + 1
+    finally:
+        go.touch()
         agent.stop()
         thread.join(timeout=20)
     assert not thread.is_alive()
