@@ -294,7 +294,8 @@ class ProcessRuntime(Runtime):
         self._job_path_prepend = tuple(job_path_prepend)
         # What every job inherits from the agent, read once: the agent never changes its own
         # environment while it runs, and filtering os.environ (which decodes every entry) at
-        # each start was a fifth of the start's own CPU with a login shell's environment.
+        # each start was a fifth of the start's own CPU (cProfile) with a login shell's
+        # environment.
         self._inherited_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCP_")}
         self._procs: dict[int, _Proc] = {}
         self._lock = threading.Lock()

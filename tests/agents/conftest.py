@@ -70,7 +70,7 @@ class TinyControlPlane:
         self.lease_s: float | None = None  # granted in every answer when set
         self.degraded = False  # answer like a control plane whose database is out of reach
         # An HTTP status every heartbeat gets instead of its answer (a control plane whose web
-        # tier fails), or None; the heartbeat is still counted, but nothing is answered.
+        # tier fails), or None; such a heartbeat counts in heartbeats_refused and changes nothing.
         self.failing_heartbeat_status: int | None = None
         self.heartbeats_refused = 0
         self.logs: dict[int, bytes] = {}
