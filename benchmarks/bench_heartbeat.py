@@ -2,6 +2,7 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/gpucp REDIS_URL=redis://127.0.0.1:6379/15 \
       .venv/bin/python benchmarks/bench_heartbeat.py [--nodes 1000] [--rate 1000] [--duration-s 30]
+      [--history 0]
 
 It creates its own database (the DATABASE_URL's name + "_bench_hb", dropped and re-created),
 registers --nodes nodes with 8 GPUs each through the real register endpoint, admits one job
@@ -229,6 +230,56 @@ def mark_running_in_bulk(attempt_ids: list[int]) -> None:
     now = timezone.now()
     JobAttempt.objects.filter(pk__in=attempt_ids).update(state=AttemptState.RUNNING, started_at=now)
     Job.objects.filter(attempts__pk__in=attempt_ids).update(state=JobState.RUNNING, started_at=now)
+
+
+def add_history(count: int, tenant_slug: str = "bench", username: str = "bench") -> None:
+    """`count` jobs of the tenant and user that ran and ended, spread over the nodes, as a
+    cluster in use for months keeps: what the hot reads must not go through. Then ANALYZE,
+    as autovacuum would have by then."""
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from controlplane.cluster.models import Node
+    from controlplane.jobs.models import AttemptState, Job, JobAttempt, JobState
+    from controlplane.tenancy.models import Tenant
+
+    user = get_user_model().objects.get(username=username)
+    tenant = Tenant.objects.get(slug=tenant_slug)
+    nodes = list(Node.objects.order_by("pk"))
+    now = timezone.now()
+    for start in range(0, count, 5000):
+        n = min(5000, count - start)
+        jobs = Job.objects.bulk_create(
+            Job(
+                tenant=tenant,
+                submitted_by=user,
+                name="history",
+                image="bench:1",
+                command=["true"],
+                gpus=1,
+                state=JobState.SUCCEEDED,
+                attempt_count=1,
+                submitted_at=now - timedelta(seconds=count - start - i),
+            )
+            for i in range(n)
+        )
+        JobAttempt.objects.bulk_create(
+            JobAttempt(
+                job=job,
+                number=1,
+                node=nodes[(start + i) % len(nodes)],
+                state=AttemptState.SUCCEEDED,
+                started_at=job.submitted_at,
+                finished_at=job.submitted_at + timedelta(seconds=1),
+            )
+            for i, job in enumerate(jobs)
+        )
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
 
 
 def admit_one_job_per_node() -> dict[str, int]:
@@ -467,6 +518,12 @@ def main() -> None:
         help="not measured; default: long enough for every node to heartbeat once (each web "
         "process then holds its nodes' answers, as in a running system), at least 5 s",
     )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="finished jobs (one attempt each, spread over the nodes) in the database first",
+    )
     parser.add_argument("--port", type=int, default=18450)
     parser.add_argument("--workers", type=int, default=max(2, (os.cpu_count() or 2)))
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker")
@@ -519,6 +576,9 @@ def main() -> None:
             pool, [f"bench-{i:05d}" for i in range(by_http, args.nodes)], args.gpus
         )
         attempts = admit_one_job_per_node()
+        if args.history:
+            print(f"adding {args.history} finished jobs of history ...", flush=True)
+            add_history(args.history)
         nodes = [(n, tok, attempts.get(n)) for n, tok in registered]
         # Each node's first heartbeat moves its attempt to RUNNING (a state change, with its
         # events); the figures are about the steady state, so that happens before measuring,
@@ -586,7 +646,8 @@ def main() -> None:
     mode = "closed loop (as fast as answered)" if args.rate == 0 else f"target {args.rate:.0f}/s"
     print()
     print(
-        f"heartbeat benchmark: {args.nodes} nodes x {args.gpus} GPUs, {mode}, "
+        f"heartbeat benchmark: {args.nodes} nodes x {args.gpus} GPUs, {args.history} finished "
+        f"jobs of history, {mode}, "
         f"gunicorn gthread {args.workers}x{args.threads}, {os.cpu_count()} CPUs shared with the clients"
     )
     print(f"  heartbeats answered : {len(latencies)} in {duration_s:.0f} s, errors: {errors}")

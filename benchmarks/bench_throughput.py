@@ -20,7 +20,9 @@ and --agents `python -m agents` processes (process runtime) on 127.0.0.1, and me
    (201) by the API, and the web's and PostgreSQL's CPU per job.
 
 --batch N makes the end-to-end run's clients submit lists of N jobs per POST; --array submits
-the end-to-end run's jobs as one job array instead.
+the end-to-end run's jobs as one job array instead. --history N puts N finished jobs (one
+attempt each) in the database first, as a cluster in use for months has: the reads of a
+heartbeat and of a cycle must not grow with them.
 
 Every process group of ours runs under a small reaper (this script with --reap): a Linux
 child subreaper, so that the job supervisors the agents detach, and the jobs, are reaped by
@@ -51,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_heartbeat import (  # noqa: E402 - after the path set-up
+    add_history,
     bench_database_url,
     ensure_free,
     percentile,
@@ -314,6 +317,12 @@ def main() -> None:
         default=0,
         help="database connections per gunicorn process (DB_POOL_MAX_SIZE; 0: one per thread)",
     )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="finished jobs (one attempt each, spread over the nodes) in the database first",
+    )
     parser.add_argument("--port", type=int, default=18470)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "throughput"))
@@ -424,9 +433,13 @@ def main() -> None:
             90,
             f"{args.agents} agents to register",
         )
+        if args.history:
+            print(f"adding {args.history} finished jobs of history ...", flush=True)
+            add_history(args.history)
         time.sleep(3)  # the first heartbeats and watches settle
         print(
-            f"throughput benchmark: {args.agents} nodes x 8 simulated GPUs, process runtime, "
+            f"throughput benchmark: {args.agents} nodes x 8 simulated GPUs, {args.history} "
+            "finished jobs of history, process runtime, "
             f"gunicorn 2x16 (DB_POOL_MAX_SIZE={args.web_pool}) + Celery worker + beat + Redis + "
             f"PostgreSQL, {os.cpu_count()} CPUs; "
             f"SCHEDULER_DEBOUNCE_S={settings.SCHEDULER_DEBOUNCE_S}, "

@@ -28,7 +28,14 @@ from controlplane.jobs.models import (
     JobState,
 )
 from controlplane.scheduling.profiles import with_learned_profiles
-from controlplane.scheduling.rows import UnixSeconds, fixed_rows, from_unix_s, raw_rows, unix_s
+from controlplane.scheduling.rows import (
+    Constant,
+    UnixSeconds,
+    fixed_rows,
+    from_unix_s,
+    raw_rows,
+    unix_s,
+)
 from controlplane.tenancy.models import Quota, Tenant
 from scheduler import model as m
 
@@ -551,9 +558,15 @@ def forget_history() -> None:
 
 
 def _history_rows(since_s: float) -> list[tuple]:
-    return raw_rows(
+    return raw_rows(_history_queryset(since_s))
+
+
+def _history_queryset(since_s: float):
+    return (
         JobAttempt.objects.filter(
-            state=AttemptState.SUCCEEDED,
+            # A literal: the partial index attempt_succeeded_by_end applies only to a plan that
+            # knows the state, and this statement is prepared (planned once for any `since`).
+            state=Constant(AttemptState.SUCCEEDED.value),
             finished_at__gte=from_unix_s(since_s),
             started_at__isnull=False,
         )

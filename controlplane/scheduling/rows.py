@@ -8,12 +8,14 @@ them has to import another to get them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, overload
 
+import psycopg
 from django.db import connections
-from django.db.models import F, FloatField, Func
+from django.db.models import CharField, Expression, F, FloatField, Func
 
 
 class UnixSeconds(Func):
@@ -37,6 +39,26 @@ class UnixSeconds(Func):
         )
 
 
+class Constant(Expression):
+    """A fixed word (a state) written into the SQL as a literal, not sent as a parameter.
+
+    A statement the driver prepares is planned once for any parameters, and a plan made for
+    `state = $1` can use no partial index whose condition names a state; with the word in
+    the text it can. Letters and underscores only, so that nothing can close the quote.
+    """
+
+    output_field = CharField()
+
+    def __init__(self, word: str):
+        if not re.fullmatch(r"[A-Za-z_]+", word):
+            raise ValueError(f"not a word to write into SQL: {word!r}")
+        super().__init__()
+        self.word = str(word)
+
+    def as_sql(self, compiler, connection):
+        return f"'{self.word}'", []
+
+
 def unix_s(field_name: str) -> UnixSeconds:
     return UnixSeconds(F(field_name))
 
@@ -54,10 +76,20 @@ def raw_rows(queryset) -> list[tuple]:
         return cursor.fetchall()
 
 
+def literal_sql(connection, sql: str, params) -> str:
+    """`sql` with `params` written in as PostgreSQL literals, quoted by the driver itself.
+
+    For constants only (states, the epoch's name): a statement whose text holds a value that
+    changes would be a new statement, planned anew, at every call.
+    """
+    connection.ensure_connection()
+    return psycopg.ClientCursor(connection.connection).mogrify(sql, params)
+
+
 # The SQL of the fixed reads of every cycle, by the function that builds the queryset, the
 # database alias and its vendor: building a queryset and compiling it cost more of a cycle's CPU
 # than running it (about a quarter of a snapshot load with a few hundred waiting jobs).
-_compiled: dict[tuple[Callable[[], Any], str, str], tuple[str, tuple]] = {}
+_compiled: dict[tuple[Callable[[], Any], str, str], tuple[str, tuple | None]] = {}
 
 
 def fixed_rows(build: Callable[[], Any], using: str = "default") -> list[tuple]:
@@ -66,6 +98,25 @@ def fixed_rows(build: Callable[[], Any], using: str = "default") -> list[tuple]:
     Only for a query whose SQL and parameters are the same at every call: no times, no ids, no
     settings that may change while the process runs. build must be a module-level function
     (it is the cache's key).
+
+    On PostgreSQL the parameters are written into the statement as literals. psycopg prepares
+    a statement a connection runs often (settings.DB_PREPARED_STATEMENTS), and PostgreSQL then
+    plans it once for any parameters: with `state = $2` that plan can use no partial index
+    (`state = 'PENDING'` cannot be proven of an unknown value) and no statistics of the
+    column, so the waiting jobs were read through the index of every state and sorted, and
+    the jobs with earlier attempts past the whole index of states. With the constants in the
+    text, the one plan is the one for these values.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(*fixed_statement(build, using))
+        return cursor.fetchall()
+
+
+def fixed_statement(build: Callable[[], Any], using: str = "default") -> tuple[str, tuple | None]:
+    """The SQL and parameters fixed_rows runs for build(), compiled at the first call.
+
+    None for parameters where they are written into the SQL: the statement then runs as it
+    is, a `%` in a literal included.
     """
     connection = connections[using]
     key = (build, using, connection.vendor)
@@ -73,10 +124,12 @@ def fixed_rows(build: Callable[[], Any], using: str = "default") -> list[tuple]:
     if compiled is None:
         queryset = build().using(using)
         sql, params = queryset.query.sql_with_params()
-        compiled = _compiled[key] = (sql, tuple(params))
-    with connection.cursor() as cursor:
-        cursor.execute(*compiled)
-        return cursor.fetchall()
+        if connection.vendor == "postgresql" and params:
+            compiled = (literal_sql(connection, sql, params), None)
+        else:
+            compiled = (sql, tuple(params))
+        _compiled[key] = compiled
+    return compiled
 
 
 @overload
