@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _scheduling_db import bench_database, setup_django  # noqa: E402
+from bench_heartbeat import add_history  # noqa: E402
 
 
 def loadavg() -> str:
@@ -39,8 +40,6 @@ def loadavg() -> str:
 
 def populate(history: int, nodes: int) -> list[int]:
     """Nodes, two running jobs on each, `history` finished ones; returns the node ids."""
-    from datetime import timedelta
-
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
@@ -83,23 +82,7 @@ def populate(history: int, nodes: int) -> list[int]:
             submitted_at=at,
         )
 
-    for start in range(0, history, 5000):
-        n = min(5000, history - start)
-        done = Job.objects.bulk_create(
-            job(JobState.SUCCEEDED, now - timedelta(seconds=history - start - i)) for i in range(n)
-        )
-        JobAttempt.objects.bulk_create(
-            JobAttempt(
-                job=j,
-                number=1,
-                node=node_rows[(start + i) % nodes],
-                state=AttemptState.SUCCEEDED,
-                started_at=j.submitted_at,
-                finished_at=j.submitted_at + timedelta(seconds=1),
-                gpu_seconds=1.0,
-            )
-            for i, j in enumerate(done)
-        )
+    add_history(history)  # spread over the nodes made above, then ANALYZE
     running = Job.objects.bulk_create(job(JobState.RUNNING, now) for _ in range(2 * nodes))
     attempts = JobAttempt.objects.bulk_create(
         JobAttempt(
@@ -158,7 +141,7 @@ def run(history: int, nodes: int, calls: int) -> None:
         started = time.perf_counter()
         node_ids = populate(history, nodes)
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
+            cursor.execute("ANALYZE")  # the running and waiting jobs made after the history
         print(
             f"[{history} finished jobs, {nodes} nodes] set up in "
             f"{time.perf_counter() - started:.1f} s (load {loadavg()})",
