@@ -29,7 +29,6 @@ from controlplane.jobs.models import (
 )
 from controlplane.scheduling.profiles import with_learned_profiles
 from controlplane.scheduling.rows import (
-    Constant,
     UnixSeconds,
     fixed_rows,
     from_unix_s,
@@ -564,9 +563,7 @@ def _history_rows(since_s: float) -> list[tuple]:
 def _history_queryset(since_s: float):
     return (
         JobAttempt.objects.filter(
-            # A literal: the partial index attempt_succeeded_by_end applies only to a plan that
-            # knows the state, and this statement is prepared (planned once for any `since`).
-            state=Constant(AttemptState.SUCCEEDED.value),
+            state=AttemptState.SUCCEEDED,
             finished_at__gte=from_unix_s(since_s),
             started_at__isnull=False,
         )

@@ -8,14 +8,13 @@ them has to import another to get them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, overload
 
 import psycopg
 from django.db import connections
-from django.db.models import CharField, Expression, F, FloatField, Func
+from django.db.models import F, FloatField, Func
 
 
 class UnixSeconds(Func):
@@ -37,26 +36,6 @@ class UnixSeconds(Func):
         return self.as_sql(
             compiler, connection, template="(julianday(%(expressions)s) - 2440587.5) * 86400.0"
         )
-
-
-class Constant(Expression):
-    """A fixed word (a state) written into the SQL as a literal, not sent as a parameter.
-
-    A statement the driver prepares is planned once for any parameters, and a plan made for
-    `state = $1` can use no partial index whose condition names a state; with the word in
-    the text it can. Letters and underscores only, so that nothing can close the quote.
-    """
-
-    output_field = CharField()
-
-    def __init__(self, word: str):
-        if not re.fullmatch(r"[A-Za-z_]+", word):
-            raise ValueError(f"not a word to write into SQL: {word!r}")
-        super().__init__()
-        self.word = str(word)
-
-    def as_sql(self, compiler, connection):
-        return f"'{self.word}'", []
 
 
 def unix_s(field_name: str) -> UnixSeconds:
