@@ -28,13 +28,7 @@ from controlplane.jobs.models import (
     JobState,
 )
 from controlplane.scheduling.profiles import with_learned_profiles
-from controlplane.scheduling.rows import (
-    UnixSeconds,
-    fixed_rows,
-    from_unix_s,
-    raw_rows,
-    unix_s,
-)
+from controlplane.scheduling.rows import UnixSeconds, fixed_rows, from_unix_s, raw_rows, unix_s
 from controlplane.tenancy.models import Quota, Tenant
 from scheduler import model as m
 
@@ -557,11 +551,7 @@ def forget_history() -> None:
 
 
 def _history_rows(since_s: float) -> list[tuple]:
-    return raw_rows(_history_queryset(since_s))
-
-
-def _history_queryset(since_s: float):
-    return (
+    return raw_rows(
         JobAttempt.objects.filter(
             state=AttemptState.SUCCEEDED,
             finished_at__gte=from_unix_s(since_s),
