@@ -232,6 +232,23 @@ def mark_running_in_bulk(attempt_ids: list[int]) -> None:
     Job.objects.filter(attempts__pk__in=attempt_ids).update(state=JobState.RUNNING, started_at=now)
 
 
+def job_row(tenant, user, state: str, submitted_at, name: str = "bench"):
+    """A one-GPU `true` job of the tenant and user in `state`, not saved (for bulk_create)."""
+    from controlplane.jobs.models import Job
+
+    return Job(
+        tenant=tenant,
+        submitted_by=user,
+        name=name,
+        image="bench:1",
+        command=["true"],
+        gpus=1,
+        state=state,
+        attempt_count=1,
+        submitted_at=submitted_at,
+    )
+
+
 def add_history(count: int, tenant_slug: str = "bench", username: str = "bench") -> None:
     """`count` jobs of the tenant and user that ran and ended, spread over the nodes, as a
     cluster in use for months keeps: what the hot reads must not go through. Then ANALYZE,
@@ -239,6 +256,7 @@ def add_history(count: int, tenant_slug: str = "bench", username: str = "bench")
     from datetime import timedelta
 
     from django.contrib.auth import get_user_model
+    from django.db import connection
     from django.utils import timezone
 
     from controlplane.cluster.models import Node
@@ -252,16 +270,12 @@ def add_history(count: int, tenant_slug: str = "bench", username: str = "bench")
     for start in range(0, count, 5000):
         n = min(5000, count - start)
         jobs = Job.objects.bulk_create(
-            Job(
-                tenant=tenant,
-                submitted_by=user,
+            job_row(
+                tenant,
+                user,
+                JobState.SUCCEEDED,
+                now - timedelta(seconds=count - start - i),
                 name="history",
-                image="bench:1",
-                command=["true"],
-                gpus=1,
-                state=JobState.SUCCEEDED,
-                attempt_count=1,
-                submitted_at=now - timedelta(seconds=count - start - i),
             )
             for i in range(n)
         )
@@ -276,8 +290,6 @@ def add_history(count: int, tenant_slug: str = "bench", username: str = "bench")
             )
             for i, job in enumerate(jobs)
         )
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
 

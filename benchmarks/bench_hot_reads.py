@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _scheduling_db import bench_database, setup_django  # noqa: E402
-from bench_heartbeat import add_history  # noqa: E402
+from bench_heartbeat import add_history, job_row, register_in_bulk  # noqa: E402
 
 
 def loadavg() -> str:
@@ -50,40 +50,13 @@ def populate(history: int, nodes: int) -> list[int]:
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
     tenant = Tenant.objects.create(slug="bench", name="Bench")
     pool = Pool.objects.create(name="bench")
-    node_rows = Node.objects.bulk_create(
-        Node(name=f"n{i}", pool=pool, cpus=64, memory_mib=512 * 1024) for i in range(nodes)
-    )
-    gpus = GPU.objects.bulk_create(
-        GPU(
-            node=n,
-            index=g,
-            uuid=f"GPU-{n.name}-{g}",
-            model="H100-SXM-80GB",
-            memory_mib=81559,
-            power_min_w=200.0,
-            power_max_w=700.0,
-            power_default_w=700.0,
-        )
-        for n in node_rows
-        for g in range(8)
-    )
+    register_in_bulk(pool, [f"n{i}" for i in range(nodes)], 8)
+    node_rows = list(Node.objects.order_by("pk"))
+    add_history(history)  # spread over these nodes, then ANALYZE
     now = timezone.now()
-
-    def job(state: str, at) -> Job:
-        return Job(
-            tenant=tenant,
-            submitted_by=user,
-            name="bench",
-            image="bench:1",
-            command=["true"],
-            gpus=1,
-            state=state,
-            attempt_count=1,
-            submitted_at=at,
-        )
-
-    add_history(history)  # spread over the nodes made above, then ANALYZE
-    running = Job.objects.bulk_create(job(JobState.RUNNING, now) for _ in range(2 * nodes))
+    running = Job.objects.bulk_create(
+        job_row(tenant, user, JobState.RUNNING, now) for _ in range(2 * nodes)
+    )
     attempts = JobAttempt.objects.bulk_create(
         JobAttempt(
             job=j,
@@ -94,11 +67,11 @@ def populate(history: int, nodes: int) -> list[int]:
         )
         for i, j in enumerate(running)
     )
-    by_node = {n.pk: [g for g in gpus if g.node_id == n.pk] for n in node_rows}
+    first_gpus = {(g.node_id, g.index): g for g in GPU.objects.filter(index__in=(0, 1))}
     Allocation.objects.bulk_create(
-        Allocation(attempt=a, gpu=by_node[a.node_id][i % 2]) for i, a in enumerate(attempts)
+        Allocation(attempt=a, gpu=first_gpus[(a.node_id, i % 2)]) for i, a in enumerate(attempts)
     )
-    Job.objects.bulk_create(job(JobState.PENDING, now) for _ in range(50))
+    Job.objects.bulk_create(job_row(tenant, user, JobState.PENDING, now) for _ in range(50))
     return [n.pk for n in node_rows]
 
 

@@ -4,8 +4,9 @@ psycopg prepares a statement a connection runs often, and PostgreSQL then settle
 for every call (a generic plan). A constant sent as a parameter (`state = $2`) hides from that
 plan which partial index applies and how few rows match, so a heartbeat read every attempt the
 database ever kept, and each cycle read its waiting jobs through the index of every state.
-These tests give the database a history of finished work, force the generic plan, and look at
-what it reads.
+These tests give the database a history of finished work and look at what the plans read:
+each hot read's forced generic plan, then a steady cycle and a heartbeat with the plans
+PostgreSQL settles on by itself.
 """
 
 from __future__ import annotations
