@@ -14,7 +14,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import OuterRef, Q, Subquery, Sum
+from django.db import connection
+from django.db.models import F, OuterRef, Q, Subquery, Sum
 
 from controlplane.accounting.budgets import budget_states, scheduler_view
 from controlplane.cluster.models import GPU, Node, NodeState, Pool
@@ -28,7 +29,15 @@ from controlplane.jobs.models import (
     JobState,
 )
 from controlplane.scheduling.profiles import with_learned_profiles
-from controlplane.scheduling.rows import UnixSeconds, fixed_rows, from_unix_s, raw_rows, unix_s
+from controlplane.scheduling.rows import (
+    AnyOf,
+    RowVersion,
+    UnixSeconds,
+    fixed_rows,
+    from_unix_s,
+    raw_rows,
+    unix_s,
+)
 from controlplane.tenancy.models import Quota, Tenant
 from scheduler import model as m
 
@@ -44,6 +53,12 @@ HISTORY_MAX_RECORDS = 5000
 # later than that (a node back from a partition) joins at the next full read.
 HISTORY_FULL_READ_EVERY_S = 60.0
 HISTORY_LATE_EXITS_S = 2.0
+# Between full reads of the waiting jobs, a cycle on PostgreSQL reads only the rows that changed
+# (_load_pending). The full read now and then bounds what a version that came round again (a
+# transaction id reused after four billion) could hide from a process that kept a row so long.
+PENDING_FULL_READ_EVERY_S = 60.0
+# With more jobs new or changed than this, one read of every row costs no more than by id.
+PENDING_FETCH_MAX = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +103,7 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
         # does, the database refuses the GPU to anyone else, so the plan must not use it.
         log.warning("GPUs held by allocations of inactive attempts: %s", sorted(orphans))
         nodes = tuple(_without_gpus(node, orphans) for node in nodes)
-    pending, pending_rows = _load_pending(earlier)
+    pending, pending_rows = _load_pending(earlier, now_s)
     snapshot = m.Snapshot(
         now_s=now_s,
         nodes=nodes,
@@ -371,45 +386,130 @@ def _latest_checkpoint_at() -> Subquery:
     )
 
 
-# The pending jobs of the last load by id, with the columns they were built from: most of a long
-# queue is the same from one cycle to the next, and a frozen object can be handed out again.
-_last_pending: dict[int, tuple] = {}
+@dataclass(frozen=True, slots=True)
+class _PendingCache:
+    """The waiting jobs of the last load, kept by this process between cycles; replaced whole
+    (see _HistoryCache).
+
+    entries: job id -> (job_key, job, row_key, stored, version): the columns the Pending was
+    built from, the Pending (a frozen object, handed out again while its row is the same),
+    the columns the applier compares, their PendingRow, and the row's version with the names
+    joined to it (what _pending_versions reads).
+    """
+
+    entries: dict[int, tuple] = field(default_factory=dict)
+    order: tuple[int, ...] = ()  # job ids in submit order
+    full_read_at_s: float = -math.inf
 
 
-def _load_pending(earlier: dict[int, float]) -> tuple[tuple[m.Pending, ...], dict[int, PendingRow]]:
-    global _last_pending
-    last_by_id = _last_pending
+_pending_cache = _PendingCache()
+
+
+def forget_pending() -> None:
+    """Drop the kept waiting jobs: the next cycle reads every row whole (tests, benchmarks)."""
+    global _pending_cache
+    _pending_cache = _PendingCache()
+
+
+def _load_pending(
+    earlier: dict[int, float], now_s: float
+) -> tuple[tuple[m.Pending, ...], dict[int, PendingRow]]:
+    """The waiting jobs in submit order, and their rows as stored.
+
+    On PostgreSQL, between full reads, only each waiting job's id and row version are read
+    (RowVersion), and whole rows only for the jobs that are new or whose row changed since
+    the last load: a queue of thousands behind a full cluster is nearly the same from one
+    cycle to the next, and reading and comparing every row of it was most of a quiet cycle.
+    """
+    global _pending_cache
+    cache = _pending_cache
+    entries = cache.entries
+    versions: dict[int, tuple] | None = None
+    changed: list[int] = []
+    if connection.vendor == "postgresql" and 0 <= now_s - cache.full_read_at_s < (
+        PENDING_FULL_READ_EVERY_S
+    ):
+        versions = {row[0]: row[1:] for row in fixed_rows(_pending_versions)}
+        for job_id, version in versions.items():
+            entry = entries.get(job_id)
+            if entry is None or entry[4] != version:
+                changed.append(job_id)
+        if len(changed) > PENDING_FETCH_MAX:
+            versions = None  # a flood of new jobs: one read of every row costs no more
+    full_read_at_s = cache.full_read_at_s
+    if versions is None:
+        rows = fixed_rows(_pending_rows)
+        full_read_at_s = now_s
+    else:
+        rows = raw_rows(_pending_by_id(changed)) if changed else []
     by_id: dict[int, tuple] = {}
-    pending = []
-    rows: dict[int, PendingRow] = {}
-    for row in fixed_rows(_pending_rows):
+    resort = False
+    for row in rows:
         job_id = row[0]
         # The mounts as the driver gave them (text): decoded only when the job is new or changed.
-        job_key = (
-            *row[:13],
-            row[13],
-            row[14],
-            row[15],
-            earlier.get(job_id, 0.0),
-            row[22],
-        )
+        job_key = (*row[:16], earlier.get(job_id, 0.0), row[22])
         row_key = row[16:22]
-        last = last_by_id.get(job_id)
+        last = entries.get(job_id)
         job = last[1] if last is not None and last[0] == job_key else _pending(job_key)
         stored = last[3] if last is not None and last[2] == row_key else PendingRow(*row_key)
-        by_id[job_id] = (job_key, job, row_key, stored)
-        pending.append(job)
-        rows[job_id] = stored
-    _last_pending = by_id
-    return tuple(pending), rows
+        by_id[job_id] = (job_key, job, row_key, stored, (row[23], row[1], row[2], row[14]))
+        resort = resort or last is None or last[0][8] != job_key[8]
+    if versions is not None:
+        fetched = set(changed)
+        for job_id in versions:
+            if job_id in fetched:
+                # In by_id as read, or not there: no longer waiting by the time it was read.
+                continue
+            entry = entries[job_id]
+            job_key = entry[0]
+            attained_s = earlier.get(job_id, 0.0)
+            if job_key[16] != attained_s:
+                # An attempt of it that ended is counted in another table than its row.
+                job_key = (*job_key[:16], attained_s, job_key[17])
+                entry = (job_key, _pending(job_key), *entry[2:])
+            by_id[job_id] = entry
+    if versions is None:
+        order = tuple(row[0] for row in rows)  # read in submit order
+    elif resort:
+        order = tuple(sorted(by_id, key=lambda job_id: (by_id[job_id][0][8], job_id)))
+    else:
+        # The same jobs or fewer, none moved in the order: the last order without the gone.
+        order = tuple(job_id for job_id in cache.order if job_id in by_id)
+    _pending_cache = _PendingCache(by_id, order, full_read_at_s)
+    pending = tuple(by_id[job_id][1] for job_id in order)
+    return pending, {job_id: by_id[job_id][3] for job_id in order}
+
+
+def _pending_query():
+    # A deactivated tenant's jobs stay queued but are not offered to the scheduler, nor are held
+    # ones (controlplane.jobs.holds): the job_schedulable index skips them.
+    return Job.objects.filter(state=JobState.PENDING, hold="", tenant__active=True)
+
+
+def _pending_by_id(ids: list[int]):
+    # One statement whatever the number of ids (an array, not a parameter per id), so that it
+    # is prepared once; the id's index finds each row.
+    return _pending_rows().order_by().filter(AnyOf(F("id"), ids))
+
+
+def _pending_versions():
+    # What tells a kept waiting job from a changed one: its row's version, and the names the
+    # full read joins to the row (a renamed user, tenant or volume changes another table).
+    return (
+        _pending_query()
+        .order_by()
+        .annotate(version=RowVersion(Job))
+        .values_list(
+            "id", "version", "tenant__slug", "submitted_by__username", "checkpoint_volume__name"
+        )
+    )
 
 
 def _pending_rows():
     return (
-        # A deactivated tenant's jobs stay queued but are not offered to the scheduler, nor
-        # are held ones (controlplane.jobs.holds): the job_schedulable index skips them.
-        Job.objects.filter(state=JobState.PENDING, hold="", tenant__active=True)
+        _pending_query()
         .order_by("submitted_at", "id")
+        .annotate(version=RowVersion(Job))
         .values_list(
             "id",
             "tenant__slug",
@@ -434,6 +534,7 @@ def _pending_rows():
             unix_s("estimated_start_at"),
             "predicted_duration_s",
             "array_id",
+            "version",
         )
     )
 

@@ -13,8 +13,18 @@ from datetime import UTC, datetime
 from typing import Any, overload
 
 import psycopg
+from django.contrib.postgres.fields import ArrayField
 from django.db import connections
-from django.db.models import F, FloatField, Func
+from django.db.models import (
+    BigIntegerField,
+    BooleanField,
+    Expression,
+    F,
+    FloatField,
+    Func,
+    TextField,
+    Value,
+)
 
 
 class UnixSeconds(Func):
@@ -40,6 +50,43 @@ class UnixSeconds(Func):
 
 def unix_s(field_name: str) -> UnixSeconds:
     return UnixSeconds(F(field_name))
+
+
+class AnyOf(Func):
+    """`column = ANY(ids)` (PostgreSQL): one array parameter for any number of ids, so that the
+    statement's text, and the plan psycopg prepares for it, is the same for every number."""
+
+    output_field = BooleanField()
+    arg_joiner = " = ANY("
+    template = "%(expressions)s)"
+
+    def __init__(self, column, ids: list[int]):
+        super().__init__(column, Value(ids, output_field=ArrayField(BigIntegerField())))
+
+
+class RowVersion(Expression):
+    """Which version of a row this is: its xmin and ctid on PostgreSQL, NULL on other databases.
+
+    PostgreSQL never changes a row in place: an UPDATE writes a new version, in a slot of its
+    own (ctid) and stamped with the (sub)transaction that wrote it (xmin). So two versions of a
+    row that one reader sees in turn differ in the pair: written by different transactions, the
+    xmin differs; by the same one, the ctid does, since a slot is reused only once the version
+    in it is dead to every transaction. A reader that kept what it built from a row can tell
+    whether the row changed from these few bytes, whatever order the writers committed in.
+    """
+
+    output_field = TextField()
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def as_sql(self, compiler, connection):
+        return "NULL", []
+
+    def as_postgresql(self, compiler, connection):
+        table = compiler.quote_name_unless_alias(self.model._meta.db_table)
+        return f"({table}.xmin::text || {table}.ctid::text)", []
 
 
 def raw_rows(queryset) -> list[tuple]:

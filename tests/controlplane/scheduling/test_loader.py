@@ -6,7 +6,7 @@ from django.utils import timezone
 from controlplane.cluster.models import NodeState
 from controlplane.jobs import actions
 from controlplane.jobs.models import Job, JobAttempt
-from controlplane.scheduling.loader import load_snapshot
+from controlplane.scheduling.loader import forget_pending, load_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -49,12 +49,18 @@ def test_the_loader_reads_the_cluster_in_the_same_number_of_queries_however_big_
     Budget.objects.create(tenant=vision, kind="energy_kwh", period="day", amount=100)
     Budget.objects.create(tenant=nlp, kind="gpu_hours", period="day", amount=100)
     _populate(make_node, make_job, vision, nlp, alice, bob, scale=1)
+    forget_pending()
     # Two more read the telemetry of running attempts new to the power-profile step.
     with django_assert_num_queries(14):
         small = load_snapshot()
     _populate(make_node, make_job, vision, nlp, alice, bob, scale=6)
-    with django_assert_num_queries(14):
+    # The waiting jobs kept from the last load: their versions, then the new ones by id.
+    with django_assert_num_queries(15):
         big = load_snapshot()
+    # Read whole again, the same jobs (no attempt new to the power-profile step this time).
+    forget_pending()
+    with django_assert_num_queries(12):
+        assert load_snapshot().snapshot.pending == big.snapshot.pending
     assert len(big.snapshot.nodes) == 7 * 3 > len(small.snapshot.nodes)
     assert len(big.snapshot.pending) == 7 * 2 > len(small.snapshot.pending)
     assert len(big.snapshot.running) == 7 > len(small.snapshot.running)
