@@ -156,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
         "virtualenv bin so that a job's `python` is the agent's [GPUCP_JOB_PATH_PREPEND, none]",
     )
     p.add_argument(
+        "--supervisor",
+        choices=("auto", "compiled", "bash"),
+        default=_env("GPUCP_SUPERVISOR", "auto"),
+        help="what supervises each process-runtime job: compiled (supervise.c, built once with "
+        "the host's C compiler into the state folder), bash (supervise.sh), or auto: compiled "
+        "where it builds [GPUCP_SUPERVISOR, auto]",
+    )
+    p.add_argument(
         "--advertise-address",
         default=_env("GPUCP_ADVERTISE_ADDRESS"),
         help="the address other nodes reach this node's jobs at (a multi-node job's master "
@@ -276,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             docker_url=args.docker_url,
             gpu_device_requests=gpu.real_devices,
             job_path_prepend=tuple(d for d in args.job_path_prepend.split(os.pathsep) if d),
+            supervisor=args.supervisor,
         )
     except (RuntimeError, ValueError) as exc:
         log.error("runtime %s: %s", args.runtime, exc)

@@ -6,22 +6,26 @@ ended, its exit code, so an agent restarted while jobs run re-adopts them and st
 exit code of those that ended while it was down. Once its end is acknowledged, the folder is
 renamed into `<state-dir>/process-trash/` and deleted there by a thread (_Trash).
 
-The supervisor is `supervise.sh`, run by `bash -p` (no startup files, no functions from the
-environment): a fork and an exec of a small shell per attempt, where a Python interpreter cost
-tens of milliseconds of CPU per job. Between the agent and the job it is the one process that
-keeps every promise of the runtime:
+The supervisor is `supervise.c`, built once by the agent with the host's C compiler, or where
+there is none `supervise.sh`, run by `bash -p` (no startup files, no functions from the
+environment); agents/runtime/supervisor.py picks. Either is a fork and an exec of a small
+program per attempt, where a Python interpreter cost tens of milliseconds of CPU per job (and
+bash a millisecond and a half more than the compiled one). Both keep the same contract and write
+the same records, so either adopts the other's attempts. Between the agent and the job the
+supervisor is the one process that keeps every promise of the runtime:
 
 - it runs in a session of its own (a Ctrl-C or SIGTERM to the agent's group never reaches it),
-  and starts the job in a process group of its own (bash's job control, which makes the group
-  before it goes on), so a stop reaches everything the job spawned and nothing else;
+  and starts the job in a process group of its own (made before it goes on: bash's job control,
+  or setpgid in both the job and the compiled supervisor), so a stop reaches everything the job spawned and nothing else;
 - it is the job's parent and outlives the agent: it writes the job's pid and start time to
   `child.json` (as the former Python supervisor did, so that a fence of the former version,
   which lives on through an upgrade while jobs run, still finds the new jobs) and, once the job
   ended, its exit code to `exit` (128 + signal, like a shell), which a restarted agent reads;
-- it lives through SIGTERM, SIGINT and SIGHUP, which the job gets at their defaults: trapped
-  until the job is forked (a trap, unlike an ignore, is not inherited), ignored from then on
-  (a trapped signal would cut its `wait` short); where the agent itself ignores one of them,
-  which bash could then not trap, it is started with the defaults restored;
+- it lives through SIGTERM, SIGINT and SIGHUP, which the job gets at their defaults: bash traps
+  them until the job is forked (a trap, unlike an ignore, is not inherited) and ignores them
+  from then on (a trapped signal would cut its `wait` short); where the agent itself ignores
+  one of them, which bash could then not trap, it is started with the defaults restored. The
+  compiled one ignores them and resets every signal to its default in the job;
 - right before the job it checks the node's lease once more (`lease.deadline`, written by
   agents.lease beside `lease.json` in a form bash compares without starting a process), and
   refuses with a fenced record when it ran out;
@@ -31,16 +35,16 @@ keeps every promise of the runtime:
   jobs turns over as fast as the agent reports them.
 
 A supervisor that vanished without an exit record (killed, host rebooted) is reported as lost,
-and its job is killed. Its records are one line each, written by one printf and read only whole
+and its job is killed. Its records are one line each, written by one write and read only whole
 (the exit record with its newline, the pid record as JSON that parses); bash cannot fsync, so the
 agent fsyncs the exit record when it first reads it, and until then the kernel's writeback (about
 30 s) keeps it: the record matters after a crash of the host only for a job that ended in those
 seconds while no agent ran.
 
-The job's environment is the supervisor's, which bash passes on unchanged but for what a shell
-keeps itself: PWD (the job's real folder), OLDPWD (dropped), SHLVL (one more), PS4 (`+ ` for
-root), and SHELLOPTS and BASHOPTS, which `bash -p` ignores: a job's own arrive as the
-supervisor's.
+The job's environment is the supervisor's, which the compiled one passes on unchanged, and bash
+too but for what a shell keeps itself: PWD (the job's real folder), OLDPWD (dropped), SHLVL
+(one more), PS4 (`+ ` for root), and SHELLOPTS and BASHOPTS, which `bash -p` ignores: a job's
+own arrive as the supervisor's.
 
 Attempts started by the former Python supervisor (`supervise.py`, whose exit record is
 `exit.json`) are still adopted and read.
@@ -83,10 +87,14 @@ from agents.runtime.base import (
     visible_devices_env,
     write_json_atomic,
 )
+from agents.runtime.supervisor import resolve as resolve_supervisor
 
 log = logging.getLogger(__name__)
 
-SUPERVISOR = Path(__file__).with_name("supervise.sh")
+# The supervisor of a runtime made without naming one (the agent's --supervisor), and where
+# the compiled one is built under the state folder.
+SUPERVISOR_KIND = "auto"
+SUPERVISOR_BUILD_DIR = "bin"
 # How long start() waits for the supervisor to report that the job runs (or could not start).
 START_TIMEOUT_S = 15.0
 # The supervisor vanished without writing an exit code (killed, or the host rebooted).
@@ -271,8 +279,12 @@ class ProcessRuntime(Runtime):
         state_dir: str | os.PathLike[str],
         *,
         job_path_prepend: Sequence[str] = (),
+        supervisor: str | None = None,
     ) -> None:
         """Keep attempt folders under state_dir; job_path_prepend goes first on every job's PATH.
+
+        supervisor: "auto" (the compiled supervisor where it builds, else bash), "compiled"
+        or "bash"; None: SUPERVISOR_KIND.
 
         The job inherits the agent's PATH unless the operator asks for more: a host whose jobs
         should find the agent's own interpreter first (the embedded demo's `python -m
@@ -282,10 +294,9 @@ class ProcessRuntime(Runtime):
         relative = [d for d in job_path_prepend if not os.path.isabs(d)]
         if relative:
             raise ValueError(f"job PATH folders must be absolute, got {', '.join(relative)}")
-        bash = shutil.which("bash")
-        if bash is None:
-            raise RuntimeError("the process runtime needs bash on the agent's PATH")
-        self._bash = bash
+        self._supervisor = resolve_supervisor(
+            supervisor or SUPERVISOR_KIND, Path(state_dir) / SUPERVISOR_BUILD_DIR
+        )
         self._root = Path(state_dir) / "process"
         self._lease_path = Path(state_dir) / LEASE_FILE
         self._deadline_path = Path(state_dir) / LEASE_DEADLINE_FILE
@@ -402,7 +413,7 @@ class ProcessRuntime(Runtime):
         # inherit the ignore: an agent that ignores one (nohup) pays for a Python step instead,
         # unless it made its ignores handlers first (handle_ignored_stop_signals; the agent's
         # main does).
-        inherited_ignore = any(
+        inherited_ignore = self._supervisor.needs_bash_signals and any(
             signal.getsignal(sig) == signal.SIG_IGN for sig in (*STOP_SIGNALS, *JOB_STOP_SIGNALS)
         )
         started_r, started_w = os.pipe()
@@ -411,9 +422,7 @@ class ProcessRuntime(Runtime):
                 try:
                     popen = subprocess.Popen(
                         [
-                            self._bash,
-                            "-p",
-                            str(SUPERVISOR),
+                            *self._supervisor.argv,
                             str(attempt_dir),
                             str(self._deadline_path),
                             str(self._lease_path),
@@ -443,6 +452,7 @@ class ProcessRuntime(Runtime):
                 "supervisor_pid": popen.pid,
                 "supervisor_start_ticks": proc_start_ticks(popen.pid),
                 "records": TEXT_RECORDS,
+                "supervisor": self._supervisor.kind,
                 "created_at": time.time(),
             }
             # Written once, into a folder nothing else writes: no temporary file and rename

@@ -1,4 +1,5 @@
-# The supervisor of one process-runtime attempt (agents/runtime/process.py explains the design):
+# The supervisor of one process-runtime attempt where supervise.c cannot be built (agents/runtime/
+# process.py explains the design; both write the same records):
 #
 #   bash -p supervise.sh <attempt-dir> <lease.deadline> <lease.json> <started-fd> -- command...
 #

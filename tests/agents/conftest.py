@@ -298,6 +298,16 @@ def engine_url() -> str:
     return docker_host()
 
 
+@pytest.fixture(params=["compiled", "bash"])
+def every_supervisor(request, monkeypatch) -> str:
+    """Runs the test once with each job supervisor (agents/runtime/supervisor.py): runtimes
+    made without naming one get it."""
+    from agents.runtime import process
+
+    monkeypatch.setattr(process, "SUPERVISOR_KIND", request.param)
+    return request.param
+
+
 @pytest.fixture
 def state_dir(tmp_path) -> Path:
     """An agent state dir; jobs a failed test left running there are killed afterwards."""

@@ -224,6 +224,7 @@ def _own_grace_too_long(state_dir):
         (_lease_json_only, "cannot be read"),
     ],
 )
+@pytest.mark.usefixtures("every_supervisor")
 def test_the_supervisor_refuses_a_start_under_a_lease_that_ran_out(state_dir, tmp_path, lease, why):
     lease(state_dir)
     ran = tmp_path / "ran"
@@ -249,6 +250,7 @@ def test_the_supervisor_refuses_a_start_under_a_lease_that_ran_out(state_dir, tm
         ),
     ],
 )
+@pytest.mark.usefixtures("every_supervisor")
 def test_the_supervisor_starts_the_job_under_a_lease_that_holds(state_dir, lease):
     lease(state_dir)
     runtime = ProcessRuntime(state_dir)

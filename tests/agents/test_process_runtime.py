@@ -20,6 +20,9 @@ from agents.runtime.process import (
 )
 from tests.agents.conftest import wait_until
 
+# Every test here runs with both supervisors: they keep one contract.
+pytestmark = pytest.mark.usefixtures("every_supervisor")
+
 
 def spec(attempt_id, *command, **kwargs):
     return AttemptSpec(attempt_id=attempt_id, command=tuple(command), **kwargs)

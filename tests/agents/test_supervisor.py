@@ -1,0 +1,245 @@
+"""The two job supervisors (supervise.c, supervise.sh) keep one contract, and the compiled one
+is built, kept and given up on as agents/runtime/supervisor.py says.
+
+The contract itself is tested through the runtime with each supervisor (test_process_runtime,
+test_leases); here the two are run side by side on what only they read: the lease's end, in
+every form that file can take, broken ones included.
+"""
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agents.runtime import supervisor
+from agents.runtime.base import AttemptSpec, AttemptState
+from agents.runtime.process import ProcessRuntime, read_child
+from tests.agents.conftest import wait_until
+
+with open("/proc/sys/kernel/random/boot_id") as f:
+    BOOT_ID = f.read().strip()
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory) -> dict[str, tuple[str, ...]]:
+    build_dir = tmp_path_factory.mktemp("bin")
+    return {
+        "compiled": supervisor.resolve("compiled", build_dir).argv,
+        "bash": supervisor.resolve("bash", build_dir).argv,
+    }
+
+
+def run_supervisor(argv, folder: Path, deadline: str | None, lease: bool, command=("true",)):
+    """What the supervisor decided: ("exit", code) for a job it ran, else (kind, message)."""
+    folder.mkdir(exist_ok=True)
+    deadline_path = folder / "lease.deadline"
+    lease_path = folder / "lease.json"
+    if deadline is not None:
+        deadline_path.write_text(deadline)
+    if lease:
+        lease_path.write_text("{}")
+    attempt = folder / "attempt"
+    attempt.mkdir()
+    read_end, write_end = os.pipe()
+    try:
+        done = subprocess.run(
+            [*argv, attempt, deadline_path, lease_path, str(write_end), "--", *command],
+            pass_fds=(write_end,),
+            env={"PATH": os.environ["PATH"], "GPUCP_ATTEMPT_ID": "3"},
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    kind, _, rest = (attempt / "exit").read_text().rstrip("\n").partition(" ")
+    if kind == "exit":  # exit <code> <time>
+        return ("exit", int(rest.split(" ")[0]))
+    return (kind, rest.partition(" ")[2])  # <kind> <time> <message>
+
+
+numbers = st.one_of(
+    st.integers(0, 10**6).map(str),  # centiseconds of uptime: a deadline past
+    st.integers(10**10, 10**12).map(str),  # one far ahead
+    st.sampled_from(["", "-5", "1e3", "12a", "0x10", "007", "+3", "1 2"]),
+)
+blank = st.sampled_from([" ", "\t", "  ", " \t"])
+first_line = st.tuples(
+    st.sampled_from([BOOT_ID, "other-boot", ""]),
+    blank,
+    numbers,
+    blank,
+    numbers,
+    st.sampled_from(["", " ", "\t", " 9"]),
+).map("".join)
+attempt_line = st.tuples(
+    st.sampled_from(["3", "4", "03", "", " 3"]), blank, numbers, st.sampled_from(["", " "])
+).map("".join)
+deadline_files = st.one_of(
+    st.none(),
+    st.tuples(
+        st.sampled_from(["", "\n"]),
+        first_line,
+        st.lists(attempt_line, max_size=3),
+        st.booleans(),
+    ).map(lambda t: t[0] + "\n".join([t[1], *t[2]]) + ("\n" if t[3] else "")),
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(deadline=deadline_files, lease=st.booleans())
+def test_both_supervisors_read_every_lease_file_alike(both, tmp_path_factory, deadline, lease):
+    verdicts = {
+        kind: run_supervisor(argv, tmp_path_factory.mktemp(kind), deadline, lease)
+        for kind, argv in both.items()
+    }
+    assert verdicts["compiled"] == verdicts["bash"], (deadline, lease)
+
+
+@pytest.mark.parametrize("name", ["no-such-command", "no such command", "it's-not-here", ""])
+def test_both_supervisors_refuse_a_command_that_is_not_there_alike(both, tmp_path, name):
+    verdicts = {
+        kind: run_supervisor(argv, tmp_path / kind, None, False, command=(name,))
+        for kind, argv in both.items()
+    }
+    assert verdicts["compiled"][0] == verdicts["bash"][0] == "failed"
+    for _, message in verdicts.values():
+        assert message.startswith("cannot run ") and message.endswith(": not found")
+
+
+@pytest.mark.parametrize(
+    "script, exit_code",
+    [
+        ("#!/no/such/interpreter\n", 127),  # found, but its interpreter is not: as bash says
+        ("#!/etc/passwd\n", 126),  # an interpreter that cannot run
+        ("exit 5\n", 5),  # no #! line: sh runs it, as from a shell
+    ],
+)
+def test_a_command_that_is_there_but_cannot_run_exits_as_from_a_shell(
+    both, tmp_path, script, exit_code
+):
+    program = tmp_path / "program"
+    program.write_text(script)
+    program.chmod(0o755)
+    for kind, argv in both.items():
+        assert run_supervisor(argv, tmp_path / kind, None, False, command=(str(program),)) == (
+            "exit",
+            exit_code,
+        ), kind
+
+
+@pytest.mark.parametrize("first, then", [("bash", "compiled"), ("compiled", "bash")])
+def test_an_agent_of_either_supervisor_adopts_the_others_attempts(state_dir, first, then):
+    runtime = ProcessRuntime(state_dir, supervisor=first)
+    runtime.start(AttemptSpec(attempt_id=1, command=("sleep", "300")))
+    runtime.start(AttemptSpec(attempt_id=2, command=("sh", "-c", "exit 4")))
+    record = json.loads((state_dir / "process/1/record.json").read_text())
+    assert record["supervisor"] == first
+    wait_until(lambda: (state_dir / "process/2/exit").exists(), what="attempt 2's exit record")
+
+    upgraded = ProcessRuntime(state_dir, supervisor=then)
+    adopted = {s.attempt_id: s for s in upgraded.adopt()}
+    assert adopted[1].state is AttemptState.RUNNING
+    assert (adopted[2].state, adopted[2].exit_code) == (AttemptState.EXITED, 4)
+    upgraded.stop(1, grace_s=30)
+    status = wait_until(
+        lambda: next((s for s in upgraded.statuses() if s.attempt_id == 1 and s.exit_code), None),
+        what="attempt 1 to end",
+    )
+    assert status.exit_code == 128 + signal.SIGTERM
+    upgraded.start(AttemptSpec(attempt_id=3, command=("true",)))
+    assert json.loads((state_dir / "process/3/record.json").read_text())["supervisor"] == then
+
+
+def test_auto_runs_bash_where_nothing_compiles_and_compiled_says_why(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(supervisor, "_built", {})
+    (tmp_path / "cc").write_text(
+        "#!/bin/sh\necho 'cc: error: this compiler is broken' >&2\nexit 1\n"
+    )
+    (tmp_path / "cc").chmod(0o755)
+    monkeypatch.setattr(supervisor, "_compiler", lambda: str(tmp_path / "cc"))
+    assert supervisor.resolve("auto", tmp_path / "bin").kind == "bash"
+    assert "this compiler is broken" in caplog.text
+    with pytest.raises(supervisor.SupervisorError, match="this compiler is broken"):
+        supervisor.resolve("compiled", tmp_path / "bin")
+    # Nothing half-built is left to be run later.
+    assert list((tmp_path / "bin").iterdir()) == []
+
+    monkeypatch.setattr(supervisor, "_compiler", lambda: None)
+    assert supervisor.resolve("auto", tmp_path / "bin").kind == "bash"
+    with pytest.raises(supervisor.SupervisorError, match="no C compiler"):
+        supervisor.resolve("compiled", tmp_path / "bin")
+
+
+def test_an_agent_that_cannot_build_its_supervisor_still_runs_jobs(state_dir, monkeypatch):
+    monkeypatch.setattr(supervisor, "_built", {})
+    monkeypatch.setattr(supervisor, "_compiler", lambda: None)
+    runtime = ProcessRuntime(state_dir)  # auto
+    runtime.start(AttemptSpec(attempt_id=1, command=("sh", "-c", "exit 3")))
+    assert json.loads((state_dir / "process/1/record.json").read_text())["supervisor"] == "bash"
+    status = wait_until(
+        lambda: next((s for s in runtime.statuses() if s.state is AttemptState.EXITED), None),
+        what="the job to end",
+    )
+    assert status.exit_code == 3
+
+
+def test_the_build_is_kept_per_source_version_and_made_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor, "_built", {})
+    built = supervisor.build(tmp_path / "bin")
+    assert built.parent == tmp_path / "bin" and os.access(built, os.X_OK)
+    made_at = built.stat().st_mtime_ns
+    # A later agent (a new process: nothing remembered) takes the build that is there.
+    monkeypatch.setattr(supervisor, "_built", {})
+    monkeypatch.setattr(supervisor, "_compiler", lambda: pytest.fail("built again"))
+    assert supervisor.build(tmp_path / "bin") == built
+    assert built.stat().st_mtime_ns == made_at
+    # A new version of the source gets a program of its own, beside the old one.
+    monkeypatch.undo()
+    monkeypatch.setattr(supervisor, "_built", {})
+    source = tmp_path / "supervise.c"
+    source.write_bytes(supervisor.SOURCE.read_bytes() + b"\n/* the next version */\n")
+    monkeypatch.setattr(supervisor, "SOURCE", source)
+    newer = supervisor.build(tmp_path / "bin")
+    assert newer != built and sorted(p.name for p in (tmp_path / "bin").iterdir()) == sorted(
+        [built.name, newer.name]
+    )
+
+
+def test_the_compiled_supervisor_gives_the_job_every_signal_at_its_default(state_dir):
+    """An ignore or a blocked mask would pass exec: a job that ignores SIGTERM outlives its
+    grace, one that blocks SIGINT never sees a Ctrl-C."""
+    ignored = (signal.SIGUSR1, signal.SIGPIPE, signal.SIGTERM)
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGUSR2})
+    try:
+        runtime = ProcessRuntime(state_dir, supervisor="compiled")
+        runtime.start(AttemptSpec(attempt_id=1, command=("sleep", "300")))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    pid = read_child(state_dir / "process/1")["pid"]
+    wait_until(lambda: os.readlink(f"/proc/{pid}/exe").endswith("/sleep"), what="the exec")
+    with open(f"/proc/{pid}/status") as f:
+        masks = {
+            name: int(value, 16)
+            for name, value in (line.split(":") for line in f)
+            if name in ("SigIgn", "SigBlk")
+        }
+    assert (masks["SigIgn"], masks["SigBlk"]) == (0, 0)
+    os.killpg(pid, signal.SIGTERM)
+    status = wait_until(
+        lambda: next((s for s in runtime.statuses() if s.state is AttemptState.EXITED), None),
+        what="the job to end",
+    )
+    assert status.exit_code == 128 + signal.SIGTERM
