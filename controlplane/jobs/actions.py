@@ -460,9 +460,12 @@ def plan_rendezvous(placements: Sequence[tuple[Node, Sequence[GPU]]]) -> list[Re
     A member per node holding the attempt's GPUs (the attempt's own node when it holds none).
     Rank 0 is the node with the most of them (ties: the attempt's own node, then name order),
     so the master runs where most of the job's processes do. The master port is the lowest of
-    the rank-0 node's job port range that no other active member of rank 0 there holds (nor
-    one planned before it in this batch); a range all taken gives its lowest port, whose bind
-    the agent checks before it starts: a port taken fails the start and the job is requeued.
+    the rank-0 node's job port range that no other active member of rank 0 at its address holds
+    (nor one planned before it in this batch): nodes that share an address share a host's ports
+    (simulated nodes, or several agents on one host), and two of their jobs given one port
+    would meet each other, or fail each other's start. A range all taken gives its lowest port,
+    whose bind the agent checks before it starts: a port taken fails the start and the job is
+    requeued.
     """
     node_ids = {node.pk for node, _ in placements} | {
         g.node_id for _, gpus in placements for g in gpus
@@ -473,15 +476,20 @@ def plan_rendezvous(placements: Sequence[tuple[Node, Sequence[GPU]]]) -> list[Re
             "pk", "name", "advertise_address", "job_port_min", "job_port_max"
         )
     }
-    used: dict[int, set[int]] = {}
-    for node_id, port in AttemptMember.objects.filter(
-        node_id__in=node_ids,
+    addresses = {row[2] for row in nodes.values() if row[2]}
+
+    def host(node_id: int, address: str | None) -> str | int:
+        return address or node_id  # a node without an address is a host of its own
+
+    used: dict[str | int, set[int]] = {}
+    for node_id, address, port in AttemptMember.objects.filter(
+        Q(node_id__in=node_ids) | Q(node__advertise_address__in=addresses),
         rank=0,
         state__in=ACTIVE_ATTEMPT_STATES,
         attempt__master_port__isnull=False,
-    ).values_list("node_id", "attempt__master_port"):
+    ).values_list("node_id", "node__advertise_address", "attempt__master_port"):
         if port is not None:
-            used.setdefault(node_id, set()).add(port)
+            used.setdefault(host(node_id, address), set()).add(port)
     plans = []
     for node, gpus in placements:
         counts: dict[int, int] = {}
@@ -506,8 +514,8 @@ def plan_rendezvous(placements: Sequence[tuple[Node, Sequence[GPU]]]) -> list[Re
                 }
             )
         master = ranked[0]
-        _, _, _, low, high = nodes.get(master, (master, "", "", 29500, 29999))
-        taken = used.setdefault(master, set())
+        _, _, address, low, high = nodes.get(master, (master, "", "", 29500, 29999))
+        taken = used.setdefault(host(master, address), set())
         port = next((p for p in range(low, high + 1) if p not in taken), low)
         taken.add(port)
         plans.append(Rendezvous(members, addrs, port))

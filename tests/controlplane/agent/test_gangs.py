@@ -121,6 +121,32 @@ def test_rank_zero_is_the_node_with_most_of_the_gpus_and_ports_are_not_shared(
     assert {first.master_port, second.master_port} == {30000, 30001}
 
 
+def test_nodes_on_one_host_never_give_two_jobs_one_master_port(agent, make_job, vision, alice):
+    """Simulated nodes, or several agents on one host, share its ports: a port given to a job of
+    one of them is taken for the others too, in one cycle's batch and across cycles. Nodes on
+    other hosts may use the same port."""
+    for name in ("sim-0", "sim-1", "sim-2"):
+        agent.register(name, gpus=2, advertise_address="127.0.0.1", job_port_range=[29500, 29999])
+    agent.register("other-host", gpus=2, advertise_address="10.0.2.1")
+    nodes = {n.name: n for n in Node.objects.filter(name__startswith=("sim-"))}
+    other = Node.objects.get(name="other-host")
+
+    def admit(batch):
+        results = actions.admit_jobs(
+            [
+                actions.Admission(make_job(vision, alice, gpus=1), node, [gpu], False)
+                for node, gpu in batch
+            ]
+        )
+        return [r.master_port for r in results.values()]
+
+    first = admit([(node, node.gpus.order_by("index")[0]) for node in nodes.values()])
+    later = admit([(node, node.gpus.order_by("index")[1]) for node in nodes.values()])
+    ports = first + later
+    assert len(set(ports)) == len(ports) == 6
+    assert admit([(other, other.gpus.order_by("index")[0])]) == [29500]
+
+
 def test_the_job_runs_only_once_every_member_runs(gang):
     _beat(gang, gang.a, [running(gang.attempt)])
     gang.job.refresh_from_db()
