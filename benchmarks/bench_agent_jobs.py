@@ -1,6 +1,7 @@
 """CPU the process runtime spends per job: what a node pays for each attempt of `true`.
 
-    .venv/bin/python benchmarks/bench_agent_jobs.py [--jobs 200] [--gpus 8]
+    .venv/bin/python benchmarks/bench_agent_jobs.py [--jobs 200] [--gpus 8] \
+        [--supervisor compiled,bash]
 
 Starts --jobs attempts of `true` through agents.runtime.process.ProcessRuntime, at most --gpus
 at once (one-GPU jobs on a node of that many GPUs), observes each until it ended and removes
@@ -8,6 +9,8 @@ it, as the agent does. It reports the CPU milliseconds per job of this process (
 starting, observing, removing) and of its reaped descendants (each attempt's supervisor and the
 job itself), and the jobs per second. This process is a child subreaper, so nothing that exits
 escapes the count. No control plane and no agent loop: bench_throughput measures those.
+--supervisor names the job supervisors to measure, one after the other (the compiled one is
+built before its count starts, as an agent builds it once).
 """
 
 from __future__ import annotations
@@ -51,17 +54,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--supervisor", default="compiled,bash")
     args = parser.parse_args()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    for supervisor in args.supervisor.split(","):
+        measure(args.jobs, args.gpus, supervisor)
+
+
+def measure(jobs: int, gpus: int, supervisor: str) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-agent-jobs-") as state_dir:
-        runtime = ProcessRuntime(state_dir)
+        runtime = ProcessRuntime(state_dir, supervisor=supervisor)
+        reap_orphans()  # the compiler's, should it have built the supervisor
         own_before_s, children_before_s = cpu_s()
         started_at = time.monotonic()
         next_id, running, done = 1, set(), 0
-        while done < args.jobs:
-            while len(running) < args.gpus and next_id <= args.jobs:
+        while done < jobs:
+            while len(running) < gpus and next_id <= jobs:
                 runtime.start(AttemptSpec(attempt_id=next_id, command=("true",)))
                 running.add(next_id)
                 next_id += 1
@@ -74,11 +84,11 @@ def main() -> None:
         reap_orphans()
         wall_s = time.monotonic() - started_at
         own_after_s, children_after_s = cpu_s()
-    own_ms = 1000 * (own_after_s - own_before_s) / args.jobs
-    children_ms = 1000 * (children_after_s - children_before_s) / args.jobs
+    own_ms = 1000 * (own_after_s - own_before_s) / jobs
+    children_ms = 1000 * (children_after_s - children_before_s) / jobs
     print(
-        f"{args.jobs} jobs of `true` in {wall_s:.1f} s ({args.jobs / wall_s:.0f} jobs/s); CPU per "
-        f"job: runtime {own_ms:.2f} ms + supervisor and job {children_ms:.2f} ms = "
+        f"{supervisor:>8} supervisor: {jobs} jobs of `true` in {wall_s:.1f} s ({jobs / wall_s:.0f} "
+        f"jobs/s); CPU per job: runtime {own_ms:.2f} ms + supervisor and job {children_ms:.2f} ms = "
         f"{own_ms + children_ms:.2f} ms (load average {os.getloadavg()[0]:.2f})"
     )
 
