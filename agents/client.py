@@ -12,6 +12,7 @@ import base64
 import logging
 import os
 import random
+import secrets
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,11 @@ log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/agent/v1"
 TOKEN_FILE = "node-token"
+# The key of a registration under way, kept until its answer (the node token) is: a retry of
+# it, by this process or by the next after a restart, sends the same key, so that a control
+# plane that registered the node but whose answer was lost gives a node token again instead of
+# refusing the join token the first try spent (docs/agent-protocol.md, "Registration").
+REGISTRATION_KEY_FILE = "registration-key"
 
 
 class ControlPlaneError(Exception):
@@ -194,12 +200,36 @@ class ControlPlaneClient:
         """Register with the join token; keeps the node token it gets. Returns the answer."""
         if not self.join_token:
             raise Unauthorized("no join token to register with (set GPUCP_JOIN_TOKEN)")
+        key_path = self._token_path.with_name(REGISTRATION_KEY_FILE)
+        payload = {**payload, "registration_key": self._registration_key(key_path)}
         answer = self._post("/register", payload, self.join_token, self.timeout_s)
         token = answer.get("node_token")
         if not token:
             raise Rejected("register answered without a node_token")
         self._save_token(token)
+        key_path.unlink(missing_ok=True)  # the next registration is another one
         return answer
+
+    @staticmethod
+    def _registration_key(path: Path) -> str:
+        """The key of the registration under way: the one kept, or a new one, kept (0600)
+        before it is first sent."""
+        try:
+            key = path.read_text().strip()
+        except FileNotFoundError:
+            key = ""
+        if len(key) >= 32:
+            return key
+        key = secrets.token_urlsafe(32)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(REGISTRATION_KEY_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return key
 
     def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Send what the node observes; returns the desired state."""

@@ -24,6 +24,7 @@ from controlplane import wakeups
 from controlplane.audit import trail
 from controlplane.cluster import gpu_claims, lease, rules
 from controlplane.cluster.agent_auth import (
+    JOIN_TOKEN_PREFIX,
     consume_join_token,
     issue_join_token,
     rotate_node_token,
@@ -38,6 +39,7 @@ from controlplane.cluster.models import (
 )
 from controlplane.jobs import actions as job_actions
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Allocation, JobAttempt
+from controlplane.tenancy.models import hash_token
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +102,66 @@ def register_node(raw_join_token: str | None, data: dict) -> tuple[Node, str]:
     whose GpuClaimRefused carries the join token so the refusal can be recorded once this
     transaction has rolled back). Raises AgentAuthError for a join token that does not work.
     """
+    now = timezone.now()
+    key = data.get("registration_key")
+    if key and raw_join_token:
+        again = _registered_again(raw_join_token, data["name"], key, now)
+        if again is not None:
+            return again
     join = consume_join_token(raw_join_token)
     try:
-        return _register(join, data, timezone.now())
+        return _register(join, data, now)
     except gpu_claims.GpuClaimRefused as exc:
         exc.join_token = join
         raise
+
+
+# How long after a registration its agent may send it again and get a node token: a retry
+# after an answer lost on the way (a timeout under load, a dropped connection) comes within
+# seconds; later, the node must join with a join token that still has a use.
+REGISTRATION_RETRY_S = 600.0
+
+
+def _registered_again(
+    raw_join_token: str, name: str, key: str, now: dt.datetime
+) -> tuple[Node, str] | None:
+    """The retry of a registration whose answer its agent never got: the same join token (not
+    revoked, not expired; its use was spent by the first), the same node name and the same
+    registration key, within REGISTRATION_RETRY_S, before any heartbeat used the node token the
+    first issued. The node gets a fresh node token (the first, never received, stops working);
+    nothing else changes, and no use of the join token is spent. None when it is not that.
+    """
+    if not raw_join_token.startswith(JOIN_TOKEN_PREFIX + "_"):
+        return None
+    node = (
+        Node.objects.select_for_update()
+        .filter(
+            name=name,
+            registration_key_hash=hash_token(key),
+            registration_join_token__token_hash=hash_token(raw_join_token),
+            registration_join_token__revoked_at__isnull=True,
+            registration_join_token__expires_at__gt=now,
+            registered_at__gte=now - dt.timedelta(seconds=REGISTRATION_RETRY_S),
+            # A heartbeat moves last_heartbeat_at past the registration: the first answer did
+            # arrive, and whoever holds its token is the node.
+            last_heartbeat_at__lte=F("registered_at"),
+            deregistered_at__isnull=True,
+        )
+        .select_related("registration_join_token")
+        .first()
+    )
+    if node is None:
+        return None
+    token = rotate_node_token(node)
+    join = node.registration_join_token
+    trail.record(
+        "node.register",
+        actor_label=f"join token {join.prefix if join else ''}",
+        obj=node,
+        message=f"Node {node.name} sent its registration again (its answer was lost); "
+        "it has a new node token.",
+    )
+    return node, token
 
 
 def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
@@ -140,6 +196,9 @@ def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
         "last_heartbeat_at": now,
         "ready": True,
         "deregistered_at": None,
+        "registered_at": now,
+        "registration_join_token": join,
+        "registration_key_hash": hash_token(key) if (key := data.get("registration_key")) else "",
     }
     if join.node_name:
         node, _ = Node.objects.select_for_update().update_or_create(name=name, defaults=fields)

@@ -298,7 +298,20 @@ def parse_registration(body: dict) -> dict:
         "runtime": string(body, "runtime", max_length=32) or "",
         "gpus": gpus,
         "address": node_address(body),
+        "registration_key": registration_key(body),
     }
+
+
+_REGISTRATION_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
+
+
+def registration_key(body: dict) -> str | None:
+    """The agent's random key for this registration, which lets it send it again should the
+    answer be lost (actions.register_node); optional, for agents of before it."""
+    key = string(body, "registration_key", max_length=128)
+    if key is not None and not _REGISTRATION_KEY_RE.match(key):
+        raise Invalid("registration_key", "32 to 128 letters, digits, '_' or '-'.")
+    return key
 
 
 # A host name or an IPv4/IPv6 address: what a job's peers connect to.

@@ -69,6 +69,14 @@ class Node(models.Model):
     # Set by an admin for a node that is gone for good (controlplane.cluster.gpu_claims): its
     # token is revoked and its GPUs may join another node. A re-join clears it.
     deregistered_at = models.DateTimeField(null=True, blank=True)
+    # The last registration: when, with which join token, and the hash of the key its agent
+    # sent, so that the agent's retry of it (its answer lost on the way) gets a node token again
+    # instead of a refusal for a join token it already spent (actions.register_node).
+    registered_at = models.DateTimeField(null=True, blank=True)
+    registration_join_token = models.ForeignKey(
+        "JoinToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    registration_key_hash = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["name"]

@@ -61,6 +61,7 @@ class TinyControlPlane:
         self.lock = threading.Condition()
         self.node_tokens: dict[str, str] = {}  # token -> node name
         self.registrations: list[dict] = []
+        self.lost_register_answers = 0  # registrations done whose answer is then dropped
         self.heartbeats: list[dict] = []
         self.heartbeat_tokens: list[str] = []
         self.desired_attempts: list[dict] = []
@@ -174,6 +175,11 @@ class TinyControlPlane:
                     if token != cp.JOIN_TOKEN:
                         return self._answer(401, {"detail": "bad join token"})
                     status, answer = cp._register(body)
+                    if cp.lost_register_answers:
+                        # Registered, but the answer never reaches the agent.
+                        cp.lost_register_answers -= 1
+                        self.close_connection = True
+                        return None
                     return self._answer(status, answer)
                 if token not in cp.node_tokens:
                     return self._answer(401, {"detail": "bad node token"})

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from agents import daemon
-from agents.client import ControlPlaneClient
+from agents.client import REGISTRATION_KEY_FILE, ControlPlaneClient, ControlPlaneUnavailable
 from agents.daemon import Agent, AgentConfig
 from agents.gpu.simulated import SimulatedBackend, parse_spec
 from agents.runtime.base import AttemptState
@@ -134,6 +134,33 @@ def test_the_agent_registers_its_inventory_once_and_reuses_its_node_token(contro
     assert again.cycle()
     assert len(control_plane.registrations) == 1
     assert control_plane.heartbeat_tokens[0] == control_plane.heartbeat_tokens[1]
+
+
+def test_a_registration_whose_answer_was_lost_is_sent_again_with_the_same_key(
+    control_plane, state_dir
+):
+    """The control plane registered the node but its answer never came (a timeout under load):
+    the retry, by this agent or by the next one after a restart, carries the same registration
+    key, which lets a real control plane hand out a node token again for the join token the
+    first try spent (tests/controlplane/agent/test_register_retry.py)."""
+    control_plane.lost_register_answers = 2
+    key_path = state_dir / REGISTRATION_KEY_FILE
+    first = ControlPlaneClient(
+        control_plane.url, state_dir=state_dir, join_token=control_plane.JOIN_TOKEN
+    )
+    with pytest.raises(ControlPlaneUnavailable):
+        first.register({"name": NODE})
+    assert key_path.stat().st_mode & 0o777 == 0o600
+    # The agent restarted after a crash: it registers at its start, through one more lost
+    # answer, then the answer.
+    restarted = make_agent(control_plane, state_dir)
+    assert restarted.cycle()
+    keys = [r["registration_key"] for r in control_plane.registrations]
+    assert len(keys) == 3 and len(set(keys)) == 1 and len(keys[0]) >= 32
+    assert not key_path.exists()  # the next registration will be another one
+    control_plane.node_tokens.clear()
+    assert not restarted.cycle()  # the node token refused: it registers anew, with a new key
+    assert control_plane.registrations[-1]["registration_key"] != keys[0]
 
 
 def test_a_refused_node_token_makes_the_agent_register_again(control_plane, state_dir):

@@ -1,0 +1,116 @@
+"""A registration whose answer was lost: the agent sends it again with the same registration key
+and gets a node token for the node the first made, not a refusal for the join token the first
+spent. Anything else that is not that very retry is refused as before."""
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from controlplane.cluster import actions
+from controlplane.cluster.agent_auth import issue_join_token
+from controlplane.cluster.models import JoinToken, Node
+from controlplane.tenancy.models import hash_token
+
+from .conftest import inventory, readings
+
+KEY = "k" * 43
+OTHER_KEY = "o" * 43
+
+
+@pytest.fixture
+def one_use(pool):
+    """A join token with one use, as an admin hands one to a new host."""
+    token, raw = issue_join_token(pool, expires_at=timezone.now() + dt.timedelta(hours=1))
+    return token, raw
+
+
+def _register(agent, raw, name="node-01", key=KEY, **fields):
+    body = inventory(name, gpus=2, **fields)
+    if key is not None:
+        body["registration_key"] = key
+    return agent.post("register", body, raw)
+
+
+def test_a_retry_of_a_registration_whose_answer_was_lost_gets_a_node_token(agent, one_use):
+    token, raw = one_use
+    lost = _register(agent, raw)  # the control plane did it; the agent never read the answer
+    assert lost.status_code == 201
+
+    again = _register(agent, raw)
+    assert again.status_code == 201, again.content
+    new_token = again.json()["node_token"]
+    assert new_token != lost.json()["node_token"]
+    node = Node.objects.get()
+    assert node.token_hash == hash_token(new_token)  # the first token, never read, is void
+    assert (
+        agent.post(
+            "heartbeat", agent.heartbeat_body(readings(node)), lost.json()["node_token"]
+        ).status_code
+        == 401
+    )
+    agent.heartbeat(new_token, readings(node))
+    token.refresh_from_db()
+    assert token.uses == 1  # the retry spent nothing
+    assert list(node.gpus.values_list("uuid", flat=True)) == ["GPU-node-01-0", "GPU-node-01-1"]
+
+
+def test_a_multi_use_token_retried_gets_the_same_node_not_a_name_conflict(agent, join_token):
+    assert _register(agent, join_token).status_code == 201
+    again = _register(agent, join_token)
+    assert again.status_code == 201, again.content
+    assert Node.objects.count() == 1
+    assert JoinToken.objects.get().uses == 1
+
+
+@pytest.mark.parametrize(
+    "change, status",
+    [
+        ({"key": OTHER_KEY}, 401),  # another agent holding the join token
+        ({"key": None}, 401),  # an agent of before registration keys
+        ({"name": "node-02"}, 401),  # another node: the one use is spent
+    ],
+)
+def test_what_is_not_the_same_registration_is_refused_as_before(agent, one_use, change, status):
+    _, raw = one_use
+    assert _register(agent, raw).status_code == 201
+    assert _register(agent, raw, **change).status_code == status
+    assert Node.objects.count() == 1
+
+
+def test_no_retry_once_the_first_node_token_was_used(agent, one_use):
+    """A heartbeat with the first token means its answer did arrive: a second holder of the
+    join token and the key gets nothing."""
+    _, raw = one_use
+    first = _register(agent, raw).json()["node_token"]
+    agent.heartbeat(first, readings(Node.objects.get()))
+    assert _register(agent, raw).status_code == 401
+    assert Node.objects.get().token_hash == hash_token(first)
+
+
+@pytest.mark.parametrize("how", ["revoked", "expired", "too_late", "deregistered"])
+def test_no_retry_with_a_join_token_no_longer_good_or_after_the_window(agent, one_use, how):
+    token, raw = one_use
+    first = _register(agent, raw).json()["node_token"]
+    node = Node.objects.get()
+    if how == "revoked":
+        JoinToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+    elif how == "expired":
+        JoinToken.objects.filter(pk=token.pk).update(expires_at=timezone.now())
+    elif how == "too_late":
+        earlier = timezone.now() - dt.timedelta(seconds=actions.REGISTRATION_RETRY_S + 1)
+        Node.objects.filter(pk=node.pk).update(registered_at=earlier, last_heartbeat_at=earlier)
+    else:
+        Node.objects.filter(pk=node.pk).update(deregistered_at=timezone.now())
+    assert _register(agent, raw).status_code == 401
+    assert Node.objects.get().token_hash == hash_token(first)
+
+
+@pytest.mark.parametrize("key", ["short", "x" * 129, "has space" + "x" * 30, "é" * 40, 12345])
+def test_a_registration_key_that_is_not_one_is_refused_naming_it(agent, one_use, key):
+    token, raw = one_use
+    response = _register(agent, raw, key=key)
+    assert response.status_code == 400
+    assert "registration_key" in response.json()
+    token.refresh_from_db()
+    assert token.uses == 0 and not Node.objects.exists()
