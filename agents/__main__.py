@@ -164,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
         "where it builds [GPUCP_SUPERVISOR, auto]",
     )
     p.add_argument(
+        "--supervisor-dir",
+        default=_env("GPUCP_SUPERVISOR_DIR"),
+        metavar="DIR",
+        help="where the compiled supervisor is built and kept, once per version; agents on one "
+        "host (simulated nodes) may share one [GPUCP_SUPERVISOR_DIR, <state-dir>/bin]",
+    )
+    p.add_argument(
         "--advertise-address",
         default=_env("GPUCP_ADVERTISE_ADDRESS"),
         help="the address other nodes reach this node's jobs at (a multi-node job's master "
@@ -285,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_device_requests=gpu.real_devices,
             job_path_prepend=tuple(d for d in args.job_path_prepend.split(os.pathsep) if d),
             supervisor=args.supervisor,
+            supervisor_dir=args.supervisor_dir,
         )
     except (RuntimeError, ValueError) as exc:
         log.error("runtime %s: %s", args.runtime, exc)

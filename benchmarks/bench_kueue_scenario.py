@@ -740,6 +740,8 @@ def role_launch_agents(args) -> None:
                     f"--node-name={node['name']}",
                     f"--state-dir={Path(spec['state_root']) / node['name']}",
                     "--runtime=process",
+                    # One build of the job supervisor for all the agents of this host.
+                    f"--supervisor-dir={Path(spec['state_root']) / 'supervisor'}",
                     f"--gpu-backend=simulated:{node['profile']}:{GPUS_PER_NODE}",
                     "--log-level=WARNING",
                 ],

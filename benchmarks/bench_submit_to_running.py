@@ -61,6 +61,8 @@ def agent_command(url: str, name: str, state_root: Path) -> list[str]:
         f"--node-name={name}",
         f"--state-dir={state_root / name}",
         "--runtime=process",
+        # One build of the job supervisor for the agents of this host.
+        f"--supervisor-dir={state_root / 'supervisor'}",
         "--gpu-backend=simulated:H100-SXM-80GB:8",
         "--cpus=64",
         "--log-level=WARNING",

@@ -31,17 +31,24 @@ def make_runtime(
     gpu_device_requests: bool = False,
     job_path_prepend: tuple[str, ...] = (),
     supervisor: str | None = None,
+    supervisor_dir: str | None = None,
 ) -> Runtime:
     """Build the runtime named ``kind`` ("docker" or "process").
 
     job_path_prepend (folders put first on each job's PATH) is for the process runtime only: a
     container's PATH comes from its image, and silently ignoring the setting would mislead.
-    So is supervisor (agents/runtime/supervisor.py: auto, compiled or bash).
+    So are supervisor (agents/runtime/supervisor.py: auto, compiled or bash) and supervisor_dir
+    (where the compiled one is built; default <state_dir>/bin).
     """
     if kind == "process":
         from agents.runtime.process import ProcessRuntime
 
-        return ProcessRuntime(state_dir, job_path_prepend=job_path_prepend, supervisor=supervisor)
+        return ProcessRuntime(
+            state_dir,
+            job_path_prepend=job_path_prepend,
+            supervisor=supervisor,
+            supervisor_dir=supervisor_dir,
+        )
     if job_path_prepend:
         raise ValueError("a job PATH prepend applies to the process runtime only")
     if supervisor not in (None, "auto"):

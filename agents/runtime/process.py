@@ -280,11 +280,13 @@ class ProcessRuntime(Runtime):
         *,
         job_path_prepend: Sequence[str] = (),
         supervisor: str | None = None,
+        supervisor_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """Keep attempt folders under state_dir; job_path_prepend goes first on every job's PATH.
 
         supervisor: "auto" (the compiled supervisor where it builds, else bash), "compiled"
-        or "bash"; None: SUPERVISOR_KIND.
+        or "bash"; None: SUPERVISOR_KIND. supervisor_dir: where the compiled one is built and
+        kept (default <state_dir>/bin), a folder agents on one host may share.
 
         The job inherits the agent's PATH unless the operator asks for more: a host whose jobs
         should find the agent's own interpreter first (the embedded demo's `python -m
@@ -295,7 +297,8 @@ class ProcessRuntime(Runtime):
         if relative:
             raise ValueError(f"job PATH folders must be absolute, got {', '.join(relative)}")
         self._supervisor = resolve_supervisor(
-            supervisor or SUPERVISOR_KIND, Path(state_dir) / SUPERVISOR_BUILD_DIR
+            supervisor or SUPERVISOR_KIND,
+            Path(supervisor_dir or Path(state_dir) / SUPERVISOR_BUILD_DIR),
         )
         self._root = Path(state_dir) / "process"
         self._lease_path = Path(state_dir) / LEASE_FILE

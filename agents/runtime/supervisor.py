@@ -11,6 +11,7 @@ jobs of a host that has none.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -30,8 +31,8 @@ KINDS = ("auto", "compiled", "bash")
 _FLAG_SETS = (("-O2", "-static"), ("-O2",))
 _BUILD_TIMEOUT_S = 120.0
 
-# Built in this process, by source digest: every runtime of one process (the tests make many)
-# shares one build while its file is there.
+# Built in this process, by program name (its source digest): every runtime of one process
+# (the tests make many) shares one build while its file is there.
 _built: dict[str, Path] = {}
 _built_lock = threading.Lock()
 
@@ -86,41 +87,53 @@ def build(build_dir: Path) -> Path:
     digest = hashlib.sha256(source).hexdigest()[:16]
     target = build_dir / f"supervise-{digest}"
     with _built_lock:
-        known = _built.get(digest)
+        known = _built.get(target.name)
         if known is not None and os.access(known, os.X_OK):
             return known
         if os.access(target, os.X_OK):
-            _built[digest] = target
+            _built[target.name] = target
             return target
-        compiler = _compiler()
-        if compiler is None:
-            raise SupervisorError("no C compiler (cc, gcc, clang or $CC) to build supervise.c")
         build_dir.mkdir(parents=True, exist_ok=True)
-        errors = []
-        for flags in _FLAG_SETS:
-            # Built beside its final name and renamed: an agent killed mid-build, or two
-            # building at once, never leave a cut program under the name that is run.
-            fd, tmp = tempfile.mkstemp(prefix=".supervise-", dir=build_dir)
-            os.close(fd)
-            try:
-                done = subprocess.run(
-                    [compiler, *flags, "-o", tmp, str(SOURCE)],
-                    capture_output=True,
-                    text=True,
-                    timeout=_BUILD_TIMEOUT_S,
-                    check=False,
-                )
-                if done.returncode == 0:
-                    os.chmod(tmp, 0o755)
-                    os.replace(tmp, target)
-                    _built[digest] = target
-                    log.info("built the job supervisor %s (%s)", target, " ".join(flags))
-                    return target
-                errors.append(done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"])
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                errors.append([str(exc)])
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        reasons = "; ".join(line for lines in errors for line in lines)
-        raise SupervisorError(f"supervise.c does not build with {compiler}: {reasons}")
+        # Agents sharing a build folder (--supervisor-dir: many simulated nodes on one host)
+        # build it once: the others wait for that build, then take it.
+        with open(build_dir / ".build.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.access(target, os.X_OK):
+                _built[target.name] = target
+                return target
+            return _compile(source, target, build_dir)
+
+
+def _compile(source: bytes, target: Path, build_dir: Path) -> Path:
+    """Build `source` (the text the digest in target's name was taken of) into target."""
+    compiler = _compiler()
+    if compiler is None:
+        raise SupervisorError("no C compiler (cc, gcc, clang or $CC) to build supervise.c")
+    errors = []
+    for flags in _FLAG_SETS:
+        # Built beside its final name and renamed: an agent killed mid-build never leaves a
+        # cut program under the name that is run.
+        fd, tmp = tempfile.mkstemp(prefix=".supervise-", dir=build_dir)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [compiler, *flags, "-x", "c", "-o", tmp, "-"],
+                input=source,
+                capture_output=True,
+                timeout=_BUILD_TIMEOUT_S,
+                check=False,
+            )
+            if done.returncode == 0:
+                os.chmod(tmp, 0o755)
+                os.replace(tmp, target)
+                _built[target.name] = target
+                log.info("built the job supervisor %s (%s)", target, " ".join(flags))
+                return target
+            said = done.stderr.decode(errors="replace").strip().splitlines()
+            errors.append(said[-1] if said else f"exit {done.returncode}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            errors.append(str(exc))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise SupervisorError(f"supervise.c does not build with {compiler}: {'; '.join(errors)}")

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,7 +173,7 @@ def test_auto_runs_bash_where_nothing_compiles_and_compiled_says_why(tmp_path, m
     with pytest.raises(supervisor.SupervisorError, match="this compiler is broken"):
         supervisor.resolve("compiled", tmp_path / "bin")
     # Nothing half-built is left to be run later.
-    assert list((tmp_path / "bin").iterdir()) == []
+    assert [p.name for p in (tmp_path / "bin").iterdir() if p.name != ".build.lock"] == []
 
     monkeypatch.setattr(supervisor, "_compiler", lambda: None)
     assert supervisor.resolve("auto", tmp_path / "bin").kind == "bash"
@@ -210,9 +211,8 @@ def test_the_build_is_kept_per_source_version_and_made_once(tmp_path, monkeypatc
     source.write_bytes(supervisor.SOURCE.read_bytes() + b"\n/* the next version */\n")
     monkeypatch.setattr(supervisor, "SOURCE", source)
     newer = supervisor.build(tmp_path / "bin")
-    assert newer != built and sorted(p.name for p in (tmp_path / "bin").iterdir()) == sorted(
-        [built.name, newer.name]
-    )
+    programs = sorted(p.name for p in (tmp_path / "bin").glob("supervise-*"))
+    assert newer != built and programs == sorted([built.name, newer.name])
 
 
 def test_the_compiled_supervisor_gives_the_job_every_signal_at_its_default(state_dir):
@@ -243,3 +243,33 @@ def test_the_compiled_supervisor_gives_the_job_every_signal_at_its_default(state
         what="the job to end",
     )
     assert status.exit_code == 128 + signal.SIGTERM
+
+
+def test_agents_sharing_a_build_folder_build_it_once(tmp_path):
+    """Many simulated nodes on one host start at once (the Kueue benchmark's 250): one builds
+    the supervisor, the others wait for it and take it."""
+    script = (
+        "import sys; from pathlib import Path; from agents.runtime import supervisor; "
+        "print(supervisor.build(Path(sys.argv[1])))"
+    )
+    compilers = tmp_path / "compilers"
+    compilers.mkdir()
+    # A cc that notes each build it makes, then does it.
+    (tmp_path / "cc").write_text(
+        f'#!/bin/sh\nmktemp -p {compilers} >/dev/null\nexec {supervisor._compiler()} "$@"\n'
+    )
+    (tmp_path / "cc").chmod(0o755)
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / "shared")],
+            env={**os.environ, "CC": str(tmp_path / "cc")},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    paths = {agent.communicate(timeout=120)[0].strip() for agent in agents}
+    assert all(agent.returncode == 0 for agent in agents)
+    (path,) = paths
+    assert os.access(path, os.X_OK)
+    assert len(list(compilers.iterdir())) == 1  # the static build succeeded at the first try

@@ -45,6 +45,9 @@ def agent_command(*, name: str, server_url: str, state_dir: str, gpus: int, mode
         f"simulated:{model}:{gpus}",
         "--runtime",
         "process",
+        # One build of the job supervisor for the demo's agents, beside their state folders.
+        "--supervisor-dir",
+        os.path.join(os.path.dirname(os.path.abspath(state_dir)), "supervisor"),
         # A laptop demo: stopping `make run` stops its jobs too, instead of leaving them behind.
         "--stop-jobs-on-exit",
         # Demo jobs run `python -m agents.simjob` (a stand-in that slows down under a power cap):
