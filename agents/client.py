@@ -201,7 +201,8 @@ class ControlPlaneClient:
         if not self.join_token:
             raise Unauthorized("no join token to register with (set GPUCP_JOIN_TOKEN)")
         key_path = self._token_path.with_name(REGISTRATION_KEY_FILE)
-        payload = {**payload, "registration_key": self._registration_key(key_path)}
+        key, try_number = self._next_registration_try(key_path)
+        payload = {**payload, "registration_key": key, "registration_try": try_number}
         answer = self._post("/register", payload, self.join_token, self.timeout_s)
         token = answer.get("node_token")
         if not token:
@@ -211,25 +212,26 @@ class ControlPlaneClient:
         return answer
 
     @staticmethod
-    def _registration_key(path: Path) -> str:
-        """The key of the registration under way: the one kept, or a new one, kept (0600)
-        before it is first sent."""
+    def _next_registration_try(path: Path) -> tuple[str, int]:
+        """The key of the registration under way and the number of this try of it: the key
+        kept with the last try's number, or a new key; kept (0600, fsynced) before it is sent,
+        so that a retry after a restart goes on from there."""
         try:
-            key = path.read_text().strip()
-        except FileNotFoundError:
-            key = ""
-        if len(key) >= 32:
-            return key
-        key = secrets.token_urlsafe(32)
+            key, number = path.read_text().split()
+            try_number = int(number) + 1
+        except (FileNotFoundError, ValueError):
+            key, try_number = "", 1
+        if len(key) < 32:
+            key, try_number = secrets.token_urlsafe(32), 1
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(REGISTRATION_KEY_FILE + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(key + "\n")
+            f.write(f"{key} {try_number}\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        return key
+        return key, try_number
 
     def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Send what the node observes; returns the desired state."""

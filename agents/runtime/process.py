@@ -10,13 +10,14 @@ The supervisor is `supervise.c`, built once by the agent with the host's C compi
 there is none `supervise.sh`, run by `bash -p` (no startup files, no functions from the
 environment); agents/runtime/supervisor.py picks. Either is a fork and an exec of a small
 program per attempt, where a Python interpreter cost tens of milliseconds of CPU per job (and
-bash a millisecond and a half more than the compiled one). Both keep the same contract and write
+bash about 2 ms more than the compiled one). Both keep the same contract and write
 the same records, so either adopts the other's attempts. Between the agent and the job the
 supervisor is the one process that keeps every promise of the runtime:
 
 - it runs in a session of its own (a Ctrl-C or SIGTERM to the agent's group never reaches it),
   and starts the job in a process group of its own (made before it goes on: bash's job control,
-  or setpgid in both the job and the compiled supervisor), so a stop reaches everything the job spawned and nothing else;
+  or setpgid in both the job and the compiled supervisor), so a stop reaches everything the job
+  spawned and nothing else;
 - it is the job's parent and outlives the agent: it writes the job's pid and start time to
   `child.json` (as the former Python supervisor did, so that a fence of the former version,
   which lives on through an upgrade while jobs run, still finds the new jobs) and, once the job

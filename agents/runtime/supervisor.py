@@ -3,7 +3,7 @@
 Both keep the same contract and write the same records (agents/runtime/process.py), so an
 agent of either kind adopts the other's attempts and an upgrade may switch while jobs run. The
 compiled one costs a fork and an exec of a small static program per job, where bash's start
-cost about 1.6 ms more CPU per job (benchmarks/bench_throughput.py, a flood of short jobs);
+cost about 2 ms more CPU per job (benchmarks/bench_throughput.py, a flood of short jobs);
 it is built once per source version with the host's C compiler (a GPU host has one: the
 driver's kernel module is built with it) into the agent's state folder, and bash runs the
 jobs of a host that has none.
@@ -66,12 +66,25 @@ def resolve(kind: str, build_dir: Path) -> Supervisor:
     if kind == "bash":
         return bash_supervisor()
     try:
-        return Supervisor("compiled", (str(build(build_dir)),))
+        return Supervisor("compiled", (str(_runs(build(build_dir))),))
     except SupervisorError as exc:
         if kind == "compiled":
             raise
-        log.warning("%s; jobs are supervised by bash (about 1.6 ms more CPU per job)", exc)
+        log.warning("%s; jobs are supervised by bash (about 2 ms more CPU per job)", exc)
         return bash_supervisor()
+
+
+def _runs(program: Path) -> Path:
+    """The program, once seen to run here: without arguments it says how it is used and exits
+    2. A folder mounted noexec, or a build for another machine, fails here and not at every
+    job's start."""
+    try:
+        done = subprocess.run([str(program)], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SupervisorError(f"{program} does not run here: {exc}") from exc
+    if done.returncode != 2 or b"usage:" not in done.stderr:
+        raise SupervisorError(f"{program} does not run here (exit {done.returncode})")
+    return program
 
 
 def _compiler() -> str | None:

@@ -105,7 +105,10 @@ def register_node(raw_join_token: str | None, data: dict) -> tuple[Node, str]:
     now = timezone.now()
     key = data.get("registration_key")
     if key and raw_join_token:
-        again = _registered_again(raw_join_token, data["name"], key, now)
+        # Registrations with one join token wait for each other here: a retry that arrives
+        # while the first try is still being written waits for it, then finds its node.
+        JoinToken.objects.select_for_update().filter(token_hash=hash_token(raw_join_token)).first()
+        again = _registered_again(raw_join_token, data, key, now)
         if again is not None:
             return again
     join = consume_join_token(raw_join_token)
@@ -123,20 +126,26 @@ REGISTRATION_RETRY_S = 600.0
 
 
 def _registered_again(
-    raw_join_token: str, name: str, key: str, now: dt.datetime
+    raw_join_token: str, data: dict, key: str, now: dt.datetime
 ) -> tuple[Node, str] | None:
     """The retry of a registration whose answer its agent never got: the same join token (not
     revoked, not expired; its use was spent by the first), the same node name and the same
-    registration key, within REGISTRATION_RETRY_S, before any heartbeat used the node token the
-    first issued. The node gets a fresh node token (the first, never received, stops working);
-    nothing else changes, and no use of the join token is spent. None when it is not that.
+    registration key, a later try than any that got a node token, within REGISTRATION_RETRY_S,
+    before any heartbeat used a node token they issued. The node gets a fresh node token (the
+    one before, never received, stops working); nothing else changes, and no use of the join
+    token is spent. None when it is not that.
+
+    Tries are numbered by the agent: an earlier one still in flight when the agent gave up on
+    it, and answered after a later one, must not take the node token the later one delivered.
     """
     if not raw_join_token.startswith(JOIN_TOKEN_PREFIX + "_"):
         return None
+    try_number = data.get("registration_try") or 1
     node = (
         Node.objects.select_for_update()
         .filter(
-            name=name,
+            name=data["name"],
+            registration_try__lt=try_number,
             registration_key_hash=hash_token(key),
             registration_join_token__token_hash=hash_token(raw_join_token),
             registration_join_token__revoked_at__isnull=True,
@@ -153,6 +162,7 @@ def _registered_again(
     if node is None:
         return None
     token = rotate_node_token(node)
+    Node.objects.filter(pk=node.pk).update(registration_try=try_number)
     join = node.registration_join_token
     trail.record(
         "node.register",
@@ -199,6 +209,7 @@ def _register(join, data: dict, now: dt.datetime) -> tuple[Node, str]:
         "registered_at": now,
         "registration_join_token": join,
         "registration_key_hash": hash_token(key) if (key := data.get("registration_key")) else "",
+        "registration_try": data.get("registration_try") or 1,
     }
     if join.node_name:
         node, _ = Node.objects.select_for_update().update_or_create(name=name, defaults=fields)

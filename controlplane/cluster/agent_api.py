@@ -299,6 +299,7 @@ def parse_registration(body: dict) -> dict:
         "gpus": gpus,
         "address": node_address(body),
         "registration_key": registration_key(body),
+        "registration_try": integer(body, "registration_try", minimum=1, maximum=2**31 - 1),
     }
 
 

@@ -77,6 +77,9 @@ class Node(models.Model):
         "JoinToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     registration_key_hash = models.CharField(max_length=64, blank=True, default="")
+    # The number of the agent's latest try of it that got a node token: an earlier try that
+    # reaches the control plane later (still in flight when the agent gave up on it) gets none.
+    registration_try = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["name"]

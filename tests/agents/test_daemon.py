@@ -157,10 +157,13 @@ def test_a_registration_whose_answer_was_lost_is_sent_again_with_the_same_key(
     assert restarted.cycle()
     keys = [r["registration_key"] for r in control_plane.registrations]
     assert len(keys) == 3 and len(set(keys)) == 1 and len(keys[0]) >= 32
+    # Numbered, across the restart: a try answered late never takes a later one's token.
+    assert [r["registration_try"] for r in control_plane.registrations] == [1, 2, 3]
     assert not key_path.exists()  # the next registration will be another one
     control_plane.node_tokens.clear()
     assert not restarted.cycle()  # the node token refused: it registers anew, with a new key
     assert control_plane.registrations[-1]["registration_key"] != keys[0]
+    assert control_plane.registrations[-1]["registration_try"] == 1
 
 
 def test_a_refused_node_token_makes_the_agent_register_again(control_plane, state_dir):

@@ -26,4 +26,9 @@ class Migration(migrations.Migration):
             name='registration_key_hash',
             field=models.CharField(blank=True, default='', max_length=64),
         ),
+        migrations.AddField(
+            model_name='node',
+            name='registration_try',
+            field=models.PositiveIntegerField(default=0),
+        ),
     ]

@@ -3,11 +3,14 @@ and gets a node token for the node the first made, not a refusal for the join to
 spent. Anything else that is not that very retry is refused as before."""
 
 import datetime as dt
+import threading
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.cluster import actions
+from controlplane.cluster.agent_api import parse_registration
 from controlplane.cluster.agent_auth import issue_join_token
 from controlplane.cluster.models import JoinToken, Node
 from controlplane.tenancy.models import hash_token
@@ -25,10 +28,15 @@ def one_use(pool):
     return token, raw
 
 
-def _register(agent, raw, name="node-01", key=KEY, **fields):
+_tries = iter(range(1, 10**6))
+
+
+def _register(agent, raw, name="node-01", key=KEY, try_number=None, **fields):
+    """One try, numbered after every earlier one unless try_number says otherwise."""
     body = inventory(name, gpus=2, **fields)
     if key is not None:
         body["registration_key"] = key
+        body["registration_try"] = try_number if try_number is not None else next(_tries)
     return agent.post("register", body, raw)
 
 
@@ -106,11 +114,86 @@ def test_no_retry_with_a_join_token_no_longer_good_or_after_the_window(agent, on
     assert Node.objects.get().token_hash == hash_token(first)
 
 
-@pytest.mark.parametrize("key", ["short", "x" * 129, "has space" + "x" * 30, "é" * 40, 12345])
-def test_a_registration_key_that_is_not_one_is_refused_naming_it(agent, one_use, key):
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("registration_key", "short"),
+        ("registration_key", "x" * 129),
+        ("registration_key", "has space" + "x" * 30),
+        ("registration_key", "é" * 40),
+        ("registration_key", 12345),
+        ("registration_try", 0),
+        ("registration_try", 2**31),
+        ("registration_try", "2"),
+        ("registration_try", 1.5),
+    ],
+)
+def test_a_registration_key_or_try_that_is_not_one_is_refused_naming_it(
+    agent, one_use, field, value
+):
     token, raw = one_use
-    response = _register(agent, raw, key=key)
+    body = {**inventory("node-01", gpus=2), "registration_key": KEY, "registration_try": 1}
+    body[field] = value
+    response = agent.post("register", body, raw)
     assert response.status_code == 400
-    assert "registration_key" in response.json()
+    assert field in response.json()
     token.refresh_from_db()
     assert token.uses == 0 and not Node.objects.exists()
+
+
+def test_an_earlier_try_answered_after_a_later_one_takes_no_node_token(agent, one_use):
+    """Try 2 was still in flight when the agent gave up on it; try 3 got the node token. Try 2
+    reaching the control plane now must not make that token stop working."""
+    _, raw = one_use
+    assert _register(agent, raw, try_number=1).status_code == 201
+    third = _register(agent, raw, try_number=3)
+    assert third.status_code == 201
+    assert _register(agent, raw, try_number=2).status_code == 401
+    assert _register(agent, raw, try_number=3).status_code == 401  # a try is answered once
+    node = Node.objects.get()
+    assert node.token_hash == hash_token(third.json()["node_token"])
+    agent.heartbeat(third.json()["node_token"], readings(node))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_that_arrives_while_the_first_try_is_still_being_written_waits_for_it(pool):
+    """The agent gave up on a slow first try and sent the second while the control plane was
+    still writing the first: the second waits for the first to commit, then gets the node."""
+    _, raw = issue_join_token(pool, expires_at=timezone.now() + dt.timedelta(hours=1))
+    body = {**inventory("node-01", gpus=2), "registration_key": KEY}
+    first_written = threading.Event()
+    let_it_commit = threading.Event()
+    outcomes = {}
+
+    def first_try():
+        try:
+            with transaction.atomic():
+                outcomes["first"] = actions.register_node(raw, {**body, "registration_try": 1})
+                first_written.set()
+                let_it_commit.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def second_try():
+        try:
+            outcomes["second"] = actions.register_node(raw, {**body, "registration_try": 2})
+        except Exception as exc:  # noqa: BLE001 - what it raised is the outcome
+            outcomes["second"] = exc
+        finally:
+            connection.close()
+
+    body = parse_registration(body)
+    first = threading.Thread(target=first_try)
+    first.start()
+    assert first_written.wait(timeout=30)
+    second = threading.Thread(target=second_try)
+    second.start()
+    second.join(timeout=1.0)
+    assert second.is_alive()  # waiting for the first try's transaction
+    let_it_commit.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    node, token = outcomes["second"]
+    assert node.name == "node-01" and Node.objects.count() == 1
+    assert Node.objects.get().token_hash == hash_token(token)
+    assert JoinToken.objects.get().uses == 1
