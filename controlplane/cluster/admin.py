@@ -124,8 +124,12 @@ class NodeAdmin(admin.ModelAdmin):
         "token_prefix",
         "created_at",
         "deregistered_at",
+        "registered_at",
+        "registration_join_token",
+        "registration_try",
     ]
-    exclude = ["token_hash"]
+    # Secrets, even hashed: the node token's and the registration key's.
+    exclude = ["token_hash", "registration_key_hash"]
     inlines = [GpuInline]
     actions = [
         _state_action(NodeState.CORDONED, "Cordon: no new work"),

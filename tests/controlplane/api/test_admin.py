@@ -91,3 +91,16 @@ def test_draining_from_the_admin_sets_the_nodes_state(ops, world):
     assert response.status_code == 302
     world.node.refresh_from_db()
     assert world.node.state == NodeState.DRAINING
+
+
+def test_a_nodes_admin_page_shows_no_secret_and_lets_no_one_edit_its_registration(ops, world):
+    from controlplane.cluster.models import Node
+
+    node = Node.objects.first()  # the world's node, which its job runs on
+    Node.objects.filter(pk=node.pk).update(
+        token_hash="a" * 64, registration_key_hash="b" * 64, registration_try=3
+    )
+    page = ops.get(reverse("admin:cluster_node_change", args=[node.pk])).content.decode()
+    assert "a" * 64 not in page and "b" * 64 not in page
+    for field in ("registration_try", "registration_join_token", "registered_at"):
+        assert f'name="{field}"' not in page  # shown, not a form field
