@@ -248,6 +248,9 @@ int main(int argc, char **argv) {
 	signal(SIGTERM, SIG_IGN);
 	signal(SIGINT, SIG_IGN);
 	signal(SIGHUP, SIG_IGN);
+	/* An ignored SIGCHLD (inherited from whatever started the agent) would have the kernel
+	 * reap the job by itself, and waitpid would find no exit code to record. */
+	signal(SIGCHLD, SIG_DFL);
 
 	check_lease(deadline_path, lease_path);
 

@@ -285,3 +285,20 @@ def test_a_built_program_that_cannot_run_here_is_given_up_for_bash(tmp_path, mon
     assert supervisor.resolve("auto", tmp_path).kind == "bash"
     with pytest.raises(supervisor.SupervisorError, match="does not run here"):
         supervisor.resolve("compiled", tmp_path)
+
+
+@pytest.mark.usefixtures("every_supervisor")
+def test_an_agent_started_with_sigchld_ignored_still_learns_the_jobs_exit_code(state_dir):
+    """With SIGCHLD ignored the kernel reaps children by itself; a supervisor that kept the
+    ignore would find no exit code to record."""
+    before = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        runtime = ProcessRuntime(state_dir)
+        runtime.start(AttemptSpec(attempt_id=1, command=("sh", "-c", "sleep 0.2; exit 7")))
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+    status = wait_until(
+        lambda: next((s for s in runtime.statuses() if s.state is AttemptState.EXITED), None),
+        what="the job to end",
+    )
+    assert status.exit_code == 7
