@@ -280,6 +280,8 @@ int main(int argc, char **argv) {
 		/* The job's own process group, so that a stop reaches everything it spawned and
 		 * nothing else. */
 		setpgid(0, 0);
+		/* Every signal but KILL and STOP, which cannot be caught, and the C library's own two
+		 * (32 and 33), which it refuses to change and sets itself in the job. */
 		for (int sig = 1; sig < NSIG; sig++)
 			if (sig != SIGKILL && sig != SIGSTOP)
 				signal(sig, SIG_DFL);

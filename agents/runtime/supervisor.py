@@ -74,16 +74,29 @@ def resolve(kind: str, build_dir: Path) -> Supervisor:
         return bash_supervisor()
 
 
+# Programs seen to run in this process (path -> its mtime then): each is tried once.
+_ran: dict[Path, int] = {}
+
+
 def _runs(program: Path) -> Path:
     """The program, once seen to run here: without arguments it says how it is used (and exits
     2, which an agent started with SIGCHLD ignored cannot see). A folder mounted noexec, or a
     build for another machine, fails here and not at every job's start."""
+    try:
+        if _ran.get(program) == program.stat().st_mtime_ns:
+            return program
+    except OSError:
+        pass
     try:
         done = subprocess.run([str(program)], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SupervisorError(f"{program} does not run here: {exc}") from exc
     if b"usage:" not in done.stderr:
         raise SupervisorError(f"{program} does not run here (exit {done.returncode})")
+    try:
+        _ran[program] = program.stat().st_mtime_ns
+    except OSError:
+        pass
     return program
 
 

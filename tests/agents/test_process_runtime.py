@@ -530,8 +530,8 @@ def test_an_agent_started_with_stop_signals_ignored_starts_jobs_without_a_python
         handle_ignored_stop_signals()
         for sig in ignored:
             os.kill(os.getpid(), sig)  # the test process (the agent here) lives on
+        runtime = ProcessRuntime(state_dir)  # its making may build and try the supervisor
         monkeypatch.setattr(subprocess, "Popen", popen)
-        runtime = ProcessRuntime(state_dir)
         runtime.start(spec(1, "sleep", "300"))
     finally:
         for sig, handler in before.items():
