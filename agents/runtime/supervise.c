@@ -281,7 +281,7 @@ int main(int argc, char **argv) {
 		 * nothing else. */
 		setpgid(0, 0);
 		/* Every signal but KILL and STOP, which cannot be caught, and the C library's own two
-		 * (32 and 33), which it refuses to change and sets itself in the job. */
+		 * (32 and 33), which it refuses to change here and sets in the job when it uses them. */
 		for (int sig = 1; sig < NSIG; sig++)
 			if (sig != SIGKILL && sig != SIGSTOP)
 				signal(sig, SIG_DFL);

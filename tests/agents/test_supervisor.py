@@ -236,8 +236,8 @@ def test_the_compiled_supervisor_gives_the_job_every_signal_at_its_default(state
             for name, value in (line.split(":") for line in f)
             if name in ("SigIgn", "SigBlk")
         }
-    # The standard signals, 1-31 (32 and 33 are the C library's own, which it sets itself in
-    # every program it starts and lets no program reset).
+    # The standard signals, 1-31 (32 and 33 are the C library's own: it lets no program change
+    # them, and sets them in a program when it uses them).
     standard = (1 << 31) - 1
     assert (masks["SigIgn"] & standard, masks["SigBlk"] & standard) == (0, 0)
     os.killpg(pid, signal.SIGTERM)
