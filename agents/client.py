@@ -81,6 +81,20 @@ class Backoff:
         self.failures = 0
 
 
+def _write_secret(path: Path, text: str, *, durable: bool = False) -> None:
+    """Replace `path` with `text`, readable by this user alone, in one rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.chmod(tmp, 0o600)  # in case the file was there with looser bits
+    os.replace(tmp, path)
+
+
 class ControlPlaneClient:
     """Talks to the control plane at ``base_url``; keeps the node token in ``state_dir``."""
 
@@ -117,13 +131,7 @@ class ControlPlaneClient:
         return token or None
 
     def _save_token(self, token: str) -> None:
-        self._token_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._token_path.with_name(TOKEN_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        os.chmod(tmp, 0o600)  # in case the file was there with looser bits
-        os.replace(tmp, self._token_path)
+        _write_secret(self._token_path, token + "\n")
         self.node_token = token
 
     def forget_token(self) -> None:
@@ -223,14 +231,7 @@ class ControlPlaneClient:
             key, try_number = "", 1
         if len(key) < 32:
             key, try_number = secrets.token_urlsafe(32), 1
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(REGISTRATION_KEY_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{key} {try_number}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _write_secret(path, f"{key} {try_number}\n", durable=True)
         return key, try_number
 
     def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -31,8 +31,8 @@ KINDS = ("auto", "compiled", "bash")
 _FLAG_SETS = (("-O2", "-static"), ("-O2",))
 _BUILD_TIMEOUT_S = 120.0
 
-# Built in this process, by program name (its source digest): every runtime of one process
-# (the tests make many) shares one build while its file is there.
+# Built or found, and seen to run, in this process, by program name (its source digest): every
+# runtime of one process (the tests make many) shares one build while its file is there.
 _built: dict[str, Path] = {}
 _built_lock = threading.Lock()
 
@@ -66,7 +66,7 @@ def resolve(kind: str, build_dir: Path) -> Supervisor:
     if kind == "bash":
         return bash_supervisor()
     try:
-        return Supervisor("compiled", (str(_runs(build(build_dir))),))
+        return Supervisor("compiled", (str(build(build_dir)),))
     except SupervisorError as exc:
         if kind == "compiled":
             raise
@@ -74,29 +74,16 @@ def resolve(kind: str, build_dir: Path) -> Supervisor:
         return bash_supervisor()
 
 
-# Programs seen to run in this process (path -> its mtime then): each is tried once.
-_ran: dict[Path, int] = {}
-
-
 def _runs(program: Path) -> Path:
     """The program, once seen to run here: without arguments it says how it is used (and exits
     2, which an agent started with SIGCHLD ignored cannot see). A folder mounted noexec, or a
     build for another machine, fails here and not at every job's start."""
-    try:
-        if _ran.get(program) == program.stat().st_mtime_ns:
-            return program
-    except OSError:
-        pass
     try:
         done = subprocess.run([str(program)], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SupervisorError(f"{program} does not run here: {exc}") from exc
     if b"usage:" not in done.stderr:
         raise SupervisorError(f"{program} does not run here (exit {done.returncode})")
-    try:
-        _ran[program] = program.stat().st_mtime_ns
-    except OSError:
-        pass
     return program
 
 
@@ -107,17 +94,24 @@ def _compiler() -> str | None:
     return None
 
 
+def program_path(build_dir: Path, source: bytes | None = None) -> Path:
+    """Where build_dir keeps the build of `source` (this module's supervise.c): named by its
+    digest, so each version of it has its own."""
+    digest = hashlib.sha256(SOURCE.read_bytes() if source is None else source).hexdigest()[:16]
+    return build_dir / f"supervise-{digest}"
+
+
 def build(build_dir: Path) -> Path:
-    """The compiled supervisor of this source, built into build_dir unless it is there."""
+    """The compiled supervisor of this source, built into build_dir unless it is there, and
+    seen to run (once per process)."""
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    target = build_dir / f"supervise-{digest}"
+    target = program_path(build_dir, source)
     with _built_lock:
         known = _built.get(target.name)
         if known is not None and os.access(known, os.X_OK):
             return known
         if os.access(target, os.X_OK):
-            _built[target.name] = target
+            _built[target.name] = _runs(target)
             return target
         build_dir.mkdir(parents=True, exist_ok=True)
         # Agents sharing a build folder (--supervisor-dir: many simulated nodes on one host)
@@ -125,7 +119,7 @@ def build(build_dir: Path) -> Path:
         with open(build_dir / ".build.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if os.access(target, os.X_OK):
-                _built[target.name] = target
+                _built[target.name] = _runs(target)
                 return target
             return _compile(source, target, build_dir)
 
@@ -152,7 +146,7 @@ def _compile(source: bytes, target: Path, build_dir: Path) -> Path:
             if done.returncode == 0:
                 os.chmod(tmp, 0o755)
                 os.replace(tmp, target)
-                _built[target.name] = target
+                _built[target.name] = _runs(target)
                 log.info("built the job supervisor %s (%s)", target, " ".join(flags))
                 return target
             said = done.stderr.decode(errors="replace").strip().splitlines()

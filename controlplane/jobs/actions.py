@@ -476,20 +476,26 @@ def plan_rendezvous(placements: Sequence[tuple[Node, Sequence[GPU]]]) -> list[Re
             "pk", "name", "advertise_address", "job_port_min", "job_port_max"
         )
     }
+    # Each node's host: its address, or itself when it has none. The other nodes at those
+    # addresses are read apart, so that the members' read below goes by node through its
+    # (node, state) index, whatever the number of members kept from finished attempts.
+    host_of: dict[int, str | int] = {pk: row[2] or pk for pk, row in nodes.items()}
     addresses = {row[2] for row in nodes.values() if row[2]}
-
-    def host(node_id: int, address: str | None) -> str | int:
-        return address or node_id  # a node without an address is a host of its own
-
+    if addresses:
+        host_of.update(
+            Node.objects.filter(advertise_address__in=addresses).values_list(
+                "pk", "advertise_address"
+            )
+        )
     used: dict[str | int, set[int]] = {}
-    for node_id, address, port in AttemptMember.objects.filter(
-        Q(node_id__in=node_ids) | Q(node__advertise_address__in=addresses),
+    for node_id, port in AttemptMember.objects.filter(
+        node_id__in=list(host_of),
         rank=0,
         state__in=ACTIVE_ATTEMPT_STATES,
         attempt__master_port__isnull=False,
-    ).values_list("node_id", "node__advertise_address", "attempt__master_port"):
+    ).values_list("node_id", "attempt__master_port"):
         if port is not None:
-            used.setdefault(host(node_id, address), set()).add(port)
+            used.setdefault(host_of[node_id], set()).add(port)
     plans = []
     for node, gpus in placements:
         counts: dict[int, int] = {}
@@ -514,8 +520,8 @@ def plan_rendezvous(placements: Sequence[tuple[Node, Sequence[GPU]]]) -> list[Re
                 }
             )
         master = ranked[0]
-        _, _, address, low, high = nodes.get(master, (master, "", "", 29500, 29999))
-        taken = used.setdefault(host(master, address), set())
+        _, _, _, low, high = nodes.get(master, (master, "", "", 29500, 29999))
+        taken = used.setdefault(host_of.get(master, master), set())
         port = next((p for p in range(low, high + 1) if p not in taken), low)
         taken.add(port)
         plans.append(Rendezvous(members, addrs, port))

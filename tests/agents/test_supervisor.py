@@ -281,10 +281,10 @@ def test_agents_sharing_a_build_folder_build_it_once(tmp_path):
 def test_a_built_program_that_cannot_run_here_is_given_up_for_bash(tmp_path, monkeypatch):
     """A build folder mounted noexec, or a program that is not one: found once, at the start,
     not as a failed start of every job."""
-    broken = tmp_path / "supervise-0123456789abcdef"
+    monkeypatch.setattr(supervisor, "_built", {})
+    broken = supervisor.program_path(tmp_path)  # where this version's build is looked for
     broken.write_bytes(b"\x7fELF not really")
     broken.chmod(0o755)
-    monkeypatch.setattr(supervisor, "build", lambda build_dir: broken)
     assert supervisor.resolve("auto", tmp_path).kind == "bash"
     with pytest.raises(supervisor.SupervisorError, match="does not run here"):
         supervisor.resolve("compiled", tmp_path)

@@ -20,7 +20,9 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.cluster import desired_state
-from controlplane.jobs.models import Allocation, Job, JobAttempt, JobState
+from controlplane.cluster.models import Node
+from controlplane.jobs import actions
+from controlplane.jobs.models import Allocation, AttemptMember, Job, JobAttempt, JobState
 from controlplane.scheduling import loader
 from controlplane.scheduling.rows import fixed_statement, literal_sql
 
@@ -70,6 +72,7 @@ def history(make_node, vision, alice):
                 started_at=now - timedelta(hours=2, seconds=i),
                 finished_at=now - timedelta(hours=1, seconds=i),
                 gpu_seconds=3600.0,
+                master_port=29500,
             )
             for i, j in enumerate(done)
         ]
@@ -87,6 +90,15 @@ def history(make_node, vision, alice):
     Allocation.objects.bulk_create(
         [Allocation(attempt=a, gpu=g) for a, g in zip(attempts[-2:], gpus, strict=False)]
     )
+    # Each attempt's member on its node, as every admission writes one; both nodes on one host.
+    AttemptMember.objects.bulk_create(
+        [
+            AttemptMember(attempt=a, node=node, rank=0, address="127.0.0.1", gpus=1, state=a.state)
+            for a in attempts
+        ],
+        batch_size=5000,
+    )
+    Node.objects.update(advertise_address="127.0.0.1")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     return node
@@ -163,11 +175,12 @@ def test_the_hot_reads_go_through_the_live_work_not_the_history(history):
 
 
 def _rows_touched() -> dict[str, int]:
-    """Rows of the job and attempt tables this transaction has read so far, by table."""
+    """Rows of the job, attempt and member tables this transaction has read so far, by table."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
-            "FROM pg_stat_xact_user_tables WHERE relname IN ('jobs_job', 'jobs_jobattempt')"
+            "FROM pg_stat_xact_user_tables "
+            "WHERE relname IN ('jobs_job', 'jobs_jobattempt', 'jobs_attemptmember')"
         )
         return dict(cursor.fetchall())
 
@@ -190,9 +203,12 @@ def test_a_steady_cycle_and_a_heartbeat_read_the_live_work_not_the_history(histo
             run_scheduling_cycle(trigger="test")
         for _ in range(6):
             desired_state.load_work(history.pk)
+        gpu = history.gpus.order_by("index").last()
         for name, step in (
             ("cycle", lambda: run_scheduling_cycle(trigger="test")),
             ("heartbeat work", lambda: desired_state.load_work(history.pk)),
+            # What an admission reads to give a job its master port.
+            ("rendezvous", lambda: actions.plan_rendezvous([(history, [gpu])])),
         ):
             before = _rows_touched()
             step()
