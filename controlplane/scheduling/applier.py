@@ -16,8 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from django.db import transaction
-from django.db.models import Q, Sum
+from django.db import connection, transaction
+from django.db.models import Q, Sum, TextField
 from django.db.models.functions import Coalesce
 
 from agents import logcontext
@@ -26,7 +26,12 @@ from controlplane.cluster.models import GPU, Node
 from controlplane.jobs import actions
 from controlplane.jobs.models import ACTIVE_ATTEMPT_STATES, Job, JobAttempt, JobState
 from controlplane.jobs.transitions import PENDING_ONLY_FIELDS
-from controlplane.scheduling.loader import LoadedSnapshot, PendingRow, from_unix_s
+from controlplane.scheduling.loader import (
+    LoadedSnapshot,
+    PendingRow,
+    from_unix_s,
+    note_pending_written,
+)
 from controlplane.tenancy.models import Tenant
 from scheduler import model as m
 
@@ -389,7 +394,10 @@ def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) ->
     if deep_due:
         _deep_refreshed_at_s[0] = now_s
     # A job that left the queue since the snapshot (cancelled) keeps what its transition wrote.
-    result.pending_rows_written += _update_jobs(changed, PENDING_FIELDS, JobState.PENDING)
+    if loaded.pending_versions:
+        result.pending_rows_written += _write_versioned(changed, loaded)
+    else:
+        result.pending_rows_written += _update_jobs(changed, PENDING_FIELDS, JobState.PENDING)
     started = set(result.started)
     rows = loaded.pending_rows
     # Most jobs had their prediction stored while they waited; only a new one is written.
@@ -403,6 +411,58 @@ def _write_pending(plan: m.Plan, loaded: LoadedSnapshot, result: ApplyResult) ->
     result.pending_rows_written += _update_jobs(
         admitted, ["predicted_duration_s"], JobState.ADMITTED
     )
+
+
+def _write_versioned(changed: list[tuple], loaded: LoadedSnapshot) -> int:
+    """_update_jobs for the waiting jobs' rows on PostgreSQL, each written only over the version
+    the snapshot read, returning the version it makes: once committed, the loader keeps these
+    rows as written (loader.note_pending_written) instead of reading them again next cycle.
+
+    A row changed since it was read (a new priority, a hold, a cancel) is left alone: what the
+    plan says of it came from the row as it was, and the next cycle reads it anew. Raw over
+    controlplane.bulk's rows rather than its update_rows, for the version's guard and RETURNING.
+    """
+    if not changed:
+        return 0
+    versions = loaded.pending_versions
+    rows = sorted(changed, key=lambda row: row[0])  # in key order, as update_rows writes
+    table = connection.ops.quote_name(Job._meta.db_table)
+    version = f"({table}.xmin::text || {table}.ctid::text)"
+    targets = [bulk.field(Job, name) for name in PENDING_FIELDS]
+    columns: list[bulk.Column] = [
+        ("k", Job._meta.pk),
+        *((f"c{i}", f) for i, f in enumerate(targets)),
+        ("old", TextField()),  # the version read, text as RowVersion is
+    ]
+    source, params = bulk.rows_from("v", columns, [(*row, versions[row[0]]) for row in rows])
+    assignments = ", ".join(f"{bulk.column(Job, f.name)} = v.c{i}" for i, f in enumerate(targets))
+    sql = (
+        f"UPDATE {table} SET {assignments} FROM {source} "
+        f"WHERE {table}.{bulk.column(Job, 'id')} = v.k AND {table}.{bulk.column(Job, 'state')} = %s "
+        f"AND {version} = v.old RETURNING {table}.{bulk.column(Job, 'id')}, {version}"
+    )
+    by_id = {row[0]: row for row in rows}
+    stored = loaded.pending_rows
+    written: dict[int, tuple[str, str, PendingRow]] = {}
+    with bulk.cursor() as cur:
+        bulk.execute(cur, sql, [*params, JobState.PENDING])
+        for job_id, new_version in cur.fetchall():
+            _, code, reason, position, estimate, predicted_s = by_id[job_id]
+            written[job_id] = (
+                versions[job_id],
+                new_version,
+                PendingRow(
+                    attempt_count=stored[job_id].attempt_count,
+                    reason_code=code,
+                    reason=reason,
+                    queue_position=position,
+                    estimated_start_s=None if estimate is None else estimate.timestamp(),
+                    predicted_duration_s=None if predicted_s is None else float(predicted_s),
+                ),
+            )
+    if written:
+        transaction.on_commit(lambda: note_pending_written(written))
+    return len(written)
 
 
 def _update_jobs(rows: list[tuple], fields: list[str], state: str) -> int:

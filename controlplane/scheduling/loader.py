@@ -13,6 +13,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from django.db import connection
 from django.db.models import F, OuterRef, Q, Subquery, Sum
@@ -79,6 +80,8 @@ class LoadedSnapshot:
 
     snapshot: m.Snapshot
     pending_rows: dict[int, PendingRow] = field(default_factory=dict)  # job id -> row
+    # job id -> the version of its row that was read (RowVersion; PostgreSQL only)
+    pending_versions: dict[int, str] = field(default_factory=dict)
     gpu_node: dict[str, str] = field(default_factory=dict)  # GPU uuid -> node name
     desired_power_cap_w: dict[str, float | None] = field(default_factory=dict)  # GPU uuid -> W
     running_gpus: dict[int, tuple[str, ...]] = field(default_factory=dict)  # attempt id -> uuids
@@ -103,7 +106,7 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
         # does, the database refuses the GPU to anyone else, so the plan must not use it.
         log.warning("GPUs held by allocations of inactive attempts: %s", sorted(orphans))
         nodes = tuple(_without_gpus(node, orphans) for node in nodes)
-    pending, pending_rows = _load_pending(earlier, now_s)
+    pending, pending_rows, pending_versions = _load_pending(earlier, now_s)
     snapshot = m.Snapshot(
         now_s=now_s,
         nodes=nodes,
@@ -116,6 +119,7 @@ def load_snapshot(now_s: float | None = None) -> LoadedSnapshot:
     return LoadedSnapshot(
         snapshot=snapshot,
         pending_rows=pending_rows,
+        pending_versions=pending_versions,
         gpu_node=gpu_node,
         desired_power_cap_w=desired_caps,
         running_gpus=running_gpus,
@@ -413,8 +417,9 @@ def forget_pending() -> None:
 
 def _load_pending(
     earlier: dict[int, float], now_s: float
-) -> tuple[tuple[m.Pending, ...], dict[int, PendingRow]]:
-    """The waiting jobs in submit order, and their rows as stored.
+) -> tuple[tuple[m.Pending, ...], dict[int, PendingRow], dict[int, str]]:
+    """The waiting jobs in submit order, their rows as stored, and the versions of those rows
+    (PostgreSQL only).
 
     On PostgreSQL, between full reads, only each waiting job's id and row version are read
     (RowVersion), and whole rows only for the jobs that are new or whose row changed since
@@ -477,7 +482,43 @@ def _load_pending(
         order = tuple(job_id for job_id in cache.order if job_id in by_id)
     _pending_cache = _PendingCache(by_id, order, full_read_at_s)
     pending = tuple(by_id[job_id][1] for job_id in order)
-    return pending, {job_id: by_id[job_id][3] for job_id in order}
+    versions_read = (
+        {job_id: by_id[job_id][4][0] for job_id in order}
+        if connection.vendor == "postgresql"
+        else {}
+    )
+    return pending, {job_id: by_id[job_id][3] for job_id in order}, versions_read
+
+
+def note_pending_written(written: dict[int, tuple[str, str, PendingRow]]) -> None:
+    """Keep what a committed cycle wrote onto waiting jobs' rows: job id -> (the version it
+    wrote over, the version it made, the row as it now is).
+
+    Without it the next load finds those rows changed and reads them again, though it wrote
+    them itself: in a flood of short jobs that was every job near the head, every cycle. An
+    entry is replaced only while it still holds the version written over, so the pair it keeps
+    (what the row holds, its version) is always one the database had.
+    """
+    global _pending_cache
+    cache = _pending_cache
+    entries: dict[int, tuple] | None = None
+    for job_id, (old, new, stored) in written.items():
+        entry = cache.entries.get(job_id)
+        if entry is None or entry[4][0] != old:
+            continue
+        if entries is None:
+            entries = dict(cache.entries)
+        row_key = (
+            stored.attempt_count,
+            stored.reason_code,
+            stored.reason,
+            stored.queue_position,
+            stored.estimated_start_s,
+            stored.predicted_duration_s,
+        )
+        entries[job_id] = (entry[0], entry[1], row_key, stored, (new, *entry[4][1:]))
+    if entries is not None:
+        _pending_cache = _PendingCache(entries, cache.order, cache.full_read_at_s)
 
 
 def _pending_query():
@@ -640,6 +681,7 @@ class _HistoryCache:
     rows: dict[int, tuple] = field(default_factory=dict)  # attempt id -> row
     full_read_at_s: float = -math.inf
     history: tuple[m.HistoryRecord, ...] = ()  # newest first
+    records: dict[int, m.HistoryRecord] = field(default_factory=dict)  # attempt id -> its record
 
 
 _history_cache = _HistoryCache()
@@ -688,21 +730,27 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
         rows.update((row[0], row) for row in _history_rows(since_s))
     # The same rows as last time give the same tuple, which the core's duration-prediction
     # index is cached on; it changes only when a job finishes (or leaves the window).
-    history = cache.history
+    history, records = cache.history, cache.records
     if rows.keys() != cache.rows.keys():
-        ordered = sorted(rows.values(), key=lambda row: (row[1], row[0]), reverse=True)
+        ordered = sorted(rows.values(), key=itemgetter(1, 0), reverse=True)
         ordered = ordered[:HISTORY_MAX_RECORDS]
         rows = {row[0]: row for row in ordered}
-        history = tuple(
-            m.HistoryRecord(
-                tenant=tenant,
-                user=user,
-                name=name,
-                gpus=gpus,
-                duration_s=max(0.0, finished_at - started_at),
-                group=array_id,
-            )
-            for _, finished_at, tenant, user, name, gpus, started_at, array_id in ordered
-        )
-    _history_cache = _HistoryCache(rows, full_read_at_s, history)
+        # A flood of short jobs changes the history every cycle by a few records: those kept
+        # are handed out again, and only the new ones built.
+        kept, records = records, {}
+        for row in ordered:
+            record = kept.get(row[0])
+            if record is None or cache.rows.get(row[0]) != row:
+                _, finished_at, tenant, user, name, gpus, started_at, array_id = row
+                record = m.HistoryRecord(
+                    tenant=tenant,
+                    user=user,
+                    name=name,
+                    gpus=gpus,
+                    duration_s=max(0.0, finished_at - started_at),
+                    group=array_id,
+                )
+            records[row[0]] = record
+        history = tuple(records.values())
+    _history_cache = _HistoryCache(rows, full_read_at_s, history, records)
     return history

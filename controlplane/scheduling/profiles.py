@@ -6,10 +6,11 @@ that draws far less. Here the history buckets (GpuTelemetry) of the attempt's GP
 and their latest readings until a bucket has closed, become PowerSamples, summarised per cap,
 and scheduler.power_fit fits the profile to them.
 
-Cheap enough for every cycle: an attempt is looked at again only PROFILE_RECHECK_S after the
-last look (PROFILE_UNSEEN_RECHECK_S while nothing is learned of it), reads only the buckets it
-has not summarised yet, and is refitted only when what it has seen has moved; at most
-MAX_FITS_PER_LOAD fits per load, the longest-waiting first. The step costs two queries when
+Cheap enough for every cycle: an attempt is first looked at once it has run
+PROFILE_UNSEEN_RECHECK_S, again only PROFILE_RECHECK_S after the last look (that sooner while
+nothing is learned of it), reads only the buckets it has not summarised yet, and is refitted only
+when what it has seen has moved; at most MAX_FITS_PER_LOAD fits per load, the longest-waiting
+first. The step costs two queries when
 some attempts are due, however many, and none otherwise. Fitted profiles live in this
 process's memory: a restarted worker refits from the last PROFILE_WINDOW_S of history.
 """
@@ -99,7 +100,10 @@ def with_learned_profiles(running: tuple[m.Running, ...], now_s: float) -> tuple
 
 def _is_due(entry: _Learned, now_s: float) -> bool:
     if entry.checked_s is None:
-        return True
+        # First looked at once it has run PROFILE_UNSEEN_RECHECK_S: what its GPUs show before
+        # that is its start-up, and a flood of short jobs cost two queries a cycle for attempts
+        # that had ended before any reading of theirs could exist.
+        return now_s - entry.started_s >= PROFILE_UNSEEN_RECHECK_S
     wait_s = PROFILE_RECHECK_S if entry.profile.samples else PROFILE_UNSEEN_RECHECK_S
     return now_s - entry.checked_s >= wait_s
 

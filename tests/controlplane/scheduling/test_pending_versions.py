@@ -7,6 +7,7 @@ included, where the writer's transaction id is the same), and after each change 
 the load built with a full read of the same rows.
 """
 
+import dataclasses
 import random
 import time
 
@@ -18,9 +19,12 @@ from django.test.utils import CaptureQueriesContext
 from controlplane.jobs import actions
 from controlplane.jobs.models import Job, JobAttempt
 from controlplane.scheduling import loader
+from controlplane.scheduling.applier import apply_plan
 from controlplane.scheduling.loader import forget_pending, load_snapshot
 from controlplane.storage.models import Volume
 from controlplane.tenancy.models import Tenant
+from scheduler import model as m
+from scheduler.policy import plan as make_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -54,6 +58,27 @@ def _incremental(now_s: float):
     return loaded
 
 
+def _by_id_reads(queries) -> list[str]:
+    """The loader's reads of whole waiting rows by id (those it found new or changed)."""
+    return [
+        q["sql"]
+        for q in queries
+        if '"pending_reason"' in q["sql"] and 'AS "version"' in q["sql"] and "= ANY(" in q["sql"]
+    ]
+
+
+def _cycle(now_s: float, capture, *, starts: bool = True) -> int:
+    """A cycle's load, plan and apply, committed as far as the loader can tell (its on-commit
+    steps run); returns the waiting rows it wrote. Without starts, it only writes what it
+    decided of the jobs it leaves waiting."""
+    with capture(execute=True):
+        loaded = load_snapshot(now_s)
+        decided = make_plan(loaded.snapshot, m.Config())
+        if not starts:
+            decided = dataclasses.replace(decided, starts=(), preemptions=())
+        return apply_plan(decided, loaded).pending_rows_written
+
+
 def _same(loaded, full) -> None:
     assert [p.job_id for p in loaded.snapshot.pending] == [p.job_id for p in full.snapshot.pending]
     assert loaded.snapshot.pending == full.snapshot.pending
@@ -61,7 +86,7 @@ def _same(loaded, full) -> None:
 
 
 def test_kept_waiting_jobs_match_a_full_read_after_every_kind_of_change(
-    make_node, make_job, vision, nlp, alice, bob
+    make_node, make_job, vision, nlp, alice, bob, django_capture_on_commit_callbacks
 ):
     rng = random.Random(20261206)
     node = make_node("n1", gpus=8)
@@ -157,6 +182,18 @@ def test_kept_waiting_jobs_match_a_full_read_after_every_kind_of_change(
         other = rng.choice(waiting())
         Job.objects.filter(pk=job.pk).update(submitted_at=other.submitted_at)
 
+    def cycle():
+        # Writes reasons and positions onto the waiting rows, and tells the loader what it wrote;
+        # at a later time now and then, so that estimates and deep positions are rewritten too.
+        # (Within the minute after the last full read: the loads in between keep rows.)
+        at_s = now_s + rng.choice([0.0, 0.0, 30.0, loader.PENDING_FULL_READ_EVERY_S - 1])
+        _cycle(at_s, django_capture_on_commit_callbacks, starts=False)
+
+    def cycle_then_column():
+        # A cycle's rows kept as written, then one of them changed by someone else.
+        _cycle(now_s, django_capture_on_commit_callbacks, starts=False)
+        column()
+
     def nothing():
         pass
 
@@ -175,6 +212,9 @@ def test_kept_waiting_jobs_match_a_full_read_after_every_kind_of_change(
         requeue,
         earlier_service_only,
         move_in_order,
+        cycle,
+        cycle,
+        cycle_then_column,
         nothing,
     ]
     seen = set()
@@ -238,3 +278,62 @@ def test_the_kept_rows_are_read_whole_again_once_a_minute_and_when_the_clock_goe
     assert reads_whole(now_s + loader.PENDING_FULL_READ_EVERY_S)
     assert reads_whole(now_s)  # earlier than the last full read
     assert not reads_whole(now_s + 1)
+
+
+def test_the_rows_a_cycle_wrote_are_not_read_again_by_the_next_load(
+    make_node, make_job, vision, alice, django_capture_on_commit_callbacks
+):
+    make_node("n1", gpus=1)
+    for _ in range(30):
+        make_job(vision, alice, gpus=1)
+    now_s = time.time()
+    forget_pending()
+    # One starts (its prediction written), 29 wait (their reasons and positions written).
+    assert _cycle(now_s, django_capture_on_commit_callbacks) == 30
+    with CaptureQueriesContext(connection) as queries:
+        loaded = load_snapshot(now_s)
+    assert not _by_id_reads(queries) and not _whole_reads(queries)
+    _same(loaded, _full_read(now_s))
+    # The rows as kept are the rows as stored: the next cycle finds nothing to write.
+    assert _cycle(now_s, django_capture_on_commit_callbacks) == 0
+
+
+def test_a_cycle_that_rolls_back_leaves_the_loader_reading_its_rows_again(
+    make_node, make_job, vision, alice
+):
+    make_node("n1", gpus=1)
+    jobs = [make_job(vision, alice, gpus=1) for _ in range(5)]
+    now_s = time.time()
+    forget_pending()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        loaded = load_snapshot(now_s)
+        assert apply_plan(make_plan(loaded.snapshot, m.Config()), loaded).pending_rows_written
+        raise RuntimeError("the cycle dies before its commit")
+    assert not Job.objects.exclude(pending_reason="").filter(pk__in=[j.pk for j in jobs]).exists()
+    _same(_incremental(now_s), _full_read(now_s))
+
+
+def test_a_waiting_row_changed_after_the_load_keeps_the_change_and_gets_its_reason_next_cycle(
+    make_node, make_job, vision, alice, django_capture_on_commit_callbacks
+):
+    make_node("n1", gpus=1)
+    jobs = [make_job(vision, alice, gpus=1) for _ in range(4)]
+    now_s = time.time()
+    forget_pending()
+    with django_capture_on_commit_callbacks(execute=True):
+        loaded = load_snapshot(now_s)
+        decided = make_plan(loaded.snapshot, m.Config())
+        # Someone else writes a waiting job between the cycle's load and its apply.
+        changed = next(d.job_id for d in decided.pending)
+        Job.objects.filter(pk=changed).update(priority="high", pending_reason="")
+        apply_plan(decided, loaded)
+    others = [d.job_id for d in decided.pending if d.job_id != changed]
+    assert others and all(j.pending_reason for j in Job.objects.filter(pk__in=others))
+    job = Job.objects.get(pk=changed)
+    assert (job.priority, job.pending_reason) == ("high", "")
+    _same(_incremental(now_s), _full_read(now_s))
+    _cycle(now_s, django_capture_on_commit_callbacks)
+    assert Job.objects.get(pk=changed).pending_reason != ""
+    assert all(
+        j.pending_reason for j in Job.objects.filter(pk__in=[j.pk for j in jobs], state="PENDING")
+    )

@@ -161,6 +161,27 @@ def test_before_a_bucket_closes_the_latest_reading_teaches_the_profile(
     assert _budgeted_w(running[job.pk], gpu) == pytest.approx(300, abs=30)
 
 
+def test_an_attempt_is_first_looked_at_once_it_has_run_a_few_seconds_not_while_it_starts(
+    make_node, make_job, vision, alice
+):
+    node = make_node("n1", gpus=1)
+    (gpu,) = node.gpus.all()
+    job = make_job(vision, alice)
+    attempt = _run(job, node, [gpu], started_ago_s=0)
+    _latest(gpu, cap_w=700, power_w=300, utilization_pct=85)
+    started_s = attempt.started_at.timestamp()
+
+    # Just started (a flood of short jobs is all such attempts): no telemetry is read for it.
+    with CaptureQueriesContext(connection) as queries:
+        young = _by_job(load_snapshot(started_s + 1).snapshot)[job.pk]
+    assert not [q for q in queries.captured_queries if "telemetry" in q["sql"]]
+    assert young.power_profile == PowerProfile()
+
+    looked = _by_job(load_snapshot(started_s + profiles.PROFILE_UNSEEN_RECHECK_S).snapshot)[job.pk]
+    assert looked.power_profile.samples == 1
+    assert _budgeted_w(looked, gpu) == pytest.approx(300, abs=30)
+
+
 def test_a_job_starting_up_idle_keeps_the_default_profile(make_node, make_job, vision, alice):
     node = make_node("n1", gpus=1)
     (gpu,) = node.gpus.all()
