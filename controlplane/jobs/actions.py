@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, OuterRef, Q, Subquery
+from django.db.models import F, Q, Subquery
 from django.utils import timezone
 
 from controlplane import bulk, event_metrics, modelrows, wakeups
@@ -696,22 +696,23 @@ def _admit_batch(accepted: list[Admission]) -> dict[int, JobAttempt]:
         },
     )
     cleared = fields_on_entering(JobState.ADMITTED, now)
-    # Each job's state_reason is the message of the event just written for it: one statement
-    # for the whole batch, where a CASE over thousands of rows costs seconds to build.
-    own_reason = Subquery(
-        JobEvent.objects.filter(job_id=OuterRef("pk"), kind="admitted")
-        .order_by("-id")
-        .values("message")[:1]
+    # The rows are locked, and their attempt counts were checked under the lock (admit_jobs): no
+    # condition beyond the ids is needed, unlike admit_job's, and the new counts are known. Each
+    # job's state_reason is the message of its event: one statement for the whole batch.
+    bulk.update_rows(
+        Job,
+        ["state", "attempt_count", "state_reason", *cleared],
+        [
+            (
+                a.job.pk,
+                JobState.ADMITTED,
+                a.job.attempt_count + 1,
+                reasons[a.job.pk],
+                *cleared.values(),
+            )
+            for a in accepted
+        ],
     )
-    ids = [a.job.pk for a in accepted]
-    for i in range(0, len(ids), 5000):
-        # The rows are locked: no condition beyond the ids is needed, unlike admit_job's.
-        Job.objects.filter(pk__in=ids[i : i + 5000]).update(
-            state=JobState.ADMITTED,
-            attempt_count=F("attempt_count") + 1,
-            state_reason=own_reason,
-            **cleared,
-        )
     for a in accepted:
         a.job.attempt_count += 1
         a.job.state = JobState.ADMITTED
