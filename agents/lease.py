@@ -13,6 +13,7 @@ let a resumed host believe its lease was still good). A lease from another boot 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -37,8 +38,12 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+@functools.cache
 def boot_id() -> str:
-    """This boot's identity: a lease written before a reboot must not count after it."""
+    """This boot's identity: a lease written before a reboot must not count after it.
+
+    Read once per process: no process outlives its boot, and the agent asked for it at every
+    start and lease check (a file read per job in a flood of short ones)."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:

@@ -457,6 +457,11 @@ def decode_log_chunk(data: bytes, *, final: bool) -> tuple[str, int]:
 def read_file_range(path: Path, offset: int, max_bytes: int) -> bytes:
     """Bytes ``offset .. offset+max_bytes`` of a log file (b"" where it does not exist yet)."""
     try:
+        # Most jobs of a flood print nothing, and the log is looked at every heartbeat and once
+        # more before the attempt is forgotten: a stat is one system call where an open, a seek,
+        # a read and a close are four. What a writer adds after it is read next time.
+        if os.stat(path).st_size <= offset:
+            return b""
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read(max_bytes)
