@@ -10,9 +10,9 @@ Cheap enough for every cycle: an attempt is first looked at once it has run
 PROFILE_UNSEEN_RECHECK_S, again only PROFILE_RECHECK_S after the last look (that sooner while
 nothing is learned of it), reads only the buckets it has not summarised yet, and is refitted only
 when what it has seen has moved; at most MAX_FITS_PER_LOAD fits per load, the longest-waiting
-first. The step costs two queries when
-some attempts are due, however many, and none otherwise. Fitted profiles live in this
-process's memory: a restarted worker refits from the last PROFILE_WINDOW_S of history.
+first. The step costs two queries when some attempts are due, however many, and none
+otherwise. Fitted profiles live in this process's memory: a restarted worker refits from the
+last PROFILE_WINDOW_S of history.
 """
 
 from __future__ import annotations
