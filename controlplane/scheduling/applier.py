@@ -32,6 +32,7 @@ from controlplane.scheduling.loader import (
     from_unix_s,
     note_pending_written,
 )
+from controlplane.scheduling.rows import row_version_sql
 from controlplane.tenancy.models import Tenant
 from scheduler import model as m
 
@@ -427,7 +428,7 @@ def _write_versioned(changed: list[tuple], loaded: LoadedSnapshot) -> int:
     versions = loaded.pending_versions
     rows = sorted(changed, key=lambda row: row[0])  # in key order, as update_rows writes
     table = connection.ops.quote_name(Job._meta.db_table)
-    version = f"({table}.xmin::text || {table}.ctid::text)"
+    version = row_version_sql(table)
     targets = [bulk.field(Job, name) for name in PENDING_FIELDS]
     columns: list[bulk.Column] = [
         ("k", Job._meta.pk),

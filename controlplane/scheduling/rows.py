@@ -85,8 +85,13 @@ class RowVersion(Expression):
         return "NULL", []
 
     def as_postgresql(self, compiler, connection):
-        table = compiler.quote_name_unless_alias(self.model._meta.db_table)
-        return f"({table}.xmin::text || {table}.ctid::text)", []
+        return row_version_sql(compiler.quote_name_unless_alias(self.model._meta.db_table)), []
+
+
+def row_version_sql(table: str) -> str:
+    """RowVersion's SQL for a quoted table name, for statements written out (a write guarded by
+    the version read, RETURNING the one it makes): the one place that says what a version is."""
+    return f"({table}.xmin::text || {table}.ctid::text)"
 
 
 def raw_rows(queryset) -> list[tuple]:

@@ -39,14 +39,15 @@ def _full_read(now_s: float):
         loader._pending_cache = kept
 
 
-def _whole_reads(queries) -> list[str]:
-    """The loader's read of every waiting job's whole row (not by id) among these queries."""
+def _pending_reads(queries, *, by_id: bool = False) -> list[str]:
+    """The loader's reads of whole waiting rows among these queries: of every waiting job, or
+    (by_id) of those it found new or changed."""
     return [
         q["sql"]
         for q in queries
         if '"pending_reason"' in q["sql"]
         and 'AS "version"' in q["sql"]
-        and "= ANY(" not in q["sql"]
+        and ("= ANY(" in q["sql"]) == by_id
     ]
 
 
@@ -54,17 +55,8 @@ def _incremental(now_s: float):
     """A load that must not read every waiting row whole (the point of keeping them)."""
     with CaptureQueriesContext(connection) as queries:
         loaded = load_snapshot(now_s)
-    assert not _whole_reads(queries), "a load with kept rows read every waiting job whole"
+    assert not _pending_reads(queries), "a load with kept rows read every waiting job whole"
     return loaded
-
-
-def _by_id_reads(queries) -> list[str]:
-    """The loader's reads of whole waiting rows by id (those it found new or changed)."""
-    return [
-        q["sql"]
-        for q in queries
-        if '"pending_reason"' in q["sql"] and 'AS "version"' in q["sql"] and "= ANY(" in q["sql"]
-    ]
 
 
 def _cycle(now_s: float, capture, *, starts: bool = True) -> int:
@@ -272,7 +264,7 @@ def test_the_kept_rows_are_read_whole_again_once_a_minute_and_when_the_clock_goe
     def reads_whole(at_s: float) -> bool:
         with CaptureQueriesContext(connection) as queries:
             load_snapshot(at_s)
-        return bool(_whole_reads(queries))
+        return bool(_pending_reads(queries))
 
     assert not reads_whole(now_s + loader.PENDING_FULL_READ_EVERY_S - 1)
     assert reads_whole(now_s + loader.PENDING_FULL_READ_EVERY_S)
@@ -292,7 +284,7 @@ def test_the_rows_a_cycle_wrote_are_not_read_again_by_the_next_load(
     assert _cycle(now_s, django_capture_on_commit_callbacks) == 30
     with CaptureQueriesContext(connection) as queries:
         loaded = load_snapshot(now_s)
-    assert not _by_id_reads(queries) and not _whole_reads(queries)
+    assert not _pending_reads(queries, by_id=True) and not _pending_reads(queries)
     _same(loaded, _full_read(now_s))
     # The rows as kept are the rows as stored: the next cycle finds nothing to write.
     assert _cycle(now_s, django_capture_on_commit_callbacks) == 0
