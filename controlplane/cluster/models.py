@@ -99,7 +99,8 @@ class Node(models.Model):
 
 
 class GPU(models.Model):
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    # Indexed by the unique (node, index), which leads with it.
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus", db_index=False)
     index = models.PositiveIntegerField()
     uuid = models.CharField(max_length=96, unique=True)
     model = models.CharField(max_length=64)
@@ -141,7 +142,9 @@ class GPU(models.Model):
 class GpuTelemetry(models.Model):
     """Downsampled history: one row per GPU per bucket (the bucket is a setting)."""
 
-    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="telemetry")
+    # Indexed by the unique (gpu, bucket_at), which leads with it: this table is written at
+    # every heartbeat, and each index is one more write.
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="telemetry", db_index=False)
     bucket_at = models.DateTimeField()
     utilization_pct = models.FloatField(null=True)
     memory_used_mib = models.FloatField(null=True)

@@ -87,7 +87,12 @@ class JobArray(models.Model):
 
 
 class Job(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    # No index of its own: (tenant, state) below leads with it. Every index is one more write
+    # at each insert, and at each update that moves a row off its page, of the table written
+    # most (issue 14: a job's row is written about eight times between submit and its end).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
     )
@@ -123,8 +128,13 @@ class Job(models.Model):
     checkpoint_bytes = models.PositiveBigIntegerField(default=0)  # as last reported
     checkpoint_deleted_at = models.DateTimeField(null=True, blank=True)
     # A task of an array, with its index in it.
-    array = models.ForeignKey(
-        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks"
+    array = models.ForeignKey(  # indexed by (array, state) and the unique (array, index)
+        JobArray,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tasks",
+        db_index=False,
     )
     array_index = models.PositiveIntegerField(null=True, blank=True)
     # PENDING but kept from the scheduler, and why (Hold); "" for every other job.
@@ -132,9 +142,8 @@ class Job(models.Model):
     # Some job depends on this one: its end must resolve them (no query for the others).
     has_dependents = models.BooleanField(default=False)
 
-    state = models.CharField(
-        max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True
-    )
+    # Indexed by (state, submitted_at), which also answers every query on the state alone.
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     state_reason = models.TextField(blank=True, default="")
     # Written by the scheduling cycle for a job left pending.
     pending_reason_code = models.CharField(max_length=64, blank=True, default="")
@@ -247,9 +256,13 @@ ACTIVE_ATTEMPT_STATES = (AttemptState.ADMITTED, AttemptState.RUNNING)
 class JobAttempt(models.Model):
     """One admission of a job onto a node. A requeued job gets a new attempt."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    # Neither key has an index of its own: the unique (job, number) and (node, state) lead
+    # with them (each index is one more write per insert and per non-HOT update).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     number = models.PositiveIntegerField()
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="attempts")
+    node = models.ForeignKey(
+        Node, on_delete=models.PROTECT, related_name="attempts", db_index=False
+    )
     state = models.CharField(
         max_length=16, choices=AttemptState.choices, default=AttemptState.ADMITTED
     )
@@ -320,8 +333,13 @@ class AttemptMember(models.Model):
     then node name): its address is the job's master address.
     """
 
-    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="members")
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="attempt_members")
+    # Indexed by the unique (attempt, rank) and by (node, state), which lead with them.
+    attempt = models.ForeignKey(
+        JobAttempt, on_delete=models.CASCADE, related_name="members", db_index=False
+    )
+    node = models.ForeignKey(
+        Node, on_delete=models.PROTECT, related_name="attempt_members", db_index=False
+    )
     rank = models.PositiveIntegerField()
     # The node's advertised address at admission: what the other members reach it at.
     address = models.CharField(max_length=255)
@@ -414,7 +432,10 @@ class LogChunk(models.Model):
     `data` holds the bytes exactly as the program wrote them (controlplane.jobs.logs decides
     how they are shown)."""
 
-    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="log_chunks")
+    # Indexed by the unique (attempt, member, offset), which leads with it.
+    attempt = models.ForeignKey(
+        JobAttempt, on_delete=models.CASCADE, related_name="log_chunks", db_index=False
+    )
     # Whose output: each member's is its own byte stream (null: stored before members existed).
     member = models.ForeignKey(
         AttemptMember, null=True, blank=True, on_delete=models.CASCADE, related_name="log_chunks"
