@@ -928,11 +928,14 @@ class Agent:
             message = status.message or (meta.message if meta else "")
             if message:
                 entry["message"] = limits.clean_text(message)
+            # Read once for both: the fence's note is looked for at every heartbeat of every
+            # attempt here, and nearly always is not there.
+            note = leases.fenced(self.state_dir, attempt_id)
             if status.state is not AttemptState.RUNNING:
-                cause = self._stop_cause(attempt_id, status, meta)
+                cause = self._stop_cause(status, meta, note)
                 if cause:
                     entry["stop_cause"] = cause
-            entry.update(self._stop_report(attempt_id, status))
+            entry.update(self._stop_report(status, note))
             if meta is not None and meta.checkpoint_dir:
                 entry["last_checkpoint_at"] = meta.last_checkpoint_at
                 entry["checkpoint_bytes"] = meta.checkpoint_bytes
@@ -955,10 +958,11 @@ class Agent:
             ],
         }
 
-    def _stop_report(self, attempt_id: int, status: AttemptStatus) -> dict[str, Any]:
-        """stop_signal_at (the first signal, the runtime's or the fence's) and, once an attempt
-        that was stopped ended, whether it had to be killed at the end of its grace."""
-        note = leases.fenced(self.state_dir, attempt_id)
+    @staticmethod
+    def _stop_report(status: AttemptStatus, note: dict[str, Any] | None) -> dict[str, Any]:
+        """stop_signal_at (the first signal, the runtime's or the fence's, whose `note` this
+        is) and, once an attempt that was stopped ended, whether it had to be killed at the end
+        of its grace."""
         times = [status.stop_signal_at]
         if note is not None:
             times.append(note.get("at_unix"))
@@ -972,10 +976,13 @@ class Agent:
             )
         return report
 
-    def _stop_cause(self, attempt_id: int, status: AttemptStatus, meta: AttemptMeta | None) -> str:
+    @staticmethod
+    def _stop_cause(
+        status: AttemptStatus, meta: AttemptMeta | None, note: dict[str, Any] | None
+    ) -> str:
         """Who ended an attempt that ended: the fence (even one that acted while this agent was
-        dead: its note is on disk), this agent, or "" for the job itself."""
-        if status.fenced or leases.fenced(self.state_dir, attempt_id) is not None:
+        dead: its `note` is on disk), this agent, or "" for the job itself."""
+        if status.fenced or note is not None:
             return FENCED
         return meta.stop_cause if meta is not None else ""
 

@@ -225,10 +225,15 @@ def mark_fenced(
 
 def fenced(state_dir: Path, attempt_id: int) -> dict[str, Any] | None:
     """The fence's note on this attempt, or None when the fence never touched it."""
+    # os.open, not Path.read_text: the agent looks for a note of every attempt it runs at
+    # every heartbeat, and there nearly never is one: one failed open, no file object.
     try:
-        note: dict[str, Any] = json.loads(
-            (Path(state_dir) / FENCED_DIR / f"{attempt_id}.json").read_text()
-        )
+        fd = os.open(os.path.join(state_dir, FENCED_DIR, f"{attempt_id}.json"), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            note: dict[str, Any] = json.loads(f.read())
     except (OSError, ValueError):
         return None
     return note

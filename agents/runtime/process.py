@@ -113,14 +113,50 @@ STOP_RECORD = "stop.json"
 TEXT_RECORDS = "text"
 
 
+def _read_small(path: str | os.PathLike[str], *, durable: bool = False) -> bytes | None:
+    """The whole of a small file (a record, a /proc file); None while it does not exist.
+
+    os.open and os.read, not open(): a buffered file object costs six more system calls (a
+    stat, a terminal check, seeks, a read to find the end) per record, and the agent reads a
+    few records of every job it runs. A short read of a regular file is its end. durable:
+    fsync it too, through the same descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, _READ_CHUNK)
+            chunks.append(chunk)
+            if len(chunk) < _READ_CHUNK:
+                break
+        if durable:
+            os.fsync(fd)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+_READ_CHUNK = 65536
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def proc_start_ticks(pid: int) -> int | None:
     """Start time of a live process in clock ticks since boot; None when there is none."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        stat = _read_small(f"/proc/{pid}/stat")
+        if stat is None:
+            return None
+        fields = stat.rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    if fields[0] == "Z":  # a zombie has ended; only its parent has not reaped it yet
+    if fields[0] == b"Z":  # a zombie has ended; only its parent has not reaped it yet
         return None
     try:
         return int(fields[19])
@@ -136,23 +172,24 @@ def _alive(pid: int | None, start_ticks: int | None) -> bool:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
+    data = _read_small(path)
+    if data is None:
         return None
+    try:
+        record: dict[str, Any] = json.loads(data)
     except ValueError:
         log.warning("unreadable %s", path)
         return None
     return record
 
 
-def _read_line(path: Path) -> str | None:
-    """A record of supervise.sh without its newline; None while it is absent or not whole."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+def _read_line(path: Path, *, durable: bool = False) -> str | None:
+    """A record of supervise.sh without its newline; None while it is absent or not whole.
+    durable: fsync it as it is read (see read_exit)."""
+    data = _read_small(path, durable=durable)
+    if data is None or not data.endswith(b"\n"):
         return None
-    return text[:-1] if text.endswith("\n") else None
+    return data[:-1].decode(errors="replace")
 
 
 def read_child(attempt_dir: Path) -> dict[str, Any] | None:
@@ -162,18 +199,25 @@ def read_child(attempt_dir: Path) -> dict[str, Any] | None:
     running through an upgrade, reads too. A pid of None means the job ended before it was
     looked at: nothing of it may be signalled. A file being written reads as not there yet.
     """
+    data = _read_small(attempt_dir / "child.json")
+    if data is None:
+        return None
     try:
-        record: dict[str, Any] = json.loads((attempt_dir / "child.json").read_text())
-    except (FileNotFoundError, ValueError):
+        record: dict[str, Any] = json.loads(data)
+    except ValueError:
         return None
     return record
 
 
-def read_exit(attempt_dir: Path, text: bool) -> dict[str, Any] | None:
-    """The exit record (exit_code, finished_at, and error/fenced/message), once it is written."""
+def read_exit(attempt_dir: Path, text: bool, *, durable: bool = False) -> dict[str, Any] | None:
+    """The exit record (exit_code, finished_at, and error/fenced/message), once it is written.
+
+    durable: fsync a supervise.sh record as it is read. bash cannot fsync what it writes, so the
+    agent does, before it reports the end: after a crash of the host the record is still there.
+    """
     if not text:
         return _read_json(attempt_dir / "exit.json")
-    line = _read_line(attempt_dir / "exit")
+    line = _read_line(attempt_dir / "exit", durable=durable)
     if line is None:
         return None
     kind, _, rest = line.partition(" ")
@@ -315,6 +359,8 @@ class ProcessRuntime(Runtime):
         self._procs: dict[int, _Proc] = {}
         self._lock = threading.Lock()
         self._exits = _ExitWatch()
+        # Every job's stdin, opened once (Popen's DEVNULL opens it at every start).
+        self._devnull = os.open(os.devnull, os.O_RDONLY)
 
     def notify_exits(self, callback: Callable[[], None]) -> None:
         self._exits.start(callback)
@@ -335,6 +381,9 @@ class ProcessRuntime(Runtime):
     def close(self) -> None:
         self._exits.stop()
         self._trash.close()
+        if self._devnull >= 0:
+            os.close(self._devnull)
+            self._devnull = subprocess.DEVNULL  # a start after close() opens its own
 
     def _dir(self, attempt_id: int) -> Path:
         return self._root / str(attempt_id)
@@ -422,7 +471,9 @@ class ProcessRuntime(Runtime):
         )
         started_r, started_w = os.pipe()
         try:
-            with open(self.log_path(spec.attempt_id), "ab") as output:
+            # A descriptor, not a file object: the job writes to it, the agent never does.
+            output = os.open(self.log_path(spec.attempt_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
                 try:
                     popen = subprocess.Popen(
                         [
@@ -434,7 +485,7 @@ class ProcessRuntime(Runtime):
                             "--",
                             *spec.command,
                         ],
-                        stdin=subprocess.DEVNULL,
+                        stdin=self._devnull,
                         stdout=output,
                         stderr=subprocess.STDOUT,
                         cwd=workdir,
@@ -448,6 +499,8 @@ class ProcessRuntime(Runtime):
                     )
                 finally:
                     os.close(started_w)
+            finally:
+                os.close(output)
             record = {
                 "attempt_id": spec.attempt_id,
                 "job_id": spec.job_id,
@@ -463,10 +516,12 @@ class ProcessRuntime(Runtime):
             # (a new inode and a freed one per job, which ext4 without a journal pays for at
             # every later file it makes). A record cut by a kill of the agent right here reads
             # as missing, as one never written: the same as a kill just before it.
-            with open(attempt_dir / "record.json", "x") as f:
-                json.dump(record, f)
-                f.flush()
-                os.fsync(f.fileno())
+            fd = os.open(attempt_dir / "record.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                _write_all(fd, json.dumps(record).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             proc = _Proc(spec.attempt_id, attempt_dir, record, popen=popen)
             with self._lock:
                 self._procs[spec.attempt_id] = proc
@@ -479,7 +534,7 @@ class ProcessRuntime(Runtime):
             waiter.register(started_r, select.POLLIN)
             if not waiter.poll(START_TIMEOUT_S * 1000):
                 log.warning("attempt %d: supervisor slow to report the job", spec.attempt_id)
-            elif read_child(attempt_dir) is None:
+            elif self._child(proc) is None:
                 try:
                     popen.wait(START_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
@@ -517,12 +572,10 @@ class ProcessRuntime(Runtime):
         if self._supervisor_running(proc):
             return AttemptStatus(state=AttemptState.RUNNING, **common)
         # It ended: whatever it wrote is all there will be.
-        exit_record = read_exit(proc.dir, proc.text)
+        exit_record = read_exit(proc.dir, proc.text, durable=True)
         if exit_record is None:
             proc.final = self._lost(proc, child, common)
             return proc.final
-        if proc.text:
-            _fsync(proc.dir / "exit")
         if exit_record.get("error"):
             common["started_at"] = None  # the job never ran
             proc.final = AttemptStatus(
