@@ -8,11 +8,13 @@ renamed into `<state-dir>/process-trash/` and deleted there by a thread (_Trash)
 
 The supervisor is `supervise.c`, built once by the agent with the host's C compiler, or where
 there is none `supervise.sh`, run by `bash -p` (no startup files, no functions from the
-environment); agents/runtime/supervisor.py picks. Either is a fork and an exec of a small
-program per attempt, where a Python interpreter cost tens of milliseconds of CPU per job (and
-bash about 2 ms more than the compiled one). Both keep the same contract and write
-the same records, so either adopts the other's attempts. Between the agent and the job the
-supervisor is the one process that keeps every promise of the runtime:
+environment); agents/runtime/supervisor.py picks. A Python interpreter per attempt cost tens
+of milliseconds of CPU per job, bash about 2 ms more than the compiled one, and an exec of the
+compiled one about 0.6 ms more than a fork of it: the compiled one runs once as this runtime's
+fork server (supervise.c --serve, _ForkServer), which forks each attempt's supervisor, and an
+exec is what a start falls back on when the server cannot make one. Both keep the same
+contract and write the same records, so either adopts the other's attempts. Between the agent
+and the job the supervisor is the one process that keeps every promise of the runtime:
 
 - it runs in a session of its own (a Ctrl-C or SIGTERM to the agent's group never reaches it),
   and starts the job in a process group of its own (made before it goes on: bash's job control,
@@ -54,6 +56,7 @@ Attempts started by the former Python supervisor (`supervise.py`, whose exit rec
 from __future__ import annotations
 
 import contextvars
+import errno
 import json
 import logging
 import os
@@ -61,6 +64,7 @@ import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -98,6 +102,10 @@ SUPERVISOR_KIND = "auto"
 SUPERVISOR_BUILD_DIR = "bin"
 # How long start() waits for the supervisor to report that the job runs (or could not start).
 START_TIMEOUT_S = 15.0
+# The compiled supervisor of a runtime made without saying: forked for each attempt by its
+# fork server (supervise.c --serve), not exec'd (an exec costs each job the C library's start,
+# about 0.6 ms of CPU in a virtual machine).
+SERVE = True
 # The supervisor vanished without writing an exit code (killed, or the host rebooted).
 LOST_EXIT_CODE = 255
 # Signals the supervisor traps; the job must get them at their defaults.
@@ -326,12 +334,15 @@ class ProcessRuntime(Runtime):
         job_path_prepend: Sequence[str] = (),
         supervisor: str | None = None,
         supervisor_dir: str | os.PathLike[str] | None = None,
+        serve: bool | None = None,
     ) -> None:
         """Keep attempt folders under state_dir; job_path_prepend goes first on every job's PATH.
 
         supervisor: "auto" (the compiled supervisor where it builds, else bash), "compiled"
         or "bash"; None: SUPERVISOR_KIND. supervisor_dir: where the compiled one is built and
-        kept (default <state_dir>/bin), a folder agents on one host may share.
+        kept (default <state_dir>/bin), a folder agents on one host may share. serve: the
+        compiled one forks each attempt's supervisor from a server of this runtime instead of
+        an exec per attempt (None: SERVE); any start the server cannot make runs an exec.
 
         The job inherits the agent's PATH unless the operator asks for more: a host whose jobs
         should find the agent's own interpreter first (the embedded demo's `python -m
@@ -359,6 +370,12 @@ class ProcessRuntime(Runtime):
         self._procs: dict[int, _Proc] = {}
         self._lock = threading.Lock()
         self._exits = _ExitWatch()
+        serving = SERVE if serve is None else serve
+        self._server = (
+            _ForkServer(self._supervisor.argv[0])
+            if serving and self._supervisor.kind == "compiled"
+            else None
+        )
         # Every job's stdin, opened once (Popen's DEVNULL opens it at every start).
         self._devnull = os.open(os.devnull, os.O_RDONLY)
 
@@ -381,6 +398,8 @@ class ProcessRuntime(Runtime):
     def close(self) -> None:
         self._exits.stop()
         self._trash.close()
+        if self._server is not None:
+            self._server.close()
         if self._devnull >= 0:
             os.close(self._devnull)
             self._devnull = subprocess.DEVNULL  # a start after close() opens its own
@@ -469,22 +488,35 @@ class ProcessRuntime(Runtime):
         inherited_ignore = self._supervisor.needs_bash_signals and any(
             signal.getsignal(sig) == signal.SIG_IGN for sig in (*STOP_SIGNALS, *JOB_STOP_SIGNALS)
         )
+        args = [str(attempt_dir), str(self._deadline_path), str(self._lease_path)]
         started_r, started_w = os.pipe()
+        go_w = None  # served: the supervisor starts nothing before a byte comes down this pipe
         try:
             # A descriptor, not a file object: the job writes to it, the agent never does.
             output = os.open(self.log_path(spec.attempt_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            popen = None
+            served = None
             try:
-                try:
+                if self._server is not None:
+                    go_r, go_w = os.pipe()
+                    try:
+                        served = self._server.fork(
+                            workdir,
+                            [*self._supervisor.argv, *args, "3", "--", *spec.command],
+                            env,
+                            [started_w, output, self._devnull, go_r],
+                        )
+                    except _ServerUnavailable as exc:
+                        # Whatever the server made of the request, nothing of it starts the job
+                        # without the go byte, so an exec of the supervisor is as safe as ever.
+                        log.warning("attempt %d: the supervisor server: %s", spec.attempt_id, exc)
+                        os.close(go_w)
+                        go_w = None
+                    finally:
+                        os.close(go_r)
+                if served is None:
                     popen = subprocess.Popen(
-                        [
-                            *self._supervisor.argv,
-                            str(attempt_dir),
-                            str(self._deadline_path),
-                            str(self._lease_path),
-                            str(started_w),
-                            "--",
-                            *spec.command,
-                        ],
+                        [*self._supervisor.argv, *args, str(started_w), "--", *spec.command],
                         stdin=self._devnull,
                         stdout=output,
                         stderr=subprocess.STDOUT,
@@ -497,17 +529,21 @@ class ProcessRuntime(Runtime):
                         pass_fds=(started_w,),
                         preexec_fn=_restore_stop_signals if inherited_ignore else None,
                     )
-                finally:
-                    os.close(started_w)
             finally:
+                os.close(started_w)
                 os.close(output)
+            if served is not None:
+                supervisor_pid, supervisor_ticks = served
+            else:
+                assert popen is not None
+                supervisor_pid, supervisor_ticks = popen.pid, proc_start_ticks(popen.pid)
             record = {
                 "attempt_id": spec.attempt_id,
                 "job_id": spec.job_id,
                 "gpu_uuids": list(spec.gpu_uuids),
                 "command": list(spec.command),
-                "supervisor_pid": popen.pid,
-                "supervisor_start_ticks": proc_start_ticks(popen.pid),
+                "supervisor_pid": supervisor_pid,
+                "supervisor_start_ticks": supervisor_ticks,
                 "records": TEXT_RECORDS,
                 "supervisor": self._supervisor.kind,
                 "created_at": time.time(),
@@ -522,6 +558,8 @@ class ProcessRuntime(Runtime):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if go_w is not None:
+                os.write(go_w, b"g")  # the record is on disk: the supervisor may go on
             proc = _Proc(spec.attempt_id, attempt_dir, record, popen=popen)
             with self._lock:
                 self._procs[spec.attempt_id] = proc
@@ -534,15 +572,32 @@ class ProcessRuntime(Runtime):
             waiter.register(started_r, select.POLLIN)
             if not waiter.poll(START_TIMEOUT_S * 1000):
                 log.warning("attempt %d: supervisor slow to report the job", spec.attempt_id)
-            elif self._child(proc) is None:
-                try:
-                    popen.wait(START_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    # It could not write the job's pid (a full disk) and runs on.
-                    log.warning("attempt %d: the job's pid was not recorded", spec.attempt_id)
+            elif self._child(proc) is None and not self._ended(proc, START_TIMEOUT_S):
+                # It could not write the job's pid (a full disk) and runs on.
+                log.warning("attempt %d: the job's pid was not recorded", spec.attempt_id)
         finally:
             os.close(started_r)
+            if go_w is not None:
+                os.close(go_w)  # without its byte (a failed record): the supervisor just ends
         return self._status(proc)
+
+    def _ended(self, proc: _Proc, timeout_s: float) -> bool:
+        """Whether the attempt's supervisor ended within timeout_s (it refused the job or the
+        job could not start: it writes why and exits)."""
+        if proc.popen is not None:
+            try:
+                proc.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        # A served one is not our child: it is ended once it is a zombie, which its server
+        # reaps within a second.
+        deadline = time.monotonic() + timeout_s
+        while self._supervisor_running(proc):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     def _child(self, proc: _Proc) -> dict[str, Any] | None:
         if proc.child is None:
@@ -853,3 +908,99 @@ class _ExitWatch:
 
     def stop(self) -> None:
         self._stopped.set()
+
+
+class _ServerUnavailable(Exception):
+    """The fork server made no supervisor for this attempt (start() runs an exec instead)."""
+
+
+class _ForkServer:
+    """The compiled supervisor's fork server (supervise.c --serve) of one runtime.
+
+    Started at the first start, and again at the next after it died; it ends when the runtime
+    closes or the agent dies (its end of the socket closes). The supervisors it forked live on
+    in sessions of their own, as exec'd ones do, and are watched the same way as adopted ones
+    (their pid and start ticks, a pidfd): they are not the agent's children."""
+
+    def __init__(self, program: str) -> None:
+        self._program = program
+        self._sock: socket.socket | None = None
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def _ensure(self) -> socket.socket:
+        if self._sock is not None and self._popen is not None and self._popen.poll() is None:
+            return self._sock
+        self._stop()
+        # SEQPACKET: each request arrives whole, descriptors with it.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._popen = subprocess.Popen(
+                [self._program, "--serve", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.settimeout(START_TIMEOUT_S)
+        self._sock = ours
+        return ours
+
+    def fork(
+        self, workdir: Path, argv: list[str], env: dict[str, str], fds: list[int]
+    ) -> tuple[int, int | None]:
+        """The pid and start ticks of a new supervisor, forked with these arguments, this
+        environment and these descriptors (started pipe, output, stdin, go pipe), which waits
+        for its go byte."""
+        for key, value in env.items():
+            # What Popen refuses, refused alike.
+            if "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(f"illegal environment variable name or value: {key!r}")
+        strings = [str(workdir), str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
+        if any("\0" in text for text in argv):
+            raise ValueError("embedded null byte")
+        payload = b"\0".join(os.fsencode(text) for text in strings) + b"\0"
+        with self._lock:
+            try:
+                sock = self._ensure()
+            except OSError as exc:
+                raise _ServerUnavailable(f"it cannot be started: {exc}") from exc
+            try:
+                socket.send_fds(sock, [payload], fds)
+            except OSError as exc:
+                if exc.errno != errno.EMSGSIZE:  # too large for one message: only this one
+                    self._stop()
+                raise _ServerUnavailable(f"it took no request: {exc}") from exc
+            try:
+                answer = sock.recv(256)
+            except OSError as exc:
+                self._stop()
+                raise _ServerUnavailable(f"it did not answer: {exc}") from exc
+            if not answer:
+                self._stop()
+                raise _ServerUnavailable("it ended")
+        pid_text, _, ticks_text = answer.decode(errors="replace").strip().partition(" ")
+        if not pid_text.isdigit():
+            raise _ServerUnavailable(f"it could not: {ticks_text}")
+        ticks = int(ticks_text) if ticks_text.isdigit() else None
+        return int(pid_text), ticks
+
+    def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()  # the server ends at the end of its socket
+            self._sock = None
+        if self._popen is not None:
+            try:
+                self._popen.wait(2.0)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+                self._popen.wait()
+            self._popen = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()

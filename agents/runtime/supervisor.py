@@ -2,8 +2,9 @@
 
 Both keep the same contract and write the same records (agents/runtime/process.py), so an
 agent of either kind adopts the other's attempts and an upgrade may switch while jobs run. The
-compiled one costs a fork and an exec of a small static program per job, where bash's start
-cost about 2 ms more CPU per job (benchmarks/bench_throughput.py, a flood of short jobs);
+compiled one costs a fork of its fork server per job (an exec of it where the server cannot),
+where bash's start cost about 2 ms more CPU per job (benchmarks/bench_throughput.py, a flood of
+short jobs);
 it is built once per source version with the host's C compiler (a GPU host has one: the
 driver's kernel module is built with it) into the agent's state folder, and bash runs the
 jobs of a host that has none.

@@ -304,13 +304,17 @@ def engine_url() -> str:
     return docker_host()
 
 
-@pytest.fixture(params=["compiled", "bash"])
+@pytest.fixture(params=["served", "compiled", "bash"])
 def every_supervisor(request, monkeypatch) -> str:
     """Runs the test once with each job supervisor (agents/runtime/supervisor.py): runtimes
-    made without naming one get it."""
+    made without naming one get it. "served": the compiled one forked by its fork server (the
+    default); "compiled": the compiled one exec'd for each attempt."""
     from agents.runtime import process
 
-    monkeypatch.setattr(process, "SUPERVISOR_KIND", request.param)
+    monkeypatch.setattr(
+        process, "SUPERVISOR_KIND", "bash" if request.param == "bash" else "compiled"
+    )
+    monkeypatch.setattr(process, "SERVE", request.param == "served")
     return request.param
 
 

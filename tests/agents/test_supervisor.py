@@ -305,3 +305,156 @@ def test_an_agent_started_with_sigchld_ignored_still_learns_the_jobs_exit_code(s
         what="the job to end",
     )
     assert status.exit_code == 7
+
+
+# -- the fork server (supervise.c --serve) ----------------------------------------------------
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie nobody reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _supervisor_pid(state_dir: Path, attempt_id: int) -> int:
+    record = json.loads((state_dir / "process" / str(attempt_id) / "record.json").read_text())
+    return record["supervisor_pid"]
+
+
+def _waits_for(marker: Path, code: int) -> tuple[str, ...]:
+    return ("sh", "-c", f"while [ ! -e {marker} ]; do sleep 0.02; done; exit {code}")
+
+
+def test_served_supervisors_are_forked_by_one_server_not_by_the_agent(state_dir, tmp_path):
+    runtime = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    try:
+        for attempt_id in (1, 2):
+            runtime.start(
+                AttemptSpec(attempt_id=attempt_id, command=_waits_for(tmp_path / "go", 3))
+            )
+        first, second = (_parent(_supervisor_pid(state_dir, a)) for a in (1, 2))
+        assert first == second != os.getpid()
+        with open(f"/proc/{first}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[1] == b"--serve"
+        (tmp_path / "go").touch()
+        for attempt_id in (1, 2):
+            status = wait_until(
+                lambda a=attempt_id: next(
+                    (
+                        s
+                        for s in runtime.statuses()
+                        if s.attempt_id == a and s.exit_code is not None
+                    ),
+                    None,
+                ),
+                what=f"attempt {attempt_id} to end",
+            )
+            assert status.exit_code == 3
+    finally:
+        runtime.close()
+
+
+def _ends(runtime: ProcessRuntime) -> dict[int, int]:
+    statuses = runtime.statuses()
+    if not statuses or any(s.state is not AttemptState.EXITED for s in statuses):
+        return {}
+    return {s.attempt_id: s.exit_code for s in statuses}
+
+
+def test_a_killed_server_is_started_again_and_the_jobs_it_forked_still_report_their_ends(
+    state_dir, tmp_path
+):
+    runtime = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    try:
+        runtime.start(AttemptSpec(attempt_id=1, command=_waits_for(tmp_path / "go", 5)))
+        server = _parent(_supervisor_pid(state_dir, 1))
+        os.kill(server, signal.SIGKILL)
+        wait_until(lambda: _gone(server), what="the server to die")
+        # The next start finds it gone and starts another; the job of the first runs on.
+        runtime.start(AttemptSpec(attempt_id=2, command=_waits_for(tmp_path / "go", 6)))
+        second = _parent(_supervisor_pid(state_dir, 2))
+        assert second not in (server, os.getpid()) and not _gone(second)
+        assert not _gone(_supervisor_pid(state_dir, 1))
+        (tmp_path / "go").touch()
+        assert wait_until(lambda: _ends(runtime), what="both attempts to end") == {1: 5, 2: 6}
+    finally:
+        runtime.close()
+
+
+class _AnswerLost:
+    """The server's socket, but its answer never comes (a server killed right after the fork)."""
+
+    def __init__(self, sock):
+        self._sock = sock
+
+    def recv(self, _size):
+        raise TimeoutError("timed out")
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def test_a_start_whose_answer_is_lost_runs_the_job_exactly_once(state_dir, tmp_path):
+    runtime = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    server = runtime._server
+    assert server is not None
+    count, go = tmp_path / "count", tmp_path / "go"
+    try:
+        server._sock = _AnswerLost(server._ensure())
+        command = f"echo ran >> {count}; while [ ! -e {go} ]; do sleep 0.02; done"
+        runtime.start(AttemptSpec(attempt_id=1, command=("sh", "-c", command)))
+        # The server did fork a supervisor, which got no go byte and ended without starting
+        # the job; the agent started it with an exec of its own instead.
+        assert _parent(_supervisor_pid(state_dir, 1)) == os.getpid()
+        wait_until(count.exists, what="the job to run")
+        go.touch()
+        assert wait_until(lambda: _ends(runtime), what="the job to end") == {1: 0}
+        assert count.read_text() == "ran\n"
+    finally:
+        runtime.close()
+
+
+def test_the_server_ends_with_its_agent_and_the_jobs_live_on(state_dir, tmp_path):
+    marker = tmp_path / "go"
+    agent = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys\n"
+            "from agents.runtime.base import AttemptSpec\n"
+            "from agents.runtime.process import ProcessRuntime\n"
+            "runtime = ProcessRuntime(sys.argv[1], supervisor='compiled', serve=True)\n"
+            f"runtime.start(AttemptSpec(attempt_id=1, command={_waits_for(marker, 9)!r}))\n"
+            "sup = runtime._procs[1].record['supervisor_pid']\n"
+            "with open(f'/proc/{sup}/stat') as f:\n"
+            "    print(f.read().rsplit(')', 1)[1].split()[1], flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n",
+            str(state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert agent.returncode == -signal.SIGKILL, agent.stderr
+    server = int(agent.stdout.split()[0])
+    wait_until(lambda: _gone(server), what="the server to end with its agent")
+    runtime = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    try:
+        (adopted,) = runtime.adopt()
+        assert adopted.state is AttemptState.RUNNING
+        marker.touch()
+        status = wait_until(
+            lambda: next((s for s in runtime.statuses() if s.exit_code is not None), None),
+            what="the adopted job to end",
+        )
+        assert status.exit_code == 9
+    finally:
+        runtime.close()
