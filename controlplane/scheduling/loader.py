@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -693,15 +694,24 @@ def forget_history() -> None:
     _history_cache = _HistoryCache()
 
 
-def _history_rows(since_s: float) -> list[tuple]:
+def _history_rows(since_s: float, kept: Sequence[int] = ()) -> list[tuple]:
+    """The successful attempts that ended at since_s or later, newest first, but for those
+    `kept` (their rows are already known: only the others are joined and sent)."""
+    attempts = JobAttempt.objects.filter(
+        state=AttemptState.SUCCEEDED,
+        finished_at__gte=from_unix_s(since_s),
+        started_at__isnull=False,
+    )
+    if kept:
+        if connection.vendor == "postgresql":
+            # One array, not a placeholder per id: the same text for any number of them.
+            attempts = attempts.extra(
+                where=['NOT ("jobs_jobattempt"."id" = ANY(%s::bigint[]))'], params=[list(kept)]
+            )
+        else:
+            attempts = attempts.exclude(id__in=kept)
     return raw_rows(
-        JobAttempt.objects.filter(
-            state=AttemptState.SUCCEEDED,
-            finished_at__gte=from_unix_s(since_s),
-            started_at__isnull=False,
-        )
-        .order_by("-finished_at", "-id")
-        .values_list(
+        attempts.order_by("-finished_at", "-id").values_list(
             "id",
             unix_s("finished_at"),
             "job__tenant__slug",
@@ -727,7 +737,10 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
         newest_s = max((row[1] for row in cache.rows.values()), default=cutoff_s)
         since_s = max(cutoff_s, newest_s - HISTORY_LATE_EXITS_S)
         rows = {k: row for k, row in cache.rows.items() if row[1] >= cutoff_s}
-        rows.update((row[0], row) for row in _history_rows(since_s))
+        # In a flood of short jobs the window holds a couple of seconds of exits, most of them
+        # read by the cycle before: only the new ones are read again.
+        kept = [k for k, row in rows.items() if row[1] >= since_s]
+        rows.update((row[0], row) for row in _history_rows(since_s, kept))
     # The same rows as last time give the same tuple, which the core's duration-prediction
     # index is cached on; it changes only when a job finishes (or leaves the window).
     history, records = cache.history, cache.records

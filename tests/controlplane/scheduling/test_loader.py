@@ -309,6 +309,39 @@ def test_a_spent_budget_reaches_the_scheduler_as_its_tenants_action(
     assert tenants["nlp"].power_pace_w >= 1000.0
 
 
+def test_between_full_reads_a_cycle_reads_only_the_exits_it_does_not_hold_yet(
+    make_node, make_job, vision, alice, monkeypatch
+):
+    """The incremental read looks back a couple of seconds for exits recorded out of order; in
+    a flood of short jobs those seconds hold many exits the cycle before read already, and only
+    the new ones are read (and joined) again. What it builds is what a full read builds."""
+    from controlplane.scheduling import loader
+
+    node = make_node("n1", gpus=1)
+    gpu = node.gpus.get()
+    now_s = timezone.now().timestamp()
+    for name in ("a", "b", "c"):
+        _finish(_run(make_job(vision, alice, name=name), node, [gpu], started_ago_s=5))
+    load_snapshot(now_s=now_s)  # a full read: holds a, b and c, all within the look-back
+    _finish(_run(make_job(vision, alice, name="d"), node, [gpu], started_ago_s=5))
+
+    read: list[list[tuple]] = []
+    real = loader._history_rows
+
+    def counted(since_s, kept=()):
+        rows = real(since_s, kept)
+        read.append(rows)
+        return rows
+
+    monkeypatch.setattr(loader, "_history_rows", counted)
+    incremental = load_snapshot(now_s=now_s + 1).snapshot.history
+    assert [[row[2:5] for row in rows] for rows in read] == [[("vision", "alice", "d")]]
+    monkeypatch.undo()
+    loader.forget_history()
+    assert incremental == load_snapshot(now_s=now_s + 1).snapshot.history
+    assert sorted(r.name for r in incremental) == ["a", "b", "c", "d"]
+
+
 def test_between_full_reads_the_history_takes_in_each_job_as_it_ends(
     make_node, make_job, vision, alice
 ):
