@@ -739,8 +739,8 @@ def _load_history(now_s: float) -> tuple[m.HistoryRecord, ...]:
         rows = {k: row for k, row in cache.rows.items() if row[1] >= cutoff_s}
         # In a flood of short jobs the window holds a couple of seconds of exits, most of them
         # read by the cycle before: only the new ones are read again.
-        kept = [k for k, row in rows.items() if row[1] >= since_s]
-        rows.update((row[0], row) for row in _history_rows(since_s, kept))
+        held = [k for k, row in rows.items() if row[1] >= since_s]
+        rows.update((row[0], row) for row in _history_rows(since_s, held))
     # The same rows as last time give the same tuple, which the core's duration-prediction
     # index is cached on; it changes only when a job finishes (or leaves the window).
     history, records = cache.history, cache.records
