@@ -687,18 +687,19 @@ class Agent:
             margin_s = float(answer["fence_margin_s"])
         except (KeyError, TypeError, ValueError):
             margin_s = leases.margin_for(lease_s)
+        graces = {aid: self._grace_s(aid) for aid in self._meta}
         renewed = leases.Lease.renewed(
             sent_at,
             lease_s,
             self.config.stop_grace_s,
-            {aid: self._grace_s(aid) for aid in self._meta},
+            graces,
             margin_s=margin_s,
             signals={aid: meta.stop_signal for aid, meta in self._meta.items()},
         )
         # self.lease stays the lease on disk, the one the fence and the supervisor act on:
         # a renewal only a little later is not written (leases.rewrite_lag_s), and every
         # decision here that the fence must agree with is then taken on the older one.
-        if leases.renewal_worth_writing(self.lease, renewed):
+        if leases.renewal_worth_writing(self.lease, renewed, graces, self.config.stop_grace_s):
             self.lease = renewed
             self._write_lease()
 

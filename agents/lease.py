@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -142,21 +142,43 @@ def rewrite_lag_s(lease_s: float) -> float:
     return min(1.0, 0.02 * lease_s)
 
 
-def renewal_worth_writing(written: Lease | None, renewed: Lease) -> bool:
+def renewal_worth_writing(
+    written: Lease | None,
+    renewed: Lease,
+    graces: dict[int, float] | None = None,
+    default_grace_s: float | None = None,
+) -> bool:
     """Whether `renewed` must replace the lease on disk (`written`), or says the same but for
-    an end less than rewrite_lag_s later. One that ends earlier is always written."""
+    an end less than rewrite_lag_s later. One that ends earlier is always written.
+
+    With the running attempts' own `graces` and the agent's `default_grace_s` (for attempts
+    started later, which _lease_covers names in the file if they need more): a written lease
+    that gives each of them at least its grace, and the same stop signals, is the same terms
+    for this purpose. It gives some notice earlier than the renewal would, for at most
+    rewrite_lag_s: a node whose long-grace job ended and whose next one starts a moment later
+    (a flood of short jobs) rewrote the file three times per batch of starts."""
     if written is None:
         return True
-    same_terms = (
+    same_lease = (
         written.boot_id == renewed.boot_id
         and written.lease_s == renewed.lease_s
         and written.margin_s == renewed.margin_s
-        and written.grace_s == renewed.grace_s
-        and written.graces == renewed.graces
-        and written.signals == renewed.signals
     )
+    if graces is None or default_grace_s is None:
+        same_terms = (
+            written.grace_s == renewed.grace_s
+            and written.graces == renewed.graces
+            and written.signals == renewed.signals
+        )
+    else:
+        # An attempt's signal never changes, so an entry for one that ended names no other.
+        same_terms = (
+            written.grace_s >= default_grace_s
+            and all(written.grace_of(a) >= grace_s for a, grace_s in graces.items())
+            and all(written.signals.get(a) == name for a, name in renewed.signals.items())
+        )
     later_s = renewed.expires_at - written.expires_at
-    return not (same_terms and 0.0 <= later_s < rewrite_lag_s(renewed.lease_s))
+    return not (same_lease and same_terms and 0.0 <= later_s < rewrite_lag_s(renewed.lease_s))
 
 
 def _centiseconds(seconds: float, *, up: bool) -> int:
@@ -177,15 +199,24 @@ def write_lease(state_dir: Path, lease: Lease) -> None:
     """Replace the lease files, each in one rename (readers see the old lease or the new one).
 
     Not fsynced: only processes of this boot read them, from the page cache; after a crash of
-    the host the lease is void anyway.
+    the host the lease is void anyway. os.path and os.open, not pathlib: a node that starts
+    and ends many short jobs rewrites them several times a second.
     """
+    folder = os.fspath(state_dir)
+    pid = os.getpid()
     for name, text in (
         (LEASE_DEADLINE_FILE, deadline_text(lease)),
-        (LEASE_FILE, json.dumps(asdict(lease))),
+        (LEASE_FILE, json.dumps(vars(lease))),
     ):
-        path = Path(state_dir) / name
-        tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
+        path = os.path.join(folder, name)
+        tmp = f"{path}.{pid}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            data = memoryview(text.encode())
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
 
 

@@ -459,3 +459,53 @@ def test_the_state_dir_holds_the_lease_for_people_to_read(control_plane, state_d
     data = json.loads((state_dir / leases.LEASE_FILE).read_text())
     assert set(data) >= {"boot_id", "expires_at", "lease_s", "margin_s", "renewed_at_unix"}
     assert oct(os.stat(state_dir).st_mode & 0o777) == "0o700"
+
+
+def test_a_renewal_the_file_already_covers_for_every_running_attempt_waits_for_the_lag():
+    """With the running attempts' own graces, a lease on disk that gives each of them at least
+    its grace (notice no later than the renewal would) and the same signals is not rewritten
+    until the lag is used up; one that gives any of them less is written at once."""
+    later = 100.0 + leases.rewrite_lag_s(60.0) / 2
+    long_job = leases.Lease.renewed(100.0, 60.0, 10.0, {1: 30.0})
+    # The long job ended; the next one asks for the agent's own grace.
+    assert not leases.renewal_worth_writing(
+        long_job, leases.Lease.renewed(later, 60.0, 10.0, {2: 10.0}), {2: 10.0}, 10.0
+    )
+    # A start named its attempt with its own grace (_lease_covers); the next renewal says the
+    # same for it in another form (the longest grace for every attempt).
+    covered = replace(leases.Lease.renewed(100.0, 60.0, 10.0, {}), graces={"3": 30.0})
+    renewed = leases.Lease.renewed(later, 60.0, 10.0, {3: 30.0})
+    assert not leases.renewal_worth_writing(covered, renewed, {3: 30.0}, 10.0)
+    assert covered.term_at(3) <= renewed.term_at(3)  # its notice comes no later
+
+    plain = leases.Lease.renewed(100.0, 60.0, 10.0, {})
+    for graces, renewed, own_grace_s in (
+        ({4: 30.0}, leases.Lease.renewed(later, 60.0, 10.0, {4: 30.0}), 10.0),  # not covered
+        (
+            {5: 10.0},
+            leases.Lease.renewed(later, 60.0, 10.0, {5: 10.0}, signals={5: "SIGUSR1"}),
+            10.0,
+        ),
+        ({}, leases.Lease.renewed(later, 60.0, 20.0, {}), 20.0),  # a longer --stop-grace
+        ({}, leases.Lease.renewed(later, 30.0, 10.0, {}), 10.0),  # a shorter lease
+        ({}, leases.Lease.renewed(99.0, 60.0, 10.0, {}), 10.0),  # ends earlier
+        ({}, leases.Lease.renewed(100.0 + leases.rewrite_lag_s(60.0), 60.0, 10.0, {}), 10.0),
+    ):
+        assert leases.renewal_worth_writing(plain, renewed, graces, own_grace_s), renewed
+    assert leases.renewal_worth_writing(
+        long_job,
+        leases.Lease.renewed(later, 60.0, 10.0, {6: 45.0}),
+        {6: 45.0},
+        10.0,
+    )
+
+
+def test_the_lease_files_read_back_as_written(state_dir):
+    lease = replace(
+        leases.Lease.renewed(100.0, 60.0, 10.0, {}, signals={7: "SIGUSR1"}),
+        graces={"7": 42.5},
+    )
+    leases.write_lease(state_dir, lease)
+    assert leases.read_lease(state_dir) == lease
+    assert (state_dir / leases.LEASE_DEADLINE_FILE).read_text() == leases.deadline_text(lease)
+    assert not list(state_dir.glob("*.tmp"))
