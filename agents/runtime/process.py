@@ -791,6 +791,23 @@ class ProcessRuntime(Runtime):
         self._trash.throw(self._dir(attempt_id))
 
 
+def _delete(folder: str) -> None:
+    """Delete an attempt's folder. What it nearly always holds (its records, its output, an
+    empty work folder) goes in one flat pass of unlinks; anything more (a job that left files
+    in its work folder) goes through shutil.rmtree, whose careful walk costs several times as
+    much per folder in a flood of short jobs."""
+    try:
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            try:
+                os.unlink(path)  # a file, or a symbolic link (never followed)
+            except IsADirectoryError:
+                os.rmdir(path)  # not empty: the careful walk below
+        os.rmdir(folder)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class _Trash:
     """Ended attempts' folders, deleted by a thread of their own.
 
@@ -823,8 +840,8 @@ class _Trash:
         self._wake.set()
 
     def empty(self) -> None:
-        for entry in list(self._path.iterdir()):
-            shutil.rmtree(entry, ignore_errors=True)
+        for entry in list(os.scandir(self._path)):
+            _delete(entry.path)
 
     def close(self) -> None:
         self._closed = True

@@ -309,6 +309,27 @@ def test_remove_forgets_the_attempt_and_its_files(state_dir):
     assert not any((state_dir / "process-trash").iterdir())
 
 
+def test_whatever_a_job_left_in_its_folder_goes_with_it_and_nothing_outside(state_dir, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    runtime = ProcessRuntime(state_dir)
+    script = (
+        "mkdir -p a/b/c && echo x > a/b/c/f && chmod 0400 a/b/c/f && touch top"
+        f" && ln -s {outside} link && ln -s {outside}/keep filelink && mkdir empty"
+    )
+    runtime.start(spec(1, "sh", "-c", script))
+    assert ended(runtime, 1).exit_code == 0
+    runtime.remove(1)
+    runtime.start(spec(2, "true"))  # the plain case: records, output, an empty work folder
+    ended(runtime, 2)
+    runtime.remove(2)
+    wait_until(
+        lambda: not any((state_dir / "process-trash").iterdir()), what="the trash to be emptied"
+    )
+    assert (outside / "keep").read_text() == "mine"
+
+
 def test_what_a_crash_left_in_the_trash_is_deleted_by_the_next_agent(state_dir):
     left = state_dir / "process-trash" / "7-123"
     (left / "work").mkdir(parents=True)
