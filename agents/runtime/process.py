@@ -400,6 +400,7 @@ class ProcessRuntime(Runtime):
         self._trash.close()
         if self._server is not None:
             self._server.close()
+            self._server = None  # a start after close() runs an exec, as without a server
         if self._devnull >= 0:
             os.close(self._devnull)
             self._devnull = subprocess.DEVNULL  # a start after close() opens its own
@@ -931,6 +932,11 @@ class _ServerUnavailable(Exception):
     """The fork server made no supervisor for this attempt (start() runs an exec instead)."""
 
 
+# The most strings (arguments and environment variables) the server reads from one request
+# (supervise.c, serve_one); a start with more runs an exec.
+MAX_SERVED_STRINGS = 8192
+
+
 class _ForkServer:
     """The compiled supervisor's fork server (supervise.c --serve) of one runtime.
 
@@ -980,6 +986,8 @@ class _ForkServer:
         strings = [str(workdir), str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
         if any("\0" in text for text in argv):
             raise ValueError("embedded null byte")
+        if len(strings) > MAX_SERVED_STRINGS:
+            raise _ServerUnavailable(f"{len(strings)} arguments and variables: more than it takes")
         payload = b"\0".join(os.fsencode(text) for text in strings) + b"\0"
         with self._lock:
             try:

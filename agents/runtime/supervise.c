@@ -389,7 +389,7 @@ static void serve_one(int sock, int fds[REQUEST_FDS], char *text, size_t length)
 		_exit(0);
 	close(go);
 	/* The strings: workdir, argc, argv..., then the environment. */
-	char *strings[8192 + 2];
+	char *strings[8192 + 2]; /* MAX_SERVED_STRINGS (process.py), and one spare for the NULL */
 	size_t count = 0;
 	for (size_t at = 0; at < length && count < sizeof strings / sizeof *strings - 1;) {
 		strings[count++] = text + at;

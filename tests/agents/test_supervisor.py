@@ -458,3 +458,38 @@ def test_the_server_ends_with_its_agent_and_the_jobs_live_on(state_dir, tmp_path
         assert status.exit_code == 9
     finally:
         runtime.close()
+
+
+def test_a_start_too_large_for_the_server_runs_by_an_exec_with_all_of_its_environment(
+    state_dir, tmp_path
+):
+    runtime = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    env = {f"V{i}": str(i) for i in range(9000)}
+    count = tmp_path / "count"
+    try:
+        runtime.start(
+            AttemptSpec(
+                attempt_id=1, command=("sh", "-c", f"env | grep -c '^V' > {count}"), env=env
+            )
+        )
+        assert wait_until(lambda: _ends(runtime), what="the job to end") == {1: 0}
+        assert count.read_text() == "9000\n"
+        # And the server still serves the next one.
+        runtime.start(AttemptSpec(attempt_id=2, command=_waits_for(tmp_path / "go", 0)))
+        assert _parent(_supervisor_pid(state_dir, 2)) != os.getpid()
+        (tmp_path / "go").touch()
+        assert wait_until(lambda: _ends(runtime), what="the second to end") == {1: 0, 2: 0}
+    finally:
+        runtime.close()
+
+
+def test_a_runtime_closed_leaves_no_server_and_still_starts_by_an_exec(state_dir, tmp_path):
+    runtime = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    runtime.start(AttemptSpec(attempt_id=1, command=_waits_for(tmp_path / "go", 0)))
+    server = _parent(_supervisor_pid(state_dir, 1))
+    runtime.close()
+    assert _gone(server)
+    runtime.start(AttemptSpec(attempt_id=2, command=_waits_for(tmp_path / "go", 4)))
+    assert _parent(_supervisor_pid(state_dir, 2)) == os.getpid()
+    (tmp_path / "go").touch()
+    assert wait_until(lambda: _ends(runtime), what="both to end") == {1: 0, 2: 4}
