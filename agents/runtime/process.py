@@ -68,6 +68,7 @@ import socket
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,6 +379,9 @@ class ProcessRuntime(Runtime):
         )
         # Every job's stdin, opened once (Popen's DEVNULL opens it at every start).
         self._devnull = os.open(os.devnull, os.O_RDONLY)
+        # Both go with the runtime even where close() is never called (a runtime dropped):
+        # exactly once, whichever comes first.
+        self._release = weakref.finalize(self, _release, self._server, self._devnull)
 
     def notify_exits(self, callback: Callable[[], None]) -> None:
         self._exits.start(callback)
@@ -398,12 +402,9 @@ class ProcessRuntime(Runtime):
     def close(self) -> None:
         self._exits.stop()
         self._trash.close()
-        if self._server is not None:
-            self._server.close()
-            self._server = None  # a start after close() runs an exec, as without a server
-        if self._devnull >= 0:
-            os.close(self._devnull)
-            self._devnull = subprocess.DEVNULL  # a start after close() opens its own
+        self._release()
+        self._server = None  # a start after close() runs an exec, as without a server
+        self._devnull = subprocess.DEVNULL  # and opens its own /dev/null
 
     def _dir(self, attempt_id: int) -> Path:
         return self._root / str(attempt_id)
@@ -930,6 +931,12 @@ class _ExitWatch:
 
 class _ServerUnavailable(Exception):
     """The fork server made no supervisor for this attempt (start() runs an exec instead)."""
+
+
+def _release(server: _ForkServer | None, devnull: int) -> None:
+    if server is not None:
+        server.close()
+    os.close(devnull)
 
 
 # The most strings (arguments and environment variables) the server reads from one request

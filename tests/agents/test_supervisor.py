@@ -6,6 +6,7 @@ test_leases); here the two are run side by side on what only they read: the leas
 every form that file can take, broken ones included.
 """
 
+import gc
 import json
 import os
 import signal
@@ -493,3 +494,26 @@ def test_a_runtime_closed_leaves_no_server_and_still_starts_by_an_exec(state_dir
     assert _parent(_supervisor_pid(state_dir, 2)) == os.getpid()
     (tmp_path / "go").touch()
     assert wait_until(lambda: _ends(runtime), what="both to end") == {1: 0, 2: 4}
+
+
+def test_a_runtime_dropped_without_close_ends_its_server(state_dir, tmp_path):
+    """And keeps none of its descriptors: tests and tools make and drop many runtimes."""
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before
+    runtime = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    runtime.start(AttemptSpec(attempt_id=1, command=_waits_for(tmp_path / "go", 0)))
+    server = _parent(_supervisor_pid(state_dir, 1))
+    del runtime
+    gc.collect()
+    wait_until(lambda: _gone(server), what="the server of a dropped runtime to end")
+    (tmp_path / "go").touch()
+    # Its job lives on, and a new runtime adopts it and learns its end.
+    adopter = ProcessRuntime(state_dir, supervisor="compiled", serve=True)
+    try:
+        (adopted,) = adopter.adopt()
+        assert wait_until(lambda: _ends(adopter), what="the job to end") == {1: 0}
+    finally:
+        adopter.close()
