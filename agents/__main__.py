@@ -160,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "compiled", "bash"),
         default=_env("GPUCP_SUPERVISOR", "auto"),
         help="what supervises each process-runtime job: compiled (supervise.c, built once with "
-        "the host's C compiler into the state folder), bash (supervise.sh), or auto: compiled "
-        "where it builds [GPUCP_SUPERVISOR, auto]",
+        "the host's C compiler into the state folder, and forked for each job by one server "
+        "process of the agent), bash (supervise.sh), or auto: compiled where it builds "
+        "[GPUCP_SUPERVISOR, auto]",
     )
     p.add_argument(
         "--supervisor-dir",

@@ -3,7 +3,9 @@ is built, kept and given up on as agents/runtime/supervisor.py says.
 
 The contract itself is tested through the runtime with each supervisor (test_process_runtime,
 test_leases); here the two are run side by side on what only they read: the lease's end, in
-every form that file can take, broken ones included.
+every form that file can take, broken ones included. At the end, the compiled one's fork
+server (supervise.c --serve): what it does when it dies, when its answer is lost, when a start is
+too large for it, and when its runtime goes.
 """
 
 import gc
