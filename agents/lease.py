@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.runtime.base import DEFAULT_STOP_SIGNAL, STOP_SIGNAL_NAMES
+from agents.runtime.base import DEFAULT_STOP_SIGNAL, STOP_SIGNAL_NAMES, read_small, write_all
 
 LEASE_FILE = "lease.json"
 # The same lease for the process runtime's supervisor, a bash script that must compare it without
@@ -212,9 +212,7 @@ def write_lease(state_dir: Path, lease: Lease) -> None:
         tmp = f"{path}.{pid}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
-            data = memoryview(text.encode())
-            while data:
-                data = data[os.write(fd, data) :]
+            write_all(fd, text.encode())
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -256,15 +254,13 @@ def mark_fenced(
 
 def fenced(state_dir: Path, attempt_id: int) -> dict[str, Any] | None:
     """The fence's note on this attempt, or None when the fence never touched it."""
-    # os.open, not Path.read_text: the agent looks for a note of every attempt it runs at
+    # read_small, not Path.read_text: the agent looks for a note of every attempt it runs at
     # every heartbeat, and there nearly never is one: one failed open, no file object.
     try:
-        fd = os.open(os.path.join(state_dir, FENCED_DIR, f"{attempt_id}.json"), os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            note: dict[str, Any] = json.loads(f.read())
+        data = read_small(os.path.join(state_dir, FENCED_DIR, f"{attempt_id}.json"))
+        if data is None:
+            return None
+        note: dict[str, Any] = json.loads(data)
     except (OSError, ValueError):
         return None
     return note

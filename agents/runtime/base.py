@@ -469,6 +469,43 @@ def read_file_range(path: Path, offset: int, max_bytes: int) -> bytes:
         return b""
 
 
+# Records are a few hundred bytes: one read takes the whole of one.
+_READ_CHUNK = 65536
+
+
+def read_small(path: str | os.PathLike[str], *, durable: bool = False) -> bytes | None:
+    """The whole of a small file (a record, a lease note, a /proc file); None while it does not
+    exist.
+
+    os.open and os.read, not open(): a buffered file object costs six more system calls (a
+    stat, a terminal check, seeks, a read to find the end) per record, and the agent reads a
+    few records of every job it runs. A short read of a regular file is its end. durable:
+    fsync it too, through the same descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, _READ_CHUNK)
+            chunks.append(chunk)
+            if len(chunk) < _READ_CHUNK:
+                break
+        if durable:
+            os.fsync(fd)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to a descriptor (os.write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
     """Write a small record so that a crash leaves the old or the new one, never half of one.
 

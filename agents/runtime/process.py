@@ -87,10 +87,12 @@ from agents.runtime.base import (
     check_paths,
     ensure_checkpoint_dir,
     read_file_range,
+    read_small,
     rendezvous_env,
     stop_env,
     stop_signal_number,
     visible_devices_env,
+    write_all,
     write_json_atomic,
 )
 from agents.runtime.supervisor import resolve as resolve_supervisor
@@ -122,44 +124,10 @@ STOP_RECORD = "stop.json"
 TEXT_RECORDS = "text"
 
 
-def _read_small(path: str | os.PathLike[str], *, durable: bool = False) -> bytes | None:
-    """The whole of a small file (a record, a /proc file); None while it does not exist.
-
-    os.open and os.read, not open(): a buffered file object costs six more system calls (a
-    stat, a terminal check, seeks, a read to find the end) per record, and the agent reads a
-    few records of every job it runs. A short read of a regular file is its end. durable:
-    fsync it too, through the same descriptor."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, _READ_CHUNK)
-            chunks.append(chunk)
-            if len(chunk) < _READ_CHUNK:
-                break
-        if durable:
-            os.fsync(fd)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-_READ_CHUNK = 65536
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def proc_start_ticks(pid: int) -> int | None:
     """Start time of a live process in clock ticks since boot; None when there is none."""
     try:
-        stat = _read_small(f"/proc/{pid}/stat")
+        stat = read_small(f"/proc/{pid}/stat")
         if stat is None:
             return None
         fields = stat.rsplit(b")", 1)[1].split()
@@ -181,7 +149,7 @@ def _alive(pid: int | None, start_ticks: int | None) -> bool:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    data = _read_small(path)
+    data = read_small(path)
     if data is None:
         return None
     try:
@@ -195,7 +163,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _read_line(path: Path, *, durable: bool = False) -> str | None:
     """A record of supervise.sh without its newline; None while it is absent or not whole.
     durable: fsync it as it is read (see read_exit)."""
-    data = _read_small(path, durable=durable)
+    data = read_small(path, durable=durable)
     if data is None or not data.endswith(b"\n"):
         return None
     return data[:-1].decode(errors="replace")
@@ -208,7 +176,7 @@ def read_child(attempt_dir: Path) -> dict[str, Any] | None:
     running through an upgrade, reads too. A pid of None means the job ended before it was
     looked at: nothing of it may be signalled. A file being written reads as not there yet.
     """
-    data = _read_small(attempt_dir / "child.json")
+    data = read_small(attempt_dir / "child.json")
     if data is None:
         return None
     try:
@@ -556,7 +524,7 @@ class ProcessRuntime(Runtime):
             # as missing, as one never written: the same as a kill just before it.
             fd = os.open(attempt_dir / "record.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             try:
-                _write_all(fd, json.dumps(record).encode())
+                write_all(fd, json.dumps(record).encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)

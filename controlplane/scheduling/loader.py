@@ -703,13 +703,11 @@ def _history_rows(since_s: float, kept: Sequence[int] = ()) -> list[tuple]:
         started_at__isnull=False,
     )
     if kept:
-        if connection.vendor == "postgresql":
-            # One array, not a placeholder per id: the same text for any number of them.
-            attempts = attempts.extra(
-                where=['NOT ("jobs_jobattempt"."id" = ANY(%s::bigint[]))'], params=[list(kept)]
-            )
-        else:
-            attempts = attempts.exclude(id__in=kept)
+        attempts = (
+            attempts.exclude(AnyOf(F("id"), list(kept)))
+            if connection.vendor == "postgresql"
+            else attempts.exclude(id__in=kept)
+        )
     return raw_rows(
         attempts.order_by("-finished_at", "-id").values_list(
             "id",

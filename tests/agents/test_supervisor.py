@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from agents.runtime import supervisor
 from agents.runtime.base import AttemptSpec, AttemptState
-from agents.runtime.process import ProcessRuntime, read_child
+from agents.runtime.process import ProcessRuntime, proc_start_ticks, read_child
 from tests.agents.conftest import wait_until
 
 with open("/proc/sys/kernel/random/boot_id") as f:
@@ -320,11 +320,7 @@ def _parent(pid: int) -> int:
 
 def _gone(pid: int) -> bool:
     """Ended: no such process, or a zombie nobody reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return proc_start_ticks(pid) is None
 
 
 def _supervisor_pid(state_dir: Path, attempt_id: int) -> int:
