@@ -54,8 +54,9 @@ def test_the_loader_reads_the_cluster_in_the_same_number_of_queries_however_big_
     with django_assert_num_queries(14):
         small = load_snapshot()
     _populate(make_node, make_job, vision, nlp, alice, bob, scale=6)
-    # The waiting jobs kept from the last load: their versions, then the new ones by id.
-    with django_assert_num_queries(15):
+    # The waiting jobs kept from the last load: their versions, the names their ids stand
+    # for, then the new ones by id.
+    with django_assert_num_queries(16):
         big = load_snapshot()
     # Read whole again, the same jobs (no attempt new to the power-profile step this time).
     forget_pending()
