@@ -29,8 +29,9 @@ child subreaper, so that the job supervisors the agents detach, and the jobs, ar
 it and their CPU time lands in its children's time instead of vanishing when they exit.
 PostgreSQL and Redis are the machine's own servers: measure on a quiet machine, where their
 CPU is ours. The load average is printed beside every figure, and before and after the end-to-end
-run what an exec and a few files made and deleted cost the machine at that moment
-(machine_costs): on a shared virtual machine they drift within hours, and every job pays both.
+run what an exec, a few files made and deleted, and a loop of Python cost the machine at that
+moment (machine_costs): on a shared virtual machine they drift within hours, and every job pays
+all three.
 """
 
 from __future__ import annotations
@@ -235,6 +236,10 @@ def loadavg() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+# The loop machine_costs times.
+PYTHON_PROBE_ADDITIONS = 1_000_000
+
+
 def machine_costs(folder: Path, rounds: int = 200) -> str:
     """What two kernel operations every job pays cost on this machine now, in CPU ms.
 
@@ -267,9 +272,18 @@ def machine_costs(folder: Path, rounds: int = 200) -> str:
     after = os.times()
     files_ms = ((after.user + after.system) - (before.user + before.system)) * 1000 / rounds
     shutil.rmtree(folder, ignore_errors=True)
+    # Interpreted Python's speed, which every process of ours but the jobs runs at: the same
+    # host gave this from one hour to the next anywhere between 1x and 2x, and the figures
+    # per job moved with it.
+    started_s = time.process_time()
+    total = 0
+    for i in range(PYTHON_PROBE_ADDITIONS):
+        total += i
+    python_ms = (time.process_time() - started_s) * 1000
     return (
         f"machine now: exec of /bin/true {exec_ms:.2f} ms CPU; a folder with 4 files made and "
-        f"deleted {files_ms:.2f} ms CPU  (load {loadavg()})"
+        f"deleted {files_ms:.2f} ms CPU; {PYTHON_PROBE_ADDITIONS:,} additions in a Python loop "
+        f"{python_ms:.0f} ms CPU  (load {loadavg()})"
     )
 
 
