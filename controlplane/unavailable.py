@@ -23,11 +23,27 @@ from django.http import HttpResponse, JsonResponse
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
-# The agent API decides for itself what a database error means for a heartbeat (a degraded
-# answer that keeps leases, or an error the agent retries): left as it is.
+# The agent API decides for itself what a database error means for a heartbeat and a watch (a
+# degraded answer that keeps leases; they raise nothing here). Its other requests (register,
+# logs, volumes...) get the 503 of an outage only when the connection itself failed: a
+# deadlock or a lock timeout there stays an error the agent retries, as it retries any 5xx.
 AGENT_API_PREFIX = "/api/agent/"
 RETRY_AFTER_S = 5
 MESSAGE = "The database cannot be reached right now; try again in a few seconds."
+
+
+def connection_lost(exc: OperationalError | InterfaceError) -> bool:
+    """True when the error says the database cannot be talked to at all, not that a statement
+    failed (a lock timeout, a deadlock).
+
+    No SQLSTATE (the connection was refused or broke, or a pool had none to give in time), class
+    08 (connection exception) or 57P (the server is shutting down, or not accepting connections
+    yet).
+    """
+    if isinstance(exc, InterfaceError):
+        return True
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
 
 
 class DatabaseUnavailableMiddleware:
@@ -40,7 +56,7 @@ class DatabaseUnavailableMiddleware:
     def process_exception(self, request, exception):
         if not isinstance(exception, OperationalError | InterfaceError):
             return None
-        if request.path_info.startswith(AGENT_API_PREFIX):
+        if request.path_info.startswith(AGENT_API_PREFIX) and not connection_lost(exception):
             return None
         log.warning("%s %s: database unavailable: %s", request.method, request.path, exception)
         headers = {"Retry-After": str(RETRY_AFTER_S)}

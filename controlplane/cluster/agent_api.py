@@ -47,6 +47,7 @@ from controlplane.cluster.telemetry import GpuSample
 from controlplane.jobs.models import AttemptMember, JobAttempt, LogChunk
 from controlplane.storage import actions as storage_actions
 from controlplane.storage import queries as storage_queries
+from controlplane.unavailable import connection_lost
 from controlplane.validators import text_problem as unstorable_text
 
 log = logging.getLogger(__name__)
@@ -767,16 +768,57 @@ class PooledDatabaseDown:
         if connection.connection is not None:
             return True  # this thread holds one (inside a test's transaction)
         pool = getattr(connection, "pool")  # noqa: B009 - PostgreSQL's wrapper alone has one
-        pool.open()  # Django opens it on first use; a no-op once open
-        if pool.get_stats().get("pool_available", 0):
-            return True
         try:
+            pool.open()  # Django opens it on first use; a no-op once open
+            if pool.get_stats().get("pool_available", 0):
+                return True
             raw = pool.getconn(timeout=self.QUICK_WAIT_S)
-        except (psycopg_pool.PoolTimeout, psycopg.Error):
+        except psycopg_pool.PoolClosed:
+            # Replaced by another thread a moment ago (found_up): the database was just found
+            # up, and Django makes the new pool at this thread's first query.
+            return True
+        except psycopg_pool.PoolTimeout:
+            if self.saturated(pool):
+                # Every connection the pool may hold is open and in use: the database answers,
+                # this process is busy. The request waits its turn like any; taken for an
+                # outage, it would answer heartbeats degraded and then replace the pool under
+                # the requests using it (250 agents registering at once did both).
+                return True
+            self.found_down()
+            return False
+        except psycopg.Error:
             self.found_down()
             return False
         pool.putconn(raw)
         return True
+
+    @staticmethod
+    def saturated(pool) -> bool:
+        """Whether the pool holds as many connections as it may, all open: a pool that cannot
+        hand one out then is busy, not cut off from its database."""
+        return pool.get_stats().get("pool_size", 0) >= pool.max_size
+
+    @staticmethod
+    def replaced(exc: Exception) -> bool:
+        """Whether a database error a request got is of a pool that another thread replaced
+        (found_up) while this one was about to use it."""
+        import psycopg_pool
+
+        return isinstance(exc.__cause__, psycopg_pool.PoolClosed)
+
+    def busy(self, exc: Exception) -> bool:
+        """Whether a database error a request got says this process is busy (no connection
+        free in time from a full pool, or the pool replaced under it), not that the database
+        is out of reach."""
+        import psycopg_pool
+
+        if self.replaced(exc):
+            return True
+        return (
+            isinstance(exc.__cause__, psycopg_pool.PoolTimeout)
+            and self.pooled()
+            and self.saturated(getattr(connection, "pool"))  # noqa: B009
+        )
 
     @staticmethod
     def _reachable() -> bool:
@@ -826,6 +868,13 @@ def answer_heartbeat_request(
             except (OperationalError, InterfaceError) as exc:
                 if not database_unreachable(exc):
                     raise
+                if pooled_database.replaced(exc) and first_try:
+                    continue  # the pool was replaced under it: once more, from the new one
+                if pooled_database.busy(exc):
+                    # The lease is kept as in an outage (nothing else changes, the agent keeps
+                    # its reports for the next answer), but the database is not marked down:
+                    # that would answer every agent degraded and replace a pool in use.
+                    return degraded_heartbeat(digest, exc)
                 # Most often a kept connection that PostgreSQL dropped when it restarted: once
                 # more on a fresh one. Repeating a heartbeat is harmless (every write it makes
                 # is guarded by the state it expects). A pool checks each connection it hands
@@ -862,15 +911,9 @@ def with_warnings(answer: bytes, warnings: dict, node_name: str) -> bytes:
 
 def database_unreachable(exc: Exception) -> bool:
     """True when the error says the database cannot be talked to at all, not that a statement
-    failed (a lock timeout, a deadlock: those are answered as errors, and retried by the agent).
-
-    No SQLSTATE (the connection was refused or broke), class 08 (connection exception) or
-    57P (the server is shutting down, or not accepting connections yet).
-    """
-    if isinstance(exc, InterfaceError):
-        return True
-    sqlstate = getattr(exc.__cause__, "sqlstate", None)
-    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+    failed (a lock timeout, a deadlock: those are answered as errors, and retried by the agent);
+    the rule the web's 503s follow (controlplane.unavailable.connection_lost)."""
+    return isinstance(exc, OperationalError | InterfaceError) and connection_lost(exc)
 
 
 def degraded_heartbeat(digest: str, cause: Exception) -> tuple[int, bytes, list]:
@@ -977,7 +1020,8 @@ def answer_watch_request(
         except (OperationalError, InterfaceError) as exc:
             if not database_unreachable(exc):
                 raise
-            pooled_database.found_down()
+            if not pooled_database.busy(exc):
+                pooled_database.found_down()
             return 503, WATCH_DATABASE_DOWN, [("Retry-After", "1")]
         if read is None:
             raise AgentAuthError("Invalid node token.")

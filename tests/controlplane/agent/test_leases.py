@@ -510,3 +510,32 @@ def test_a_late_report_of_a_fenced_stop_keeps_how_the_stop_went(agent, lost_atte
     assert stored.exit_reported_at is not None
     assert stored.killed_after_grace is True
     assert stored.stop_signal_at.timestamp() == pytest.approx(report["stop_signal_at"], abs=1e-3)
+
+
+@pytest.mark.parametrize("endpoint", ["register", "logs", "volumes"])
+def test_an_agent_request_the_database_cannot_answer_is_a_503_to_retry_not_a_500(
+    agent, node01, monkeypatch, endpoint
+):
+    """Registration and the other agent requests answered by Django: an outage (or a pool
+    with no connection to give) is told as such, with when to try again, as the web API
+    does (controlplane.unavailable), not as the 500 of a bug."""
+    from controlplane.cluster import actions as cluster_actions
+    from controlplane.cluster import agent_api
+    from controlplane.unavailable import RETRY_AFTER_S
+
+    from .conftest import inventory
+
+    _, token = node01
+
+    def unreachable(*args, **kwargs):
+        raise Unreachable("connection refused")
+
+    monkeypatch.setattr(cluster_actions, "register_node", unreachable)
+    monkeypatch.setattr(agent_api, "authenticate_node", unreachable)
+    if endpoint == "register":
+        response = agent.post("register", inventory("node02", gpus=1), agent.join_token)
+    else:
+        response = agent.post(endpoint, {}, token)
+    assert response.status_code == 503, response.content
+    assert response["Retry-After"] == str(RETRY_AFTER_S)
+    assert "database" in response.json()["detail"]

@@ -52,6 +52,17 @@ def backends(application_name: str) -> int:
         return cursor.fetchone()[0]
 
 
+def blocked(application_name: str) -> bool:
+    """Whether a backend of that application waits on a lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+            "AND wait_event_type = 'Lock'",
+            [application_name],
+        )
+        return cursor.fetchone()[0] > 0
+
+
 class HttpWatch(threading.Thread):
     def __init__(self, url: str, token: str):
         super().__init__(daemon=True)
@@ -74,8 +85,10 @@ class HttpWatch(threading.Thread):
 @pytest.fixture
 def gunicorn(transactional_db, tmp_path):
     started: list[subprocess.Popen] = []
+    names: list[str] = []
 
     def start(pool_max_size: int, application_name: str) -> str:
+        names.append(application_name)
         port = ports.free_port(PORTS)
         command = [
             f"--threads={THREADS}" if arg.startswith("--threads=") else arg
@@ -119,6 +132,10 @@ def gunicorn(transactional_db, tmp_path):
     for web in started:
         os.killpg(web.pid, signal.SIGKILL)
         web.wait(timeout=30)
+    # Their backends end once PostgreSQL sees the sockets closed; the test database is dropped
+    # after this, and would not be while they are there.
+    for name in names:
+        wait_until(lambda name=name: backends(name) == 0, 20, f"{name}'s backends ended")
 
 
 def open_watches(url: str, registered) -> list[HttpWatch]:
@@ -182,3 +199,52 @@ def test_without_a_pool_every_waiting_watch_holds_a_connection(gunicorn, nodes):
         lambda: backends("gpucp-watch-nopool") >= WATCHES, 20, "a connection per waiting watch"
     )
     assert [w.answer for w in watches] == [None] * WATCHES
+
+
+def test_a_pool_busy_with_a_slow_request_is_not_taken_for_an_outage(gunicorn, nodes, agent):
+    """Every connection of the pool in use is a busy process, not a database out of reach.
+
+    Taken for an outage, the other agents' heartbeats were answered degraded (nothing they
+    reported recorded) and the pool was then replaced under the requests using it, which
+    failed with 500s: 250 agents registering at once did both (the Kueue scenario, issue 14).
+    """
+    import psycopg
+
+    registered = nodes(3, prefix="busy")
+    url = gunicorn(pool_max_size=1, application_name="gpucp-busy-pool")
+    answers: dict[str, tuple[int, dict]] = {}
+    # Read here: a thread of the test that used the ORM would keep a connection of its own.
+    bodies = {node.name: json.dumps(agent.heartbeat_body(readings(node))) for node, _ in registered}
+
+    def beat(node, token) -> None:
+        response = requests.post(
+            f"{url}/api/agent/v1/heartbeat",
+            data=bodies[node.name],
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            timeout=60,
+        )
+        answers[node.name] = (response.status_code, response.json())
+
+    (slow_node, slow_token), *others = registered
+    # The first heartbeat waits on the nodes' table, locked here, and keeps the pool's only
+    # connection while it waits; the others come meanwhile and find none free (for longer
+    # than PooledDatabaseDown.QUICK_WAIT_S, well inside the pool's own timeout).
+    with psycopg.connect(database_url_of_test_db(), autocommit=False) as lock:
+        lock.execute("LOCK TABLE cluster_node IN ACCESS EXCLUSIVE MODE")
+        slow = threading.Thread(target=beat, args=(slow_node, slow_token))
+        slow.start()
+        wait_until(lambda: blocked("gpucp-busy-pool"), 20, "the slow heartbeat waits on the lock")
+        waiting = [threading.Thread(target=beat, args=pair) for pair in others]
+        for thread in waiting:
+            thread.start()
+        time.sleep(0.8)
+    for thread in [slow, *waiting]:
+        thread.join(timeout=60)
+    assert sorted(answers) == sorted(node.name for node, _ in registered)
+    for name, (status, body) in answers.items():
+        assert status == 200, (name, body)
+        assert body.get("degraded") is None, (name, body)
+    # Another round: still answered in full, from the same pool.
+    for node, token in registered:
+        beat(node, token)
+        assert answers[node.name][0] == 200 and answers[node.name][1].get("degraded") is None
