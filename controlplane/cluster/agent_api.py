@@ -874,7 +874,7 @@ def answer_heartbeat_request(
                     # The lease is kept as in an outage (nothing else changes, the agent keeps
                     # its reports for the next answer), but the database is not marked down:
                     # that would answer every agent degraded and replace a pool in use.
-                    return degraded_heartbeat(digest, exc)
+                    return degraded_heartbeat(digest, exc, busy=True)
                 # Most often a kept connection that PostgreSQL dropped when it restarted: once
                 # more on a fresh one. Repeating a heartbeat is harmless (every write it makes
                 # is guarded by the state it expects). A pool checks each connection it hands
@@ -916,8 +916,11 @@ def database_unreachable(exc: Exception) -> bool:
     return isinstance(exc, OperationalError | InterfaceError) and connection_lost(exc)
 
 
-def degraded_heartbeat(digest: str, cause: Exception) -> tuple[int, bytes, list]:
-    """Answer a heartbeat while PostgreSQL cannot be reached: renew the lease, change nothing.
+def degraded_heartbeat(
+    digest: str, cause: Exception, *, busy: bool = False
+) -> tuple[int, bytes, list]:
+    """Answer a heartbeat while PostgreSQL cannot be reached (busy: while this process has no
+    connection free to ask it with): renew the lease, change nothing.
 
     The renewal counts only once it is recorded where the liveness sweep reads it: here, Redis
     (controlplane.cluster.lease). The token cannot be checked against the node rows, so only a
@@ -939,7 +942,12 @@ def degraded_heartbeat(digest: str, cause: Exception) -> tuple[int, bytes, list]
     log.debug("lease of %s renewed through Redis: the database is unreachable", trusted.name)
     answer = {
         "degraded": True,
-        "detail": "The database is unreachable: lease renewed, nothing else changed.",
+        "detail": (
+            "The control plane is too busy to answer in full"
+            if busy
+            else "The database is unreachable"
+        )
+        + ": lease renewed, nothing else changed.",
         **lease.grant(),
         "heartbeat_interval_s": trusted.heartbeat_interval_s,
     }
