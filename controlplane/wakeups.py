@@ -12,11 +12,10 @@ took (at least MIN_SPACING_S, at most SCHEDULER_DEBOUNCE_S). So a submit on an i
 scheduled without waiting; a flood of short jobs whose starts and ends keep requesting cycles
 gets them as often as the worker can afford while it keeps two thirds of its time free (cheap
 cycles, tens of milliseconds, come a few times a second, which is what turns GPUs over
-quickly); and a
-burst of 1,000 submits into a large cluster, whose cycles take long, costs about one cycle per
-SCHEDULER_DEBOUNCE_S, not 1,000. Per Celery queue,
-two Redis keys carry it, both read and written by Lua scripts on Redis's own clock (no two
-hosts' clocks are compared): the marker of the queued cycle, and the start of the running one.
+quickly); and a burst of 1,000 submits into a large cluster, whose cycles take long, costs
+about one cycle per SCHEDULER_DEBOUNCE_S, not 1,000. Per Celery queue, two Redis keys carry
+it, both read and written by Lua scripts on Redis's own clock (no two hosts' clocks are
+compared): the marker of the queued cycle, and the start of the running one.
 A requested cycle deletes the marker just before it reads its snapshot, so:
 
 - whatever commits after a cycle read its snapshot gets exactly one more cycle;
@@ -65,7 +64,7 @@ TOOK_KEY_PREFIX = "gpucp:cycle-took:"
 # cycle started: the worker spends at most a third of its time in requested cycles. A cycle
 # costs about the same whether it starts 17 jobs or 20 (it reads, plans and gives a reason to
 # every waiting job), so in a flood fewer, fuller cycles are cheaper per job: at 3 rather than
-# 2, a 2,000-job array took 96-106 cycles instead of 112-117, the worker and PostgreSQL spent
+# 2, a 2,000-job array took 96-106 cycles instead of 112-121, the worker and PostgreSQL spent
 # about 0.6 and 0.4 ms less per job, and as many jobs ended per second (issue 14).
 SPACING_PER_CYCLE_TIME = 3.0
 # ...and never sooner than this after it started.
