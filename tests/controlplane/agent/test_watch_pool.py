@@ -236,8 +236,8 @@ def test_a_pool_busy_with_a_slow_request_is_not_taken_for_an_outage(
 
     (slow_node, slow_token), *others = registered
     # The first heartbeat waits on the nodes' table, locked here, and keeps the pool's only
-    # connection while it waits; the others come meanwhile and find none free (for longer
-    # than PooledDatabaseDown.QUICK_WAIT_S, well inside the pool's own timeout).
+    # connection while it waits; the others come meanwhile and find none free for 1.5 s:
+    # longer than PooledDatabaseDown.QUICK_WAIT_S, and than one of the two pool timeouts.
     with psycopg.connect(database_url_of_test_db(), autocommit=False) as lock:
         lock.execute("LOCK TABLE cluster_node IN ACCESS EXCLUSIVE MODE")
         slow = threading.Thread(target=beat, args=(slow_node, slow_token))
