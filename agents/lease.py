@@ -145,13 +145,13 @@ def rewrite_lag_s(lease_s: float) -> float:
 def renewal_worth_writing(
     written: Lease | None,
     renewed: Lease,
-    graces: dict[int, float] | None = None,
-    default_grace_s: float | None = None,
+    graces: dict[int, float],
+    default_grace_s: float,
 ) -> bool:
     """Whether `renewed` must replace the lease on disk (`written`), or says the same but for
     an end less than rewrite_lag_s later. One that ends earlier is always written.
 
-    With the running attempts' own `graces` and the agent's `default_grace_s` (for attempts
+    `graces` are the running attempts' own, `default_grace_s` the agent's (for attempts
     started later, which _lease_covers names in the file if they need more): a written lease
     that gives each of them at least its grace, and the same stop signals, is the same terms
     for this purpose. It gives some notice earlier than the renewal would, for at most
@@ -164,19 +164,12 @@ def renewal_worth_writing(
         and written.lease_s == renewed.lease_s
         and written.margin_s == renewed.margin_s
     )
-    if graces is None or default_grace_s is None:
-        same_terms = (
-            written.grace_s == renewed.grace_s
-            and written.graces == renewed.graces
-            and written.signals == renewed.signals
-        )
-    else:
-        # An attempt's signal never changes, so an entry for one that ended names no other.
-        same_terms = (
-            written.grace_s >= default_grace_s
-            and all(written.grace_of(a) >= grace_s for a, grace_s in graces.items())
-            and all(written.signals.get(a) == name for a, name in renewed.signals.items())
-        )
+    # An attempt's signal never changes, so an entry for one that ended names no other.
+    same_terms = (
+        written.grace_s >= default_grace_s
+        and all(written.grace_of(a) >= grace_s for a, grace_s in graces.items())
+        and all(written.signals.get(a) == name for a, name in renewed.signals.items())
+    )
     later_s = renewed.expires_at - written.expires_at
     return not (same_lease and same_terms and 0.0 <= later_s < rewrite_lag_s(renewed.lease_s))
 

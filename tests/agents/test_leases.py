@@ -105,27 +105,6 @@ def test_renewals_close_together_are_written_once_and_the_file_never_ends_later_
     assert 0 < writes <= 5  # 11 answers: the file moves only once the lag is used up
 
 
-def test_a_renewal_that_changes_more_than_the_end_is_written_at_once():
-    written = leases.Lease.renewed(100.0, 60.0, 10.0, {1: 30.0})
-    later = 100.0 + leases.rewrite_lag_s(60.0) / 2
-    assert written.grace_s == 30.0 and written.graces == {}  # the longest, for every attempt
-    assert not leases.renewal_worth_writing(
-        written, leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0, 2: 5.0})
-    )
-    for renewed in (
-        leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0, 2: 45.0}),  # a longer grace
-        leases.Lease.renewed(later, 60.0, 10.0, {1: 10.0}),  # the long one ended
-        leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0}, signals={1: "SIGUSR1"}),
-        leases.Lease.renewed(later, 30.0, 10.0, {1: 30.0}),  # a shorter lease
-        leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0}, margin_s=7.0),
-        leases.Lease.renewed(99.0, 60.0, 10.0, {1: 30.0}),  # ends earlier (a clock step)
-        leases.Lease.renewed(100.0 + leases.rewrite_lag_s(60.0), 60.0, 10.0, {1: 30.0}),
-    ):
-        assert leases.renewal_worth_writing(written, renewed), renewed
-    assert leases.renewal_worth_writing(None, written)
-    assert leases.renewal_worth_writing(replace(written, boot_id="another boot"), written)
-
-
 def test_an_attempt_with_a_longer_grace_is_in_the_lease_file_before_the_next_renewal(
     control_plane, state_dir, tmp_path
 ):
@@ -477,6 +456,13 @@ def test_a_renewal_the_file_already_covers_for_every_running_attempt_waits_for_t
     renewed = leases.Lease.renewed(later, 60.0, 10.0, {3: 30.0})
     assert not leases.renewal_worth_writing(covered, renewed, {3: 30.0}, 10.0)
     assert covered.term_at(3) <= renewed.term_at(3)  # its notice comes no later
+    # An attempt with a shorter grace than the file gives everyone: covered too.
+    assert not leases.renewal_worth_writing(
+        long_job,
+        leases.Lease.renewed(later, 60.0, 10.0, {1: 30.0, 2: 5.0}),
+        {1: 30.0, 2: 5.0},
+        10.0,
+    )
 
     plain = leases.Lease.renewed(100.0, 60.0, 10.0, {})
     for graces, renewed, own_grace_s in (
@@ -488,6 +474,7 @@ def test_a_renewal_the_file_already_covers_for_every_running_attempt_waits_for_t
         ),
         ({}, leases.Lease.renewed(later, 60.0, 20.0, {}), 20.0),  # a longer --stop-grace
         ({}, leases.Lease.renewed(later, 30.0, 10.0, {}), 10.0),  # a shorter lease
+        ({}, leases.Lease.renewed(later, 60.0, 10.0, {}, margin_s=7.0), 10.0),  # another margin
         ({}, leases.Lease.renewed(99.0, 60.0, 10.0, {}), 10.0),  # ends earlier
         ({}, leases.Lease.renewed(100.0 + leases.rewrite_lag_s(60.0), 60.0, 10.0, {}), 10.0),
     ):
@@ -498,6 +485,9 @@ def test_a_renewal_the_file_already_covers_for_every_running_attempt_waits_for_t
         {6: 45.0},
         10.0,
     )
+    # Nothing on disk yet, or a lease of another boot: always written.
+    assert leases.renewal_worth_writing(None, plain, {}, 10.0)
+    assert leases.renewal_worth_writing(replace(plain, boot_id="another boot"), plain, {}, 10.0)
 
 
 def test_the_lease_files_read_back_as_written(state_dir):
