@@ -254,6 +254,7 @@ class Admission:
         if n <= 0:
             self._start_without_gpus(job, book)
             return
+        capped = quota.exempt(job.preemptions, self.config)
         types = self.index.types
         if job.gpu_type:
             ti = types.get(job.gpu_type)
@@ -269,7 +270,7 @@ class Admission:
             if job.volumes and not self._volumes_possible(job, ti):
                 self._wait(job, RC.MISSING_VOLUME, job.gpu_type)
                 return
-            verdict = quota.check(book, ti.gpu_type, n, job.preemptible, self.config)
+            verdict = quota.check(book, ti.gpu_type, n, job.preemptible, self.config, capped)
             if verdict.ok and self._place(job, ti, book, verdict.borrowed):
                 return
             self._blocked(job, ti, book, verdict)
@@ -286,7 +287,7 @@ class Admission:
             elif job.volumes and not self._volumes_possible(job, ti):
                 volumes_missing = True
             else:
-                options.append((ti, quota.check(book, t, n, job.preemptible, self.config)))
+                options.append((ti, quota.check(book, t, n, job.preemptible, self.config, capped)))
         if not options:
             if volumes_missing:
                 self._wait(job, RC.MISSING_VOLUME)
@@ -321,7 +322,14 @@ class Admission:
                 search = self._search(job, ti)
                 search.own = self._may_preempt_own(job, t)
                 search.baseline = self.config.ordering if baseline else None
-                search.need_quota = quota.quota_need(book, t, n, self.config, job.preemptible)
+                search.need_quota = quota.quota_need(
+                    book,
+                    t,
+                    n,
+                    self.config,
+                    job.preemptible,
+                    quota.exempt(job.preemptions, self.config),
+                )
                 res = self.reservations.get(t)
                 restricted, slack = res.limits(job.job_id, self._end(job)) if res else (False, None)
                 if n <= ti.max_node_cap and not (

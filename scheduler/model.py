@@ -159,6 +159,8 @@ class Pending:
     # Jobs submitted together as one sweep (a job array's id): their finished siblings predict
     # their duration best. None: a job of its own.
     group: int | None = None
+    # Times it was preempted so far: at Config.max_preemptions it may no longer borrow.
+    preemptions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +218,9 @@ class Config:
     backfill: bool = True
     min_runtime_s: float = 60.0  # never preempt an attempt younger than this (no thrashing)
     # An attempt of a job preempted this many times already is not preempted again (None: no
-    # bound), so no job restarts over and over; draining a node still stops it.
+    # bound), so no job restarts over and over; draining a node still stops it. Such a job may
+    # then start only within its tenant's guarantee, as a job that cannot be preempted: GPUs it
+    # borrowed could not be given back to the tenant they belong to.
     max_preemptions: int | None = None
     victim_order: VictimOrder = VictimOrder.LOST_WORK
     # What restarting a victim costs besides the work it loses (image, data, checkpoint load).

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, overload
 from scheduler.model import Config, Ordering, Running, VictimOrder
 from scheduler.placement import ClusterIndex, Fits, Topology, TypeIndex, nodes_of
 from scheduler.priority import attained_now, las_queue
-from scheduler.quota import Book, RunningTotals
+from scheduler.quota import Book, RunningTotals, exempt
 
 
 class Candidate:
@@ -179,13 +179,13 @@ class Victims:
         if self._by_type is None:
             by_type: dict[str, list[Running]] = {}
             min_runtime_s = self._config.min_runtime_s
-            cap = self._config.max_preemptions
+            config = self._config
             now_s = self._now_s
             by_owner = self._by_owner
             for r in self._running:
                 if r.stopping or not r.preemptible or now_s - r.started_at_s < min_runtime_s:
                     continue
-                if cap is not None and r.preemptions >= cap:
+                if exempt(r.preemptions, config):
                     continue
                 by_type.setdefault(r.gpu_type, []).append(r)
                 by_owner.setdefault((r.tenant, r.gpu_type), []).append(r)
@@ -602,8 +602,7 @@ class VictimPool:
             self._remove(key, c)
 
     def _take(self, r: Running, bulk: dict[int, list[PoolEntry]] | None) -> None:
-        cap = self.config.max_preemptions
-        if r.stopping or not r.preemptible or (cap is not None and r.preemptions >= cap):
+        if r.stopping or not r.preemptible or exempt(r.preemptions, self.config):
             return
         self._add(id(r), Candidate(r, nodes_of(self.topo, r), 0.0, 0.0), bulk)
 

@@ -143,6 +143,7 @@ _AT_LIMIT = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False)
 _STATIC = Verdict(False, False, ReasonCode.STATIC_PARTITION, False)
 _BUDGET = Verdict(False, False, ReasonCode.BUDGET_NO_BORROWING, False)
 _NOT_PREEMPTIBLE = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "not_preemptible")
+_PREEMPTION_CAP = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "preemption_cap")
 
 
 class RunningTotals:
@@ -429,8 +430,20 @@ def build_books(
     return books
 
 
-def check(book: Book, gpu_type: str, n: int, preemptible: bool, config: Config) -> Verdict:
-    """May the tenant start n GPUs of this (named) type now, and would they be borrowed?"""
+def exempt(preemptions: int, config: Config) -> bool:
+    """Whether a job preempted `preemptions` times already is out of every preemption rule's
+    reach (Config.max_preemptions), and so may not borrow either."""
+    cap = config.max_preemptions
+    return cap is not None and preemptions >= cap
+
+
+def check(
+    book: Book, gpu_type: str, n: int, preemptible: bool, config: Config, capped: bool = False
+) -> Verdict:
+    """May the tenant start n GPUs of this (named) type now, and would they be borrowed?
+
+    `capped`: the job was preempted Config.max_preemptions times (exempt), so it is not
+    preempted again and borrows nothing, as a job that cannot be preempted."""
     limit = book.limit
     has_type = gpu_type in limit
     has_any = ANY in limit
@@ -448,6 +461,8 @@ def check(book: Book, gpu_type: str, n: int, preemptible: bool, config: Config) 
     elif not preemptible:
         # Borrowed GPUs must be returnable; a job that cannot be stopped may not borrow them.
         cap, blocked = g, _NOT_PREEMPTIBLE
+    elif capped:
+        cap, blocked = g, _PREEMPTION_CAP
     else:
         cap, blocked = limit, _AT_LIMIT
     total = book.total
@@ -460,10 +475,12 @@ def check(book: Book, gpu_type: str, n: int, preemptible: bool, config: Config) 
     return blocked
 
 
-def quota_need(book: Book, gpu_type: str, n: int, config: Config, preemptible: bool) -> int:
+def quota_need(
+    book: Book, gpu_type: str, n: int, config: Config, preemptible: bool, capped: bool = False
+) -> int:
     """GPUs of its own the tenant would have to give back before n more fit its cap."""
-    capped = not config.borrowing or book.no_borrowing or not preemptible
-    cap = book.guaranteed if capped else book.limit
+    guaranteed_only = not config.borrowing or book.no_borrowing or not preemptible or capped
+    cap = book.guaranteed if guaranteed_only else book.limit
     need = 0
     for key in (gpu_type, ANY) if gpu_type != ANY else (ANY,):
         if key in cap:

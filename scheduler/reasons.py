@@ -119,6 +119,11 @@ def sentence(w: Waiting, now_s: float) -> str:
                 f"{head}: the job cannot be preempted, so it may only use guaranteed GPUs, and "
                 f"{usage}"
             )
+        if w.detail == "preemption_cap":
+            return (
+                f"{head}: the job was preempted {job.preemptions} times, so it is not "
+                f"preempted again and may only use guaranteed GPUs, and {usage}"
+            )
         return (
             f"{head}: tenant {tenant} uses {w.used} of its limit of {w.limit} "
             f"{w.quota_type or 'GPUs'}"

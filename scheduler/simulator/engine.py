@@ -70,6 +70,7 @@ from scheduler.model import (
 )
 from scheduler.predict import normalise_name
 from scheduler.priority import LAS_QUEUE_THRESHOLDS_GPU_S, las_queue
+from scheduler.quota import exempt
 from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.policies import Oracle
 from scheduler.simulator.trace import PARTITION_SEPARATOR, TraceJob
@@ -602,6 +603,7 @@ class _Engine:
             attained_service_s=job.attained_gpu_s,
             cpus=t.cpus,
             memory_mib=t.memory_mib,
+            preemptions=job.preemptions,
         )
 
     def _enqueue(self, job: _Job) -> None:
@@ -621,7 +623,8 @@ class _Engine:
 
         A class is what every step of the plan looks at besides the job's place in the queue:
         tenant, size, type, priority, resources, and what its duration is predicted from (user,
-        kind of name, GPUs: the same history, so the same prediction), and its LAS queue. Within
+        kind of name, GPUs: the same history, so the same prediction), whether it may still
+        borrow, and its LAS queue. Within
         a class the plan's queue order is submit time under every ordering (FAIR's aged priority
         rises with waiting, so it too puts older first), or the oracle duration first.
         """
@@ -636,6 +639,8 @@ class _Engine:
             t.memory_mib,
             t.user,
             normalise_name(t.name),
+            # One preempted Config.max_preemptions times may only start within its guarantee.
+            exempt(job.preemptions, self.config),
         )
         if self.config.ordering is Ordering.LAS:
             klass = (*klass, las_queue(p.attained_service_s))

@@ -203,6 +203,7 @@ class ClusterBuilder:
         memory_mib: int = 0,
         volumes: tuple[str, ...] = (),
         group: int | None = None,
+        preemptions: int = 0,
     ) -> ClusterBuilder:
         if submitted_at_s is None:
             submitted_at_s = self.now_s - (60.0 if waited_s is None else waited_s)
@@ -225,6 +226,7 @@ class ClusterBuilder:
                 memory_mib=memory_mib,
                 volumes=volumes,
                 group=group,
+                preemptions=preemptions,
             )
         )
         return self

@@ -134,6 +134,7 @@ def snapshots(draw) -> Snapshot:
                 cpus=draw(JOB_CPUS),
                 memory_mib=draw(JOB_MEM),
                 volumes=draw(JOB_VOLUMES),
+                preemptions=draw(PREEMPTED),
             )
         )
         job_id += 1
@@ -279,6 +280,18 @@ def test_only_preemptible_attempts_older_than_the_minimum_runtime_are_preempted(
         if config.max_preemptions is not None and x.for_job_id is not None:
             # Only draining a node (no job it is stopped for) stops one past the bound.
             assert r.preemptions < config.max_preemptions
+
+
+@SETTINGS
+@given(snapshots(), configs)
+def test_a_job_at_its_preemption_bound_never_starts_on_borrowed_gpus(snap, config):
+    # It would not be preempted to give them back, so their owner would wait for it to end.
+    p = plan(snap, config)
+    jobs = {j.job_id: j for j in snap.pending}
+    cap = config.max_preemptions
+    for s in p.starts:
+        if cap is not None and jobs[s.job_id].preemptions >= cap:
+            assert not s.borrowed, s
 
 
 @SETTINGS
