@@ -396,6 +396,15 @@ SCHEDULER_POLICY: dict[str, object] = {}
 if "SCHEDULER_MIN_RUNTIME_S" in os.environ:
     # Attempts younger than this are never preempted (no thrashing); the core's default is 60 s.
     SCHEDULER_POLICY["min_runtime_s"] = env_float("SCHEDULER_MIN_RUNTIME_S", 60.0)
+if os.environ.get("SCHEDULER_MAX_PREEMPTIONS", ""):
+    # A job preempted this many times is not preempted again and then runs only within its
+    # tenant's guarantee (docs/job-contract.md); unset: no bound, the core's default.
+    try:
+        SCHEDULER_POLICY["max_preemptions"] = int(os.environ["SCHEDULER_MAX_PREEMPTIONS"])
+    except ValueError:
+        raise ImproperlyConfigured("SCHEDULER_MAX_PREEMPTIONS must be a whole number") from None
+    if SCHEDULER_POLICY["max_preemptions"] < 0:
+        raise ImproperlyConfigured("SCHEDULER_MAX_PREEMPTIONS must be 0 or more")
 
 # Node liveness (docs/agent-protocol.md, "Leases"). A node silent for
 # NODE_NOT_READY_AFTER_INTERVALS heartbeat intervals gets no new work. Each answered heartbeat

@@ -121,8 +121,9 @@ def sentence(w: Waiting, now_s: float) -> str:
             )
         if w.detail == "preemption_cap":
             return (
-                f"{head}: the job was preempted {job.preemptions} times, so it is not "
-                f"preempted again and may only use guaranteed GPUs, and {usage}"
+                f"{head}: the job was preempted {job.preemptions} "
+                f"time{'' if job.preemptions == 1 else 's'}, so it is not preempted again and "
+                f"may only use guaranteed GPUs, and {usage}"
             )
         return (
             f"{head}: tenant {tenant} uses {w.used} of its limit of {w.limit} "

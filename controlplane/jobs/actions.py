@@ -985,7 +985,13 @@ def finish_attempt(
                 kind="running",
                 started_at=job.started_at or finished_at,
             )
-        transition(job, JobState.PREEMPTED, reason="Preempted to give GPUs back", kind="preempted")
+        transition(
+            job,
+            JobState.PREEMPTED,
+            reason="Preempted to give GPUs back",
+            kind="preempted",
+            preemptions=job.preemptions + 1,
+        )
         transition(job, JobState.PENDING, reason="Requeued after preemption", kind="requeued")
     elif stopped_on_purpose:
         # Fenced (e.g. a stale attempt on a node that came back): the job was already moved on.

@@ -158,6 +158,9 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     # Counts admissions, so a requeued job's attempts are numbered 1, 2, ...
     attempt_count = models.PositiveIntegerField(default=0)
+    # Times an attempt of it was preempted (or drained away) and the job requeued: the
+    # scheduler's bound on restarts per job (SCHEDULER_POLICY max_preemptions) reads it.
+    preemptions = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]

@@ -310,6 +310,7 @@ def _load_running(
         grace_s,
         checkpoint_interval_s,
         last_checkpoint_s,
+        preemptions,
     ) in fixed_rows(_running_rows):
         held_gpus = gpus_by_attempt.get(attempt_id, [])
         uuids = tuple(u for u, _ in held_gpus)
@@ -343,6 +344,7 @@ def _load_running(
                 checkpoint_interval_s=(
                     float(checkpoint_interval_s) if checkpoint_interval_s else None
                 ),
+                preemptions=preemptions,
             )
         )
     return tuple(running), running_gpus, held
@@ -379,6 +381,7 @@ def _running_rows():
             # The job's latest checkpoint over all its attempts (it keeps one directory): a
             # correlated subquery of the same statement, through the (job, number) index.
             UnixSeconds(_latest_checkpoint_at()),
+            "job__preemptions",
         )
     )
 
@@ -453,7 +456,7 @@ def _load_pending(
     for row in rows:
         job_id = row[0]
         # The mounts as the driver gave them (text): decoded only when the job is new or changed.
-        job_key = (*row[:16], earlier.get(job_id, 0.0), row[22])
+        job_key = (*row[:16], earlier.get(job_id, 0.0), row[22], row[24])
         row_key = row[16:22]
         last = entries.get(job_id)
         job = last[1] if last is not None and last[0] == job_key else _pending(job_key)
@@ -471,7 +474,7 @@ def _load_pending(
             attained_s = earlier.get(job_id, 0.0)
             if job_key[16] != attained_s:
                 # An attempt of it that ended is counted in another table than its row.
-                job_key = (*job_key[:16], attained_s, job_key[17])
+                job_key = (*job_key[:16], attained_s, *job_key[17:])
                 entry = (job_key, _pending(job_key), *entry[2:])
             by_id[job_id] = entry
     if versions is None:
@@ -612,6 +615,7 @@ def _pending_rows():
             "predicted_duration_s",
             "array_id",
             "version",
+            "preemptions",
         )
     )
 
@@ -636,6 +640,7 @@ def _pending(key: tuple) -> m.Pending:
         grace_s,
         attained_s,
         array_id,
+        preemptions,
     ) = key
     return m.Pending(
         job_id=job_id,
@@ -655,6 +660,7 @@ def _pending(key: tuple) -> m.Pending:
         volumes=_volumes(mounts, checkpoint_volume),
         grace_s=float(grace_s),
         group=array_id,
+        preemptions=preemptions,
     )
 
 

@@ -79,6 +79,7 @@ class Job(TypedDict, total=False):
     finished_at: str | None
     exit_code: int | None
     attempt_count: int
+    preemptions: int
     attempts: list[dict[str, Any]]
     events: list[dict[str, Any]]
     array: int | None

@@ -130,6 +130,7 @@ class JobSerializer(serializers.ModelSerializer):
             "finished_at",
             "exit_code",
             "attempt_count",
+            "preemptions",
             "array",
             "array_index",
         ]
@@ -139,6 +140,7 @@ class JobSerializer(serializers.ModelSerializer):
             "array_index": {"help_text": "Its index in its array (GPUCP_ARRAY_INDEX)"},
             "pending_reason": {"help_text": "Why it is still waiting, in words"},
             "queue_position": {"help_text": "1 = next in line"},
+            "preemptions": {"help_text": "Times it was preempted and requeued"},
             "predicted_duration_s": {"help_text": "The scheduler's prediction from history"},
             "checkpoint_bytes": {"help_text": "Size of its checkpoint directory, as last measured"},
             "hold": {

@@ -128,6 +128,50 @@ def test_borrowed_work_is_preempted_for_a_tenant_within_its_guarantee_and_requeu
     assert owner.state == JobState.ADMITTED
 
 
+def test_a_job_preempted_as_often_as_the_policy_allows_waits_for_its_own_guarantee(
+    settings, make_node, make_job, vision, nlp, alice, bob
+):
+    """SCHEDULER_POLICY's max_preemptions counts the job's real preemptions: once there, it is
+    not preempted again, so it may not borrow (its GPUs could not be given back)."""
+    from controlplane.jobs.api.serializers import JobSerializer
+    from controlplane.scheduling.loader import load_snapshot
+
+    make_node("n1", gpus=8)
+    make_node("n2", gpus=8)
+    borrowers = [make_job(nlp, bob, name=f"nlp-{i}", gpus=8) for i in range(2)]
+    run_scheduling_cycle()
+    for attempt in JobAttempt.objects.filter(job__in=borrowers):
+        actions.mark_attempt_running(attempt, started_at=timezone.now() - timedelta(hours=1))
+    owner = make_job(vision, alice, name="vision", gpus=8, gpu_type="H100-SXM-80GB")
+    assert run_scheduling_cycle()["preemptions"] == 1
+    (stopping,) = JobAttempt.objects.filter(stop_reason="preempted")
+    actions.finish_attempt(stopping, exit_code=137)
+    victim = stopping.job
+    victim.refresh_from_db()
+    assert (victim.state, victim.preemptions) == (JobState.PENDING, 1)
+    assert JobSerializer(victim).data["preemptions"] == 1  # what the API and the CLI show
+    run_scheduling_cycle()
+    (owner_attempt,) = JobAttempt.objects.filter(job=owner)
+    actions.mark_attempt_running(owner_attempt)
+    actions.finish_attempt(owner_attempt, exit_code=0)
+
+    # A node is free, and nlp holds its guarantee: the victim could only borrow it.
+    settings.SCHEDULER_POLICY = {"max_preemptions": 1}
+    (waiting,) = load_snapshot().snapshot.pending
+    assert (waiting.job_id, waiting.preemptions) == (victim.pk, 1)
+    assert run_scheduling_cycle()["starts"] == 0
+    victim.refresh_from_db()
+    assert victim.state == JobState.PENDING
+    assert "preempted 1 time, so it is not preempted again" in victim.pending_reason
+    # Allowed more, it borrows the node, and its attempt carries the count.
+    settings.SCHEDULER_POLICY = {"max_preemptions": 2}
+    assert run_scheduling_cycle()["starts"] == 1
+    (again,) = JobAttempt.objects.filter(job=victim, stop_reason="")
+    assert again.borrowed
+    (running,) = [r for r in load_snapshot().snapshot.running if r.job_id == victim.pk]
+    assert running.preemptions == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_cycles_started_at_once_never_allocate_a_gpu_twice(make_node, make_job, vision, alice):
     for i in range(4):
