@@ -58,6 +58,8 @@ from scheduler.quota import Book
 from scheduler.reasons import Waiting
 
 RC = ReasonCode
+# Quota verdicts that no preemption can turn (quota.check).
+_NO_SEARCH = frozenset({"no_quota", "not_preemptible", "preemption_cap"})
 
 # What decides the answer of a job blocked on capacity (see Admission._blocked): type, GPUs,
 # CPUs, memory, volumes, within the guarantee, the tenant whose own work it may preempt,
@@ -318,18 +320,13 @@ class Admission:
                 Ordering.SRTF,
                 Ordering.LAS,
             )
-            if verdict.detail != "no_quota" and (baseline or self._may_preempt_own(job, t)):
+            # Nothing preempted frees what blocks a job that cannot be taken back: its
+            # tenant's guarantee, filled by attempts that cannot be taken back either.
+            if verdict.detail not in _NO_SEARCH and (baseline or self._may_preempt_own(job, t)):
                 search = self._search(job, ti)
                 search.own = self._may_preempt_own(job, t)
                 search.baseline = self.config.ordering if baseline else None
-                search.need_quota = quota.quota_need(
-                    book,
-                    t,
-                    n,
-                    self.config,
-                    job.preemptible,
-                    quota.exempt(job.preemptions, self.config),
-                )
+                search.need_quota = quota.quota_need(book, t, n, self.config)
                 res = self.reservations.get(t)
                 restricted, slack = res.limits(job.job_id, self._end(job)) if res else (False, None)
                 if n <= ti.max_node_cap and not (
@@ -446,7 +443,11 @@ class Admission:
         self, job: Pending, ti: TypeIndex, book: Book, where: list[tuple[int, int]], end_s: float
     ) -> None:
         self._changes += 1
-        book.add(ti.gpu_type, job.gpus)
+        book.add(
+            ti.gpu_type,
+            job.gpus,
+            fixed=not job.preemptible or quota.exempt(job.preemptions, self.config),
+        )
         book.running_jobs += 1
         fairness.refresh(book, self.capacity)
         self.occupied.setdefault(ti.gpu_type, []).extend(

@@ -55,12 +55,15 @@ class PlanMemo:
         self._candidates: tuple[tuple[float, Config, Topology], dict[int, Any]] | None = None
         self._victim_pool: VictimPool | None = None
 
-    def running_totals(self, running: tuple[Running, ...]) -> RunningTotals:
-        """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call."""
+    def running_totals(
+        self, running: tuple[Running, ...], max_preemptions: int | None = None
+    ) -> RunningTotals:
+        """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call
+        while the preemption bound they are summed under is the same."""
         from scheduler.quota import RunningTotals
 
-        if self._running is None:
-            self._running = RunningTotals()
+        if self._running is None or self._running.max_preemptions != max_preemptions:
+            self._running = RunningTotals(max_preemptions)
         return self._running.update(running)
 
     def releases(

@@ -220,7 +220,7 @@ class Config:
     # An attempt of a job preempted this many times already is not preempted again (None: no
     # bound), so no job restarts over and over; draining a node still stops it. Such a job may
     # then start only within its tenant's guarantee, as a job that cannot be preempted: GPUs it
-    # borrowed could not be given back to the tenant they belong to.
+    # borrowed could not be given back to the tenant they belong to (scheduler.quota.check).
     max_preemptions: int | None = None
     victim_order: VictimOrder = VictimOrder.LOST_WORK
     # What restarting a victim costs besides the work it loses (image, data, checkpoint load).

@@ -42,6 +42,7 @@ class Book:
         "version",
         "known",
         "lowest_preemptible",
+        "fixed",
     )
 
     def __init__(self, tenant: Tenant, known: bool = True):
@@ -57,6 +58,9 @@ class Book:
             self.limit[q.gpu_type] = max(q.limit_gpus, q.guaranteed_gpus)
         self.active: dict[str, int] = {}
         self.total: dict[str, int] = {}
+        # GPUs of its attempts that cannot be taken back (not preemptible, or at the preemption
+        # bound), not stopping: they fill its guarantee first (label_borrowed)
+        self.fixed: dict[str, int] = {}
         self.running_jobs = 0
         self.max_running_jobs = tenant.max_running_jobs
         self.hold = tenant.budget_action == "hold"
@@ -68,8 +72,16 @@ class Book:
         """Whether any quota (of the type or ANY) lets the tenant use this type at all."""
         return gpu_type in self.limit or ANY in self.limit
 
-    def add(self, gpu_type: str, n: int, *, active: bool = True, total: bool = True) -> None:
-        """Count n GPUs of a type (and of the ANY sum) as used."""
+    def add(
+        self, gpu_type: str, n: int, *, active: bool = True, total: bool = True, fixed: bool = False
+    ) -> None:
+        """Count n GPUs of a type (and of the ANY sum) as used; `fixed`: by an attempt that
+        cannot be taken back."""
+        if fixed:
+            f = self.fixed
+            f[gpu_type] = f.get(gpu_type, 0) + n
+            if gpu_type != ANY:
+                f[ANY] = f.get(ANY, 0) + n
         if active:
             a = self.active
             a[gpu_type] = a.get(gpu_type, 0) + n
@@ -174,9 +186,13 @@ class RunningTotals:
         "_stamp",
         "borrowed_by_tenant",
         "stopping",
+        "max_preemptions",
+        "fixed",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, max_preemptions: int | None = None) -> None:
+        # Config.max_preemptions: an attempt at the bound cannot be taken back (see exempt)
+        self.max_preemptions = max_preemptions
         self._seen: dict[int, Running] = {}
         self._last: tuple[Running, ...] | None = None  # the tuple of the last update
         # What the last update changed, for other indexes kept beside these sums (the memo's
@@ -201,16 +217,18 @@ class RunningTotals:
         # (tenant, type, priority) -> start times, sorted, of preemptible attempts not stopping
         self.started: dict[tuple[str, str, int], list[float]] = {}
         # tenant -> its attempts not stopping, in the order they fill its guarantee (see
-        # label_borrowed): (preemptible, start, attempt id, type, GPUs), sorted
+        # label_borrowed): (takeable, start, attempt id, type, GPUs), sorted
         self.by_tenant: dict[str, list[tuple[bool, float, int, str, int]]] = {}
         self.kinds: dict[tuple[str, str], int] = {}  # (tenant, type) -> attempts not stopping
+        # (tenant, type) -> GPUs of attempts not stopping that cannot be taken back (Book.fixed)
+        self.fixed: dict[tuple[str, str], int] = {}
         # id -> the attempts told to stop: a plan that preempts reads when each frees its GPUs
         # (admit's _soon_until_by_node), a few among thousands running
         self.stopping: dict[int, Running] = {}
 
     def _reset(self) -> None:
         self._seen, self.held, self.gpus, self.jobs, self.started = {}, set(), {}, {}, {}
-        self.by_tenant, self.kinds = {}, {}
+        self.by_tenant, self.kinds, self.fixed = {}, {}, {}
         self.versions, self.borrowed_by_tenant = {}, {}
         self.stopping = {}
 
@@ -288,7 +306,15 @@ class RunningTotals:
         if not r.stopping:
             self._stamp += 1
             self.versions[r.tenant] = self._stamp
-            entry = (r.preemptible, r.started_at_s, r.attempt_id, r.gpu_type, len(r.gpus))
+            takeable = r.preemptible and not _at_bound(r.preemptions, self.max_preemptions)
+            entry = (takeable, r.started_at_s, r.attempt_id, r.gpu_type, len(r.gpus))
+            if not takeable:
+                kind = (r.tenant, r.gpu_type)
+                fixed = self.fixed.get(kind, 0) + sign * len(r.gpus)
+                if fixed:
+                    self.fixed[kind] = fixed
+                else:
+                    self.fixed.pop(kind, None)
             filling = self.by_tenant.get(r.tenant)
             if sign > 0:
                 if filling is None:
@@ -310,7 +336,7 @@ class RunningTotals:
                 self.jobs[r.tenant] = count
             else:
                 self.jobs.pop(r.tenant, None)
-            if r.preemptible:
+            if takeable:
                 held = (r.tenant, r.gpu_type, r.priority)
                 times = self.started.get(held)
                 if sign > 0:
@@ -391,6 +417,7 @@ def _counted(r: Running) -> tuple[object, ...]:
         r.priority,
         r.started_at_s,
         r.predicted_end_s,
+        r.preemptions,
     )
 
 
@@ -404,7 +431,7 @@ def build_books(
     books = {t.name: Book(t) for t in snapshot.tenants}
     old_enough_s = snapshot.now_s - config.min_runtime_s
     if totals is None:
-        totals = RunningTotals().update(snapshot.running)
+        totals = RunningTotals(config.max_preemptions).update(snapshot.running)
     lowest: dict[tuple[str, str], int] = {}
     for (tenant, gpu_type, priority), times in totals.started.items():
         if times[0] <= old_enough_s:
@@ -417,6 +444,8 @@ def build_books(
         if book is None:
             book = books[tenant] = Book(Tenant(name=tenant), known=False)
         book.add(gpu_type, n, active=not stopping)
+    for (tenant, gpu_type), n in totals.fixed.items():
+        books[tenant].add(gpu_type, n, active=False, total=False, fixed=True)
     for tenant, count in totals.jobs.items():
         book = books.get(tenant)
         if book is None:  # its attempts hold no GPU
@@ -433,8 +462,11 @@ def build_books(
 def exempt(preemptions: int, config: Config) -> bool:
     """Whether a job preempted `preemptions` times already is out of every preemption rule's
     reach (Config.max_preemptions), and so may not borrow either."""
-    cap = config.max_preemptions
-    return cap is not None and preemptions >= cap
+    return _at_bound(preemptions, config.max_preemptions)
+
+
+def _at_bound(preemptions: int, max_preemptions: int | None) -> bool:
+    return max_preemptions is not None and preemptions >= max_preemptions
 
 
 def check(
@@ -444,6 +476,11 @@ def check(
 
     `capped`: the job was preempted Config.max_preemptions times (exempt), so it is not
     preempted again and borrows nothing, as a job that cannot be preempted."""
+    # Those two may use only the tenant's guarantee: borrowed GPUs must be given back when their
+    # owner asks. Such an attempt fills the guarantee before the tenant's attempts that can be
+    # taken back (label_borrowed), so only its like count against it there, and those others
+    # become the borrowed ones; counting them all made it wait for as long as its own tenant
+    # borrowed, which in a full cluster is for ever.
     limit = book.limit
     has_type = gpu_type in limit
     has_any = ANY in limit
@@ -458,13 +495,15 @@ def check(
         cap, blocked = g, _STATIC
     elif book.no_borrowing:
         cap, blocked = g, _BUDGET
-    elif not preemptible:
-        # Borrowed GPUs must be returnable; a job that cannot be stopped may not borrow them.
-        cap, blocked = g, _NOT_PREEMPTIBLE
-    elif capped:
-        cap, blocked = g, _PREEMPTION_CAP
     else:
         cap, blocked = limit, _AT_LIMIT
+        if not preemptible or capped:
+            fixed = book.fixed
+            if (has_type and fixed.get(gpu_type, 0) + n > g[gpu_type]) or (
+                has_any and fixed.get(ANY, 0) + n > g[ANY]
+            ):
+                return _PREEMPTION_CAP if preemptible else _NOT_PREEMPTIBLE
+            within = True
     total = book.total
     if (not has_type or total.get(gpu_type, 0) + n <= cap[gpu_type]) and (
         not has_any or total.get(ANY, 0) + n <= cap[ANY]
@@ -475,11 +514,9 @@ def check(
     return blocked
 
 
-def quota_need(
-    book: Book, gpu_type: str, n: int, config: Config, preemptible: bool, capped: bool = False
-) -> int:
+def quota_need(book: Book, gpu_type: str, n: int, config: Config) -> int:
     """GPUs of its own the tenant would have to give back before n more fit its cap."""
-    guaranteed_only = not config.borrowing or book.no_borrowing or not preemptible or capped
+    guaranteed_only = not config.borrowing or book.no_borrowing
     cap = book.guaranteed if guaranteed_only else book.limit
     need = 0
     for key in (gpu_type, ANY) if gpu_type != ANY else (ANY,):
@@ -489,14 +526,18 @@ def quota_need(
 
 
 def label_borrowed(
-    running: tuple[Running, ...], books: dict[str, Book], summed: RunningTotals | None = None
+    running: tuple[Running, ...],
+    books: dict[str, Book],
+    summed: RunningTotals | None = None,
+    max_preemptions: int | None = None,
 ) -> set[int]:
     """Attempt ids that run beyond their tenant's guarantee.
 
-    Attempts fill the guarantee in the order they started (ones that cannot be preempted
-    first): those that pushed the tenant past a guarantee are the borrowed ones, exactly as the
-    start that created them was marked borrowed. ``summed``: `running` summed already
-    (RunningTotals.update), whose attempts are kept in that order per tenant.
+    Attempts fill the guarantee in the order they started (ones that cannot be taken back
+    first: not preemptible, or at `max_preemptions`): those that pushed the tenant past a
+    guarantee are the borrowed ones, exactly as the start that created them was marked
+    borrowed. ``summed``: `running` summed already (RunningTotals.update, which has its own
+    bound), whose attempts are kept in that order per tenant.
     """
     if summed is not None:
         return _label_sorted(summed, books)
@@ -514,7 +555,13 @@ def label_borrowed(
             totals[r.gpu_type] = totals.get(r.gpu_type, 0) + len(r.gpus)
         if _fits(g, totals):
             continue
-        attempts.sort(key=lambda r: (r.preemptible, r.started_at_s, r.attempt_id))
+        attempts.sort(
+            key=lambda r: (
+                r.preemptible and not _at_bound(r.preemptions, max_preemptions),
+                r.started_at_s,
+                r.attempt_id,
+            )
+        )
         borrowed |= _beyond(g, ((r.attempt_id, r.gpu_type, len(r.gpus)) for r in attempts))
     return borrowed
 

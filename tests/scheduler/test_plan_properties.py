@@ -296,6 +296,37 @@ def test_a_job_at_its_preemption_bound_never_starts_on_borrowed_gpus(snap, confi
 
 @SETTINGS
 @given(snapshots(), configs)
+def test_work_that_cannot_be_taken_back_never_grows_past_a_guarantee(snap, config):
+    # Not preemptible, or at the preemption bound: GPUs it held beyond its tenant's guarantee
+    # could not be given back to their owner. Starts may fill the guarantee with it, never more.
+    p = plan(snap, config)
+    cap = config.max_preemptions
+    type_of = {g.uuid: g.gpu_type for n in snap.nodes for g in n.gpus}
+    jobs = {j.job_id: j for j in snap.pending}
+
+    def fixed(preemptible: bool, preemptions: int) -> bool:
+        return not preemptible or (cap is not None and preemptions >= cap)
+
+    before: Counter = Counter()
+    for r in snap.running:
+        if not r.stopping and fixed(r.preemptible, r.preemptions):
+            before[(r.tenant, r.gpu_type)] += len(r.gpus)
+            before[(r.tenant, ANY_GPU_TYPE)] += len(r.gpus)
+    after = Counter(before)
+    for s in p.starts:
+        job = jobs[s.job_id]
+        if s.gpu_uuids and fixed(job.preemptible, job.preemptions):
+            after[(job.tenant, type_of[s.gpu_uuids[0]])] += len(s.gpu_uuids)
+            after[(job.tenant, ANY_GPU_TYPE)] += len(s.gpu_uuids)
+    for t in snap.tenants:
+        for q in t.quotas:
+            key = (t.name, q.gpu_type)
+            if before[key] <= q.guaranteed_gpus:
+                assert after[key] <= q.guaranteed_gpus, (key, before[key], after[key])
+
+
+@SETTINGS
+@given(snapshots(), configs)
 def test_a_tenant_within_its_guarantee_never_loses_an_attempt_to_another_tenant(snap, config):
     p = plan(snap, config)
     jobs = {j.job_id: j for j in snap.pending}

@@ -107,37 +107,35 @@ def test_a_job_preempted_max_preemptions_times_is_not_preempted_again(ordering):
 @pytest.mark.parametrize("ordering", [Ordering.FAIR, Ordering.SRTF, Ordering.LAS])
 def test_a_job_at_its_preemption_bound_starts_only_within_its_guarantee(ordering):
     # Not preempted again, it could not give borrowed GPUs back: an owner would wait for it as
-    # long as it runs. So it waits for its tenant's own GPUs, while a job of the same tenant
-    # that may still be preempted borrows the free node. vision's job 1 is too young to be
-    # anyone's victim, so nothing is preempted to make room.
-    c = (
-        cluster()
-        .nodes(3, gpus=8)
-        .tenant("vision", 8, 24)
-        .tenant("nlp", 8, 16)
-        .running(1, "vision", 8, "n1", ran_s=30)
-        .pending(10, "vision", 8, preemptions=3, waited_s=600, predicted_s=600)
-        .pending(11, "vision", 8, waited_s=60, predicted_s=600)
-    )
-    bounded = c.plan(ordering=ordering, max_preemptions=3)
-    assert started(bounded) == {11} and start_of(bounded, 11).borrowed
-    assert bounded.preemptions == ()
-    waiting = decision(bounded, 10)
-    assert waiting.reason_code is ReasonCode.QUOTA_LIMIT
-    assert "preempted 3 times" in waiting.reason and "guaranteed GPUs" in waiting.reason
-    # Below the bound, or with none, it borrows like any other job (it is first in line).
+    # long as it runs. So it may use only its tenant's guarantee, which it fills before the
+    # tenant's attempts that can be taken back: vision's job 1 (too young to be anyone's victim
+    # here) becomes the borrowed one instead, and job 11, which may still be preempted, borrows.
+    def vision_on_n1(**job_1):
+        return (
+            cluster()
+            .nodes(3, gpus=8)
+            .tenant("vision", 8, 24)
+            .tenant("nlp", 8, 16)
+            .running(1, "vision", 8, "n1", ran_s=30, **job_1)
+            .pending(10, "vision", 8, preemptions=3, waited_s=600, predicted_s=600)
+            .pending(11, "vision", 8, waited_s=60, predicted_s=600)
+        )
+
+    first = vision_on_n1().plan(ordering=ordering, max_preemptions=3)
+    assert started(first) == {10, 11} and first.preemptions == ()
+    assert not start_of(first, 10).borrowed and start_of(first, 11).borrowed
+    # Below the bound, or with none, it is an ordinary job: vision is at its guarantee, so it
+    # borrows.
     for cap in (4, None):
-        free = c.plan(ordering=ordering, max_preemptions=cap)
+        free = vision_on_n1().plan(ordering=ordering, max_preemptions=cap)
         assert start_of(free, 10).borrowed, cap
-    # Within its guarantee it starts, bound or not.
-    own = (
-        cluster()
-        .nodes(2, gpus=8)
-        .tenant("vision", 8, 24)
-        .pending(10, "vision", 8, preemptions=3)
-        .plan(ordering=ordering, max_preemptions=3)
-    )
-    assert started(own) == {10} and not start_of(own, 10).borrowed
+    # The guarantee is filled by work that cannot be taken back either: it waits, and says why.
+    for job_1 in ({"preemptible": False}, {"preemptions": 3}):
+        full = vision_on_n1(**job_1).plan(ordering=ordering, max_preemptions=3)
+        assert started(full) == {11} and full.preemptions == ()
+        waiting = decision(full, 10)
+        assert waiting.reason_code is ReasonCode.QUOTA_LIMIT
+        assert "preempted 3 times" in waiting.reason and "guaranteed GPUs" in waiting.reason
 
 
 def test_preemption_evicts_the_youngest_borrowed_attempts_first():

@@ -85,18 +85,36 @@ def test_a_tenant_without_a_quota_for_a_type_cannot_use_it():
 
 
 def test_a_non_preemptible_job_only_uses_the_guarantee():
-    c = (
+    def vision(job_1_preemptible: bool):
+        return (
+            cluster()
+            .node("n1", gpus=8)
+            .tenant("vision", 2, 8)
+            .running(1, "vision", 2, preemptible=job_1_preemptible)
+            .pending(2, "vision", 2, preemptible=False)
+            .pending(3, "vision", 2)
+        )
+
+    # The guarantee is held by work that cannot be stopped either: it waits; job 3 borrows.
+    p = vision(job_1_preemptible=False).plan()
+    assert started(p) == {3} and start_of(p, 3).borrowed
+    assert decision(p, 2).reason_code is ReasonCode.QUOTA_LIMIT
+    assert "cannot be preempted" in decision(p, 2).reason
+    # Held by work that can be: it takes the guarantee first, and job 1 is borrowed from then on
+    # (its tenant's attempts that can be given back fill the guarantee last).
+    c = vision(job_1_preemptible=True)
+    p = c.plan()
+    assert started(p) == {2, 3}
+    assert not start_of(p, 2).borrowed and start_of(p, 3).borrowed
+    after = (
         cluster()
         .node("n1", gpus=8)
         .tenant("vision", 2, 8)
-        .running(1, "vision", 2)
-        .pending(2, "vision", 2, preemptible=False)
-        .pending(3, "vision", 2)
+        .running(1, "vision", 2, ran_s=600)
+        .running(2, "vision", 2, ran_s=60, preemptible=False)
+        .snapshot()
     )
-    p = c.plan()
-    assert started(p) == {3}
-    assert decision(p, 2).reason_code is ReasonCode.QUOTA_LIMIT
-    assert "cannot be preempted" in decision(p, 2).reason
+    assert label_borrowed(after.running, build_books(after, Config())) == {1}
 
 
 @pytest.mark.parametrize(

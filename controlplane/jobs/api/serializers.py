@@ -308,7 +308,8 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     preemptible = serializers.BooleanField(
         default=validation.DEFAULTS["preemptible"],
-        help_text="May be preempted when it runs on borrowed GPUs",
+        help_text="May be preempted when it runs on borrowed GPUs; false: it runs only within its "
+        "tenant's guarantee",
     )
     restartable = serializers.BooleanField(
         default=validation.DEFAULTS["restartable"],

@@ -132,7 +132,8 @@ def test_a_job_preempted_as_often_as_the_policy_allows_waits_for_its_own_guarant
     settings, make_node, make_job, vision, nlp, alice, bob
 ):
     """SCHEDULER_POLICY's max_preemptions counts the job's real preemptions: once there, it is
-    not preempted again, so it may not borrow (its GPUs could not be given back)."""
+    not preempted again, so it may use only its tenant's guarantee (borrowed GPUs could not be
+    given back)."""
     from controlplane.jobs.api.serializers import JobSerializer
     from controlplane.scheduling.loader import load_snapshot
 
@@ -155,19 +156,21 @@ def test_a_job_preempted_as_often_as_the_policy_allows_waits_for_its_own_guarant
     actions.mark_attempt_running(owner_attempt)
     actions.finish_attempt(owner_attempt, exit_code=0)
 
-    # A node is free, and nlp holds its guarantee: the victim could only borrow it.
-    settings.SCHEDULER_POLICY = {"max_preemptions": 1}
+    # A node is free, and nlp holds its guarantee. With a bound of 0 nothing may be taken back,
+    # nlp's running job included: its guarantee is full of such work, and the victim waits.
     (waiting,) = load_snapshot().snapshot.pending
     assert (waiting.job_id, waiting.preemptions) == (victim.pk, 1)
+    settings.SCHEDULER_POLICY = {"max_preemptions": 0}
     assert run_scheduling_cycle()["starts"] == 0
     victim.refresh_from_db()
     assert victim.state == JobState.PENDING
     assert "preempted 1 time, so it is not preempted again" in victim.pending_reason
-    # Allowed more, it borrows the node, and its attempt carries the count.
-    settings.SCHEDULER_POLICY = {"max_preemptions": 2}
+    # With a bound of 1 nlp's other job can still be taken back: the victim fills nlp's
+    # guarantee first, and that other job is the borrowed one from now on.
+    settings.SCHEDULER_POLICY = {"max_preemptions": 1}
     assert run_scheduling_cycle()["starts"] == 1
     (again,) = JobAttempt.objects.filter(job=victim, stop_reason="")
-    assert again.borrowed
+    assert not again.borrowed
     (running,) = [r for r in load_snapshot().snapshot.running if r.job_id == victim.pk]
     assert running.preemptions == 1
 
