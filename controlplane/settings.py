@@ -400,11 +400,12 @@ if os.environ.get("SCHEDULER_MAX_PREEMPTIONS", ""):
     # A job preempted this many times is not preempted again and then runs only within its
     # tenant's guarantee (docs/job-contract.md); unset: no bound, the core's default.
     try:
-        SCHEDULER_POLICY["max_preemptions"] = int(os.environ["SCHEDULER_MAX_PREEMPTIONS"])
+        _max_preemptions = int(os.environ["SCHEDULER_MAX_PREEMPTIONS"])
     except ValueError:
         raise ImproperlyConfigured("SCHEDULER_MAX_PREEMPTIONS must be a whole number") from None
-    if SCHEDULER_POLICY["max_preemptions"] < 0:
+    if _max_preemptions < 0:
         raise ImproperlyConfigured("SCHEDULER_MAX_PREEMPTIONS must be 0 or more")
+    SCHEDULER_POLICY["max_preemptions"] = _max_preemptions
 
 # Node liveness (docs/agent-protocol.md, "Leases"). A node silent for
 # NODE_NOT_READY_AFTER_INTERVALS heartbeat intervals gets no new work. Each answered heartbeat
