@@ -832,10 +832,14 @@ class Admission:
     def _wait(
         self, job: Pending, code: ReasonCode, gpu_type: str = "", detail: str = ""
     ) -> Waiting:
+        book = self.books[job.tenant]
         w = Waiting(job, code, gpu_type, detail)
-        w.quota_type, w.used, w.guaranteed, w.limit = self.books[job.tenant].figures(
+        w.quota_type, w.used, w.guaranteed, w.limit = book.figures(
             gpu_type or job.gpu_type, job.gpus
         )
+        if detail in ("not_preemptible", "preemption_cap"):
+            # What blocks it is the guarantee held by work that cannot be taken back.
+            w.used = book.fixed.get(w.quota_type, 0)
         ti = self.index.types.get(gpu_type)
         if ti is not None:
             w.free = self._free_for(job, ti)

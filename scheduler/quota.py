@@ -535,8 +535,9 @@ def label_borrowed(
 
     Attempts fill the guarantee in the order they started (ones that cannot be taken back
     first: not preemptible, or at `max_preemptions`): those that pushed the tenant past a
-    guarantee are the borrowed ones, exactly as the start that created them was marked
-    borrowed. ``summed``: `running` summed already (RunningTotals.update, which has its own
+    guarantee are the borrowed ones, as the start that created them was marked borrowed,
+    unless work that cannot be taken back started later within the guarantee and pushed them
+    out of it. ``summed``: `running` summed already (RunningTotals.update, which has its own
     bound), whose attempts are kept in that order per tenant.
     """
     if summed is not None:

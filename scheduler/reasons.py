@@ -114,16 +114,21 @@ def sentence(w: Waiting, now_s: float) -> str:
         if w.detail == "no_quota":
             on = f"{w.gpu_type} GPUs" if w.gpu_type else "GPUs"
             return f"{head}: tenant {tenant} has no quota for {on}"
+        # Work that cannot be taken back fills the guarantee first (scheduler.quota.check).
+        held = (
+            f"tenant {tenant}'s work that cannot be preempted holds {w.used} of its "
+            f"{w.guaranteed} guaranteed"
+        )
         if w.detail == "not_preemptible":
             return (
                 f"{head}: the job cannot be preempted, so it may only use guaranteed GPUs, and "
-                f"{usage}"
+                f"{held}"
             )
         if w.detail == "preemption_cap":
             return (
                 f"{head}: the job was preempted {job.preemptions} "
                 f"time{'' if job.preemptions == 1 else 's'}, so it is not preempted again and "
-                f"may only use guaranteed GPUs, and {usage}"
+                f"may only use guaranteed GPUs, and {held}"
             )
         return (
             f"{head}: tenant {tenant} uses {w.used} of its limit of {w.limit} "

@@ -136,6 +136,7 @@ def test_a_job_at_its_preemption_bound_starts_only_within_its_guarantee(ordering
         waiting = decision(full, 10)
         assert waiting.reason_code is ReasonCode.QUOTA_LIMIT
         assert "preempted 3 times" in waiting.reason and "guaranteed GPUs" in waiting.reason
+        assert "work that cannot be preempted holds 8 of its 8 guaranteed" in waiting.reason
 
 
 def test_preemption_evicts_the_youngest_borrowed_attempts_first():

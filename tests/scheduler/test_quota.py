@@ -99,7 +99,11 @@ def test_a_non_preemptible_job_only_uses_the_guarantee():
     p = vision(job_1_preemptible=False).plan()
     assert started(p) == {3} and start_of(p, 3).borrowed
     assert decision(p, 2).reason_code is ReasonCode.QUOTA_LIMIT
-    assert "cannot be preempted" in decision(p, 2).reason
+    assert decision(p, 2).reason == (
+        "waiting for 2 GPUs of any type: the job cannot be preempted, so it may only use "
+        "guaranteed GPUs, and tenant vision's work that cannot be preempted holds 2 of its 2 "
+        "guaranteed"
+    )
     # Held by work that can be: it takes the guarantee first, and job 1 is borrowed from then on
     # (its tenant's attempts that can be given back fill the guarantee last).
     c = vision(job_1_preemptible=True)
