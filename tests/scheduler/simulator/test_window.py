@@ -8,6 +8,8 @@ decision must be the one the whole backlog gives.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.simulator.compare import run_preset
@@ -83,3 +85,25 @@ def test_under_fair_with_oracle_durations_each_aging_level_is_windowed_apart(see
     assert results[True].preemptions == results[False].preemptions
     assert max(o.queue_s for o in results[False].outcomes) > 3600
     assert shown[True] < shown[False]
+
+
+@pytest.mark.parametrize("name", ["ours", "ours-oracle", "srtf-shared", "tiresias-shared"])
+def test_the_window_decides_as_the_whole_backlog_would_under_a_preemption_bound(name):
+    # Bounded jobs and jobs that cannot be preempted may use only their tenant's guarantee,
+    # counted among the work that cannot be taken back: their classes are apart, and what they
+    # may start moves with their tenant's attempts, as every class's does.
+    base = saturated(11, jobs=70 if "tiresias" in name else 130)
+    t = Trace(
+        base.name,
+        tuple(replace(j, preemptible=False) if j.job_id % 7 == 0 else j for j in base.jobs),
+        base.nodes,
+        base.tenants,
+    )
+    bound = {"max_preemptions": 1}
+    whole = run_preset(t, name, SimOptions(window=False), config_changes=bound)
+    windowed = run_preset(t, name, SimOptions(window=True), config_changes=bound)
+
+    assert windowed.outcomes == whole.outcomes
+    assert windowed.preemptions == whole.preemptions
+    assert whole.preemptions > 0  # the bound had something to bound
+    assert max(o.queue_s for o in whole.outcomes) > 3600
