@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from scheduler import backfill, fairness, placement, quota
 from scheduler.backfill import Release, Reservation
 from scheduler.model import (
+    ANY_GPU_TYPE,
     Config,
     Ordering,
     Pending,
@@ -446,7 +447,7 @@ class Admission:
         book.add(
             ti.gpu_type,
             job.gpus,
-            fixed=not job.preemptible or quota.exempt(job.preemptions, self.config),
+            fixed=not quota.takeable(job.preemptible, job.preemptions, self.config.max_preemptions),
         )
         book.running_jobs += 1
         fairness.refresh(book, self.capacity)
@@ -838,8 +839,13 @@ class Admission:
             gpu_type or job.gpu_type, job.gpus
         )
         if detail in ("not_preemptible", "preemption_cap"):
-            # What blocks it is the guarantee held by work that cannot be taken back.
-            w.used = book.fixed.get(w.quota_type, 0)
+            # What blocks it is a guarantee held by work that cannot be taken back: the one
+            # quota.check found full (the type's own, or the one over every type).
+            g, fixed = book.guaranteed, book.fixed
+            for key in (gpu_type or job.gpu_type, ANY_GPU_TYPE):
+                if key in g and fixed.get(key, 0) + job.gpus > g[key]:
+                    w.quota_type, w.used, w.guaranteed = key, fixed.get(key, 0), g[key]
+                    break
         ti = self.index.types.get(gpu_type)
         if ti is not None:
             w.free = self._free_for(job, ti)

@@ -306,9 +306,9 @@ class RunningTotals:
         if not r.stopping:
             self._stamp += 1
             self.versions[r.tenant] = self._stamp
-            takeable = r.preemptible and not _at_bound(r.preemptions, self.max_preemptions)
-            entry = (takeable, r.started_at_s, r.attempt_id, r.gpu_type, len(r.gpus))
-            if not takeable:
+            back = takeable(r.preemptible, r.preemptions, self.max_preemptions)
+            entry = (back, r.started_at_s, r.attempt_id, r.gpu_type, len(r.gpus))
+            if not back:
                 kind = (r.tenant, r.gpu_type)
                 fixed = self.fixed.get(kind, 0) + sign * len(r.gpus)
                 if fixed:
@@ -336,7 +336,7 @@ class RunningTotals:
                 self.jobs[r.tenant] = count
             else:
                 self.jobs.pop(r.tenant, None)
-            if takeable:
+            if back:
                 held = (r.tenant, r.gpu_type, r.priority)
                 times = self.started.get(held)
                 if sign > 0:
@@ -469,6 +469,13 @@ def _at_bound(preemptions: int, max_preemptions: int | None) -> bool:
     return max_preemptions is not None and preemptions >= max_preemptions
 
 
+def takeable(preemptible: bool, preemptions: int, max_preemptions: int | None) -> bool:
+    """Whether work can be taken back from its tenant (preempted): not when it cannot be
+    preempted, nor at the preemption bound. Work that cannot fills its tenant's guarantee
+    first (label_borrowed) and counts against it alone (Book.fixed, check)."""
+    return preemptible and not _at_bound(preemptions, max_preemptions)
+
+
 def check(
     book: Book, gpu_type: str, n: int, preemptible: bool, config: Config, capped: bool = False
 ) -> Verdict:
@@ -558,7 +565,7 @@ def label_borrowed(
             continue
         attempts.sort(
             key=lambda r: (
-                r.preemptible and not _at_bound(r.preemptions, max_preemptions),
+                takeable(r.preemptible, r.preemptions, max_preemptions),
                 r.started_at_s,
                 r.attempt_id,
             )

@@ -121,6 +121,24 @@ def test_a_non_preemptible_job_only_uses_the_guarantee():
     assert label_borrowed(after.running, build_books(after, Config())) == {1}
 
 
+def test_a_job_that_cannot_be_preempted_is_told_which_guarantee_is_full():
+    # vision's H100 guarantee (8) has room, its guarantee over every type (4) does not: the
+    # reason names the one that blocks, whichever quota binds its limit.
+    c = (
+        cluster()
+        .node("n1", gpus=8)
+        .tenant("vision", 4, 16)
+        .quota("vision", "H100", 8, 16)
+        .running(1, "vision", 4, preemptible=False)
+        .pending(2, "vision", 2, "H100", preemptible=False)
+    )
+    p = c.plan()
+    assert started(p) == set()
+    assert decision(p, 2).reason.endswith(
+        "tenant vision's work that cannot be preempted holds 4 of its 4 guaranteed"
+    )
+
+
 @pytest.mark.parametrize(
     "action, started_jobs, code",
     [
