@@ -302,6 +302,115 @@ def spawn_reaped(command: list[str], env: dict, log_path: Path) -> subprocess.Po
     )
 
 
+def end_to_end(args, url: str, user_token: str, meter: CpuMeter) -> None:
+    """1. idle submit -> start, then 2. the end-to-end run, printed as they finish."""
+    import datetime as dt
+
+    from django.db.models import Avg, Count
+
+    from controlplane.jobs.models import Job, JobState
+    from controlplane.scheduling.models import SchedulingCycle
+
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {user_token}"
+    idle_ids = []
+    for _ in range(args.idle_jobs):
+        response = session.post(
+            f"{url}/api/v1/jobs/",
+            json={"image": "localhost/bench:1", "command": ["true"], "gpus": 1},
+            timeout=30,
+        )
+        if response.status_code != 201:
+            sys.exit(f"submit failed: {response.status_code} {response.text[:300]}")
+        job_id = response.json()["id"]
+        idle_ids.append(job_id)
+        wait_for(
+            lambda job_id=job_id: Job.objects.filter(pk=job_id, state__in=FINAL_STATES).exists(),
+            120,
+            f"job {job_id} to end",
+        )
+    started, running = [], []
+    for job in Job.objects.filter(pk__in=idle_ids).prefetch_related("attempts", "events"):
+        attempt = job.attempts.order_by("number").first()
+        if attempt is not None and attempt.started_at is not None:
+            started.append((attempt.started_at - job.submitted_at).total_seconds())
+        ran = [e.at for e in job.events.all() if e.kind == "running"]
+        if ran:
+            running.append((min(ran) - job.submitted_at).total_seconds())
+    started.sort()
+    running.sort()
+    print(machine_costs(Path(args.log_dir) / "machine-costs"), flush=True)
+    print(f"1. idle submit -> start, {len(idle_ids)} jobs one at a time (load {loadavg()})")
+    print(
+        f"   submit -> process started  p50 {percentile(started, 0.5):.3f} s  "
+        f"p99 {percentile(started, 0.99):.3f} s  (n={len(started)})"
+    )
+    print(
+        f"   submit -> RUNNING recorded  p50 {percentile(running, 0.5):.3f} s  "
+        f"p99 {percentile(running, 0.99):.3f} s  (n={len(running)})",
+        flush=True,
+    )
+
+    # 2. end to end
+    time.sleep(2)
+    before = meter.read()
+    if args.array:
+        t0 = time.time()
+        response = session.post(
+            f"{url}/api/v1/arrays/", json={**JOB, "array": f"0-{args.jobs - 1}"}, timeout=120
+        )
+        last_201 = time.time()
+        if response.status_code != 201:
+            sys.exit(f"array submit failed: {response.status_code} {response.text[:300]}")
+        ids = list(Job.objects.filter(array_id=response.json()["id"]).values_list("pk", flat=True))
+        failures = 0
+    else:
+        ids, failures, t0, last_201 = submit_all(
+            url, user_token, args.jobs, args.clients, args.batch
+        )
+    deadline = time.monotonic() + args.timeout_s
+    # Polled on the state index and the id range of this run's jobs: a list of 2,000 ids
+    # four times a second cost PostgreSQL more than half a millisecond per job.
+    live = Job.objects.filter(pk__gte=min(ids), pk__lte=max(ids)).exclude(state__in=FINAL_STATES)
+    while live.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"timed out after {args.timeout_s:.0f} s waiting for the jobs to end")
+        time.sleep(0.25)
+    t_end = time.time()
+    after = meter.read()
+    wall = t_end - t0
+    failed = Job.objects.filter(pk__in=ids).exclude(state=JobState.SUCCEEDED).count()
+    how = "one per POST" if args.batch == 1 else f"{args.batch} per POST"
+    if args.array:
+        how = "one array"
+    print(
+        f"2. end to end: {len(ids)} jobs ({how}) from {1 if args.array else args.clients} "
+        f"client(s) in {wall:.1f} s -> "
+        f"{len(ids) / wall:.1f} jobs/s ({failures} refused submits, {failed} not "
+        f"SUCCEEDED); submits took {last_201 - t0:.1f} s ({len(ids) / (last_201 - t0):.1f}/s "
+        f"while jobs ran)  (load {loadavg()})"
+    )
+    total_ms = 0.0
+    for group in before:
+        ms = (after[group] - before[group]) * 1000 / max(len(ids), 1)
+        total_ms += ms
+        print(f"   CPU per job  {group:36s} {ms:7.1f} ms")
+    print(f"   CPU per job  {'all server-side processes and the job':36s} {total_ms:7.1f} ms")
+    available_ms = wall * (os.cpu_count() or 1) * 1000 / max(len(ids), 1)
+    print(f"   (the machine had {available_ms:.1f} CPU-ms per job in that time)")
+    # The worker's share scales with how many cycles ran: cheaper cycles may run more often
+    # (requests are spaced by what cycles take, controlplane/wakeups.py).
+    cycles = SchedulingCycle.objects.filter(
+        started_at__gte=dt.datetime.fromtimestamp(t0, dt.UTC),
+        started_at__lte=dt.datetime.fromtimestamp(t_end, dt.UTC),
+    ).aggregate(n=Count("id"), ms=Avg("duration_ms"))
+    print(
+        f"   {cycles['n']} scheduling cycles, {len(ids) / max(cycles['n'], 1):.1f} jobs and "
+        f"{cycles['ms'] or 0:.1f} ms each on average",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000)
@@ -336,6 +445,11 @@ def main() -> None:
         type=int,
         default=0,
         help="finished jobs (one attempt each, spread over the nodes) in the database first",
+    )
+    parser.add_argument(
+        "--submit-only",
+        action="store_true",
+        help="only the submit-only runs (3.): the API's own cost, for comparing builds of it",
     )
     parser.add_argument("--port", type=int, default=18470)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
@@ -375,13 +489,10 @@ def main() -> None:
 
     from django.conf import settings
     from django.contrib.auth import get_user_model
-    from django.db.models import Avg, Count
     from django.utils import timezone
 
     from controlplane.cluster import actions as cluster_actions
     from controlplane.cluster.models import Node
-    from controlplane.jobs.models import Job, JobState
-    from controlplane.scheduling.models import SchedulingCycle
     from controlplane.tenancy import actions as tenancy_actions
     from controlplane.tenancy.models import ApiToken
 
@@ -461,50 +572,6 @@ def main() -> None:
             flush=True,
         )
 
-        # 1. idle submit -> start
-        session = requests.Session()
-        session.headers["Authorization"] = f"Bearer {user_token}"
-        idle_ids = []
-        for _ in range(args.idle_jobs):
-            response = session.post(
-                f"{url}/api/v1/jobs/",
-                json={"image": "localhost/bench:1", "command": ["true"], "gpus": 1},
-                timeout=30,
-            )
-            if response.status_code != 201:
-                sys.exit(f"submit failed: {response.status_code} {response.text[:300]}")
-            job_id = response.json()["id"]
-            idle_ids.append(job_id)
-            wait_for(
-                lambda job_id=job_id: Job.objects.filter(
-                    pk=job_id, state__in=FINAL_STATES
-                ).exists(),
-                120,
-                f"job {job_id} to end",
-            )
-        started, running = [], []
-        for job in Job.objects.filter(pk__in=idle_ids).prefetch_related("attempts", "events"):
-            attempt = job.attempts.order_by("number").first()
-            if attempt is not None and attempt.started_at is not None:
-                started.append((attempt.started_at - job.submitted_at).total_seconds())
-            ran = [e.at for e in job.events.all() if e.kind == "running"]
-            if ran:
-                running.append((min(ran) - job.submitted_at).total_seconds())
-        started.sort()
-        running.sort()
-        print(machine_costs(log_dir / "machine-costs"), flush=True)
-        print(f"1. idle submit -> start, {len(idle_ids)} jobs one at a time (load {loadavg()})")
-        print(
-            f"   submit -> process started  p50 {percentile(started, 0.5):.3f} s  "
-            f"p99 {percentile(started, 0.99):.3f} s  (n={len(started)})"
-        )
-        print(
-            f"   submit -> RUNNING recorded  p50 {percentile(running, 0.5):.3f} s  "
-            f"p99 {percentile(running, 0.99):.3f} s  (n={len(running)})",
-            flush=True,
-        )
-
-        # 2. end to end
         meter = CpuMeter(
             {
                 "web": [groups["web"].pid],
@@ -514,68 +581,8 @@ def main() -> None:
                 **server_roots(),
             }
         )
-        time.sleep(2)
-        before = meter.read()
-        if args.array:
-            t0 = time.time()
-            response = session.post(
-                f"{url}/api/v1/arrays/", json={**JOB, "array": f"0-{args.jobs - 1}"}, timeout=120
-            )
-            last_201 = time.time()
-            if response.status_code != 201:
-                sys.exit(f"array submit failed: {response.status_code} {response.text[:300]}")
-            ids = list(
-                Job.objects.filter(array_id=response.json()["id"]).values_list("pk", flat=True)
-            )
-            failures = 0
-        else:
-            ids, failures, t0, last_201 = submit_all(
-                url, user_token, args.jobs, args.clients, args.batch
-            )
-        deadline = time.monotonic() + args.timeout_s
-        # Polled on the state index and the id range of this run's jobs: a list of 2,000 ids
-        # four times a second cost PostgreSQL more than half a millisecond per job.
-        live = Job.objects.filter(pk__gte=min(ids), pk__lte=max(ids)).exclude(
-            state__in=FINAL_STATES
-        )
-        while live.exists():
-            if time.monotonic() > deadline:
-                sys.exit(f"timed out after {args.timeout_s:.0f} s waiting for the jobs to end")
-            time.sleep(0.25)
-        t_end = time.time()
-        after = meter.read()
-        wall = t_end - t0
-        failed = Job.objects.filter(pk__in=ids).exclude(state=JobState.SUCCEEDED).count()
-        how = "one per POST" if args.batch == 1 else f"{args.batch} per POST"
-        if args.array:
-            how = "one array"
-        print(
-            f"2. end to end: {len(ids)} jobs ({how}) from {1 if args.array else args.clients} "
-            f"client(s) in {wall:.1f} s -> "
-            f"{len(ids) / wall:.1f} jobs/s ({failures} refused submits, {failed} not "
-            f"SUCCEEDED); submits took {last_201 - t0:.1f} s ({len(ids) / (last_201 - t0):.1f}/s "
-            f"while jobs ran)  (load {loadavg()})"
-        )
-        total_ms = 0.0
-        for group in before:
-            ms = (after[group] - before[group]) * 1000 / max(len(ids), 1)
-            total_ms += ms
-            print(f"   CPU per job  {group:36s} {ms:7.1f} ms")
-        print(f"   CPU per job  {'all server-side processes and the job':36s} {total_ms:7.1f} ms")
-        available_ms = wall * (os.cpu_count() or 1) * 1000 / max(len(ids), 1)
-        print(f"   (the machine had {available_ms:.1f} CPU-ms per job in that time)")
-        # The worker's share scales with how many cycles ran: cheaper cycles may run more often
-        # (requests are spaced by what cycles take, controlplane/wakeups.py).
-        cycles = SchedulingCycle.objects.filter(
-            started_at__gte=dt.datetime.fromtimestamp(t0, dt.UTC),
-            started_at__lte=dt.datetime.fromtimestamp(t_end, dt.UTC),
-        ).aggregate(n=Count("id"), ms=Avg("duration_ms"))
-        print(
-            f"   {cycles['n']} scheduling cycles, {len(ids) / max(cycles['n'], 1):.1f} jobs and "
-            f"{cycles['ms'] or 0:.1f} ms each on average",
-            flush=True,
-        )
-
+        if not args.submit_only:
+            end_to_end(args, url, user_token, meter)
         # 3. submit only: no node takes work, so the figure is the API's alone.
         for node in Node.objects.all():
             cluster_actions.set_node_state(node, "cordoned", actor=admin)
