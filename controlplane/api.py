@@ -13,6 +13,7 @@ schema says and what the API accepts cannot drift apart.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -21,6 +22,8 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane.validators import NON_FIELD, shown, text_problem
+
+log = logging.getLogger(__name__)
 
 
 class CsvRenderer(BaseRenderer):
@@ -102,7 +105,8 @@ _table: dict[tuple[type, str], dict[str, dict]] | None = None
 def documented_query_parameters(view_class: type, action: str) -> dict[str, dict] | None:
     """Name -> OpenAPI parameter for each query parameter of the operation; None if undocumented.
 
-    Built from the generated schema on first use (about half a second, once per process).
+    Built from the generated schema on first use (about half a second, once per process; a web
+    process builds it at start, warm_query_parameters).
     """
     global _table
     if _table is None:
@@ -110,6 +114,18 @@ def documented_query_parameters(view_class: type, action: str) -> dict[str, dict
             if _table is None:
                 _table = _query_parameters_by_operation()
     return _table.get((view_class, action))
+
+
+def warm_query_parameters() -> None:
+    """Build the table now (a web process at start), so the first request does not wait for it.
+
+    A failure is logged and left to the first request that needs the table, as before: the
+    documentation's generator failing must not keep the web process from starting.
+    """
+    try:
+        documented_query_parameters(QueryParamsBoundary, "get")
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.exception("could not build the table of documented query parameters at start")
 
 
 def _query_parameters_by_operation() -> dict[tuple[type, str], dict[str, dict]]:
