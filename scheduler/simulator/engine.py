@@ -374,6 +374,10 @@ class _Engine:
         self.pending_tuple: tuple[Pending, ...] | None = ()
         self.running_tuple: tuple[Running, ...] | None = ()
         self.tenant_running: dict[str, dict[int, _Attempt]] = {t.name: {} for t in self.tenants}
+        # tenant -> priority -> how many of its running attempts are preemptible: which cut
+        # class may claim GPUs of its own tenant's lower-priority work (_tail_may_claim), asked
+        # at most plans, without a walk over every running attempt.
+        self.preemptible_running: dict[str, dict[int, int]] = {}
         self.power_active = any(p.power_budget_w is not None for p in self.pools)
         # The cap planner weighs a pool's draw as a whole: it must see every node and attempt.
         self.partitioned = options.partitioned_tenants and not self._power_asked_for()
@@ -1119,15 +1123,11 @@ class _Engine:
             return True
         if self.config.ordering is not Ordering.FAIR:
             return False  # the other orderings do not preempt, beyond guarantees (no tail)
-        lowest: dict[str, int] = {}
-        for a in self.running.values():
-            t = a.job.trace
-            if t.preemptible and t.priority < lowest.get(t.tenant, t.priority + 1):
-                lowest[t.tenant] = t.priority
         for klass in cut:
             tenant, priority = klass[0], klass[3]
             assert isinstance(tenant, str) and isinstance(priority, int)
-            if tenant in lowest and lowest[tenant] < priority:
+            counts = self.preemptible_running.get(tenant)
+            if counts and min(counts) < priority:
                 return True
         return False
 
@@ -1236,6 +1236,11 @@ class _Engine:
         del self.running[a.attempt_id]
         del self.running_objs[a.attempt_id]
         del self.tenant_running[job.trace.tenant][a.attempt_id]
+        if job.trace.preemptible:
+            counts = self.preemptible_running[job.trace.tenant]
+            counts[job.trace.priority] -= 1
+            if not counts[job.trace.priority]:
+                del counts[job.trace.priority]
         self.running_tuple = None
         for uuid in a.gpus:
             del self.gpu_owner[uuid]
@@ -1484,6 +1489,9 @@ class _Engine:
         self.running[a.attempt_id] = a
         self.running_objs[a.attempt_id] = a.running
         self.tenant_running[t.tenant][a.attempt_id] = a
+        if t.preemptible:
+            counts = self.preemptible_running.setdefault(t.tenant, {})
+            counts[t.priority] = counts.get(t.priority, 0) + 1
         self.running_tuple = None
         self.last_start_s = now_s
         if self.tell_checkpoints and job.interval_s is not None:

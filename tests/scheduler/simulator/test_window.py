@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler.simulator.compare import run_preset
-from scheduler.simulator.engine import SimOptions
+from scheduler.simulator.engine import SimOptions, _Engine
 from scheduler.simulator.policies import PRESETS
 from scheduler.simulator.trace import Trace, TraceJob, synthetic_trace
 
@@ -106,4 +106,66 @@ def test_the_window_decides_as_the_whole_backlog_would_under_a_preemption_bound(
     assert windowed.outcomes == whole.outcomes
     assert windowed.preemptions == whole.preemptions
     assert whole.preemptions > 0  # the bound had something to bound
+    assert max(o.queue_s for o in whole.outcomes) > 3600
+
+
+@pytest.mark.parametrize("name", ["ours", "ours-oracle"])
+def test_whether_a_cut_class_may_claim_freed_gpus_follows_the_running_attempts(name, monkeypatch):
+    # _tail_may_claim counts running preemptible attempts per tenant and priority as they start
+    # and end, instead of walking them at every plan: at every question, its answer must be
+    # the walk's (a cut class may claim GPUs being freed if its tenant runs preemptible work
+    # of a lower priority than the class's).
+    base = saturated(4)
+    t = Trace(
+        base.name,
+        tuple(
+            replace(j, priority=(50, 100, 200)[j.job_id % 3], preemptible=j.job_id % 5 != 0)
+            for j in base.jobs
+        ),
+        base.nodes,
+        base.tenants,
+    )
+    answers = []
+    counted = _Engine._tail_may_claim
+
+    def checked(engine, cut):
+        lowest: dict[str, int] = {}
+        for a in engine.running.values():
+            j = a.job.trace
+            if j.preemptible and j.priority < lowest.get(j.tenant, j.priority + 1):
+                lowest[j.tenant] = j.priority
+        walked = any(k[0] in lowest and lowest[k[0]] < k[3] for k in cut)
+        answer = counted(engine, cut)
+        assert answer == walked
+        answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(_Engine, "_tail_may_claim", checked)
+    run_preset(t, name, SimOptions(window=True, grace_s=30.0))
+    assert True in answers and False in answers
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.parametrize("name", ["ours", "ours-oracle"])
+def test_the_window_decides_as_the_whole_backlog_would_with_priorities(name, seed):
+    # FAIR lets a job take GPUs of its own tenant's lower-priority preemptible work: a class cut
+    # by the window may then claim GPUs being freed, and the engine must ask again
+    # (_tail_may_claim, which counts the running preemptible attempts per tenant and priority
+    # as they start and end). Mixed priorities, some work that cannot be preempted.
+    base = saturated(seed)
+    t = Trace(
+        base.name,
+        tuple(
+            replace(j, priority=(50, 100, 200)[j.job_id % 3], preemptible=j.job_id % 5 != 0)
+            for j in base.jobs
+        ),
+        base.nodes,
+        base.tenants,
+    )
+    whole = run_preset(t, name, SimOptions(window=False))
+    windowed = run_preset(t, name, SimOptions(window=True))
+
+    assert windowed.outcomes == whole.outcomes
+    assert windowed.preemptions == whole.preemptions
+    assert whole.preemptions > 0  # the priority rule had work to take
     assert max(o.queue_s for o in whole.outcomes) > 3600
