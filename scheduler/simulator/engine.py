@@ -483,6 +483,9 @@ class _Engine:
         # comes before the duration): each class is kept in submit order and cut, at each
         # cycle, into its aging levels, each in the plan's order (see _aged_levels).
         self.aged_levels = config.ordering is Ordering.FAIR and options.oracle is not Oracle.NONE
+        # class -> each job's row in its aging level's order (predicted duration, then its
+        # entry), in the order of the class's queue (self.classes).
+        self.class_rows: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
         # This cycle's aging levels of each class: (class, level) -> its entries in plan order.
         self.level_queues: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
         # class -> (its version, the instant its levels stay good until, (level, rows) pairs,
@@ -655,14 +658,19 @@ class _Engine:
             entry = (t.submit_s, t.job_id)
         queue = self.classes.get(klass)
         if queue is None:
-            self.classes[klass] = [entry]
-        elif entry > queue[-1]:
-            queue.append(entry)
-        else:
-            bisect.insort(queue, entry)
+            queue = self.classes[klass] = []
+        at = len(queue) if not queue or entry > queue[-1] else bisect.bisect_left(queue, entry)
+        queue.insert(at, entry)
         job.queued_as = (klass, entry)
         if self.aged_levels:
             self.class_version[klass] = self.class_version.get(klass, 0) + 1
+            # The job's row in its aging level's order, made once: a level is a slice of these,
+            # sorted (_aged_levels), not rows made anew for every job at every change.
+            predicted = p.predicted_duration_s
+            assert predicted is not None, "an oracle replay states every duration"
+            if p.max_runtime_s is not None and predicted > p.max_runtime_s:
+                predicted = p.max_runtime_s  # as scheduler.predict bounds it
+            self.class_rows.setdefault(klass, []).insert(at, (max(predicted, 0.0), *entry))
 
     def _unqueue_from_class(self, job: _Job) -> None:
         if job.queued_as is None:
@@ -672,10 +680,13 @@ class _Engine:
         i = bisect.bisect_left(queue, entry)
         del queue[i]
         job.queued_as = None
+        if self.aged_levels:
+            del self.class_rows[klass][i]
         if not queue:
             del self.classes[klass]
             self.class_version.pop(klass, None)
             self.level_cache.pop(klass, None)
+            self.class_rows.pop(klass, None)
         elif self.aged_levels:
             self.class_version[klass] += 1
 
@@ -913,7 +924,7 @@ class _Engine:
         own for this cycle, keyed (*class, level).
         """
         period_s = self.config.aging_period_s
-        pending_objs = self.pending_objs
+        class_rows = self.class_rows
         out: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
         cache = self.level_cache
         # A job's level moves when its wait reaches the next multiple of the period; the
@@ -953,18 +964,7 @@ class _Engine:
                 lo = bisect.bisect_left(queue, -level, 0, hi - 1, key=minus_level)
                 span = (queue[lo], queue[hi - 1])
                 kept_rows = sorted_runs.get(span)
-                if kept_rows is not None:
-                    rows = kept_rows
-                else:
-                    rows = []
-                    for entry in queue[lo:hi]:
-                        p = pending_objs[int(entry[-1])]
-                        predicted = p.predicted_duration_s
-                        assert predicted is not None, "an oracle replay states every duration"
-                        if p.max_runtime_s is not None and predicted > p.max_runtime_s:
-                            predicted = p.max_runtime_s  # as scheduler.predict bounds it
-                        rows.append((max(predicted, 0.0), *entry))
-                    rows.sort()
+                rows = kept_rows if kept_rows is not None else sorted(class_rows[klass][lo:hi])
                 runs[span] = rows
                 out[(*klass, level)] = rows
                 pairs.append((level, rows))
