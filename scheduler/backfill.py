@@ -41,7 +41,7 @@ class ReleaseIndex:
     does that: the order of the lists is the same either way).
     """
 
-    __slots__ = ("topo", "default_s", "epoch", "by_node", "by_type")
+    __slots__ = ("topo", "default_s", "epoch", "by_node", "by_type", "first")
 
     def __init__(self, topo: Topology, default_s: float):
         self.topo = topo
@@ -51,6 +51,9 @@ class ReleaseIndex:
         self.by_node: dict[str, dict[int, list[tuple[float, int, int]]]] = {}
         # type -> [(end, attempt id, node, GPUs there)], sorted
         self.by_type: dict[str, list[tuple[float, int, int, int]]] = {}
+        # type -> [(the node's earliest listed end, node)], sorted: a reservation meets the
+        # nodes in the order they could start it (reserve), not every node of the type.
+        self.first: dict[str, list[tuple[float, int]]] = {}
 
     def _entries(self, r: Running) -> Iterator[tuple[float, int, int]]:
         end_s = r.predicted_end_s
@@ -65,9 +68,16 @@ class ReleaseIndex:
         t, a = r.gpu_type, r.attempt_id
         per_node = self.by_node.setdefault(t, {})
         flat = self.by_type.setdefault(t, [])
+        first = self.first.setdefault(t, [])
         for end_s, node, count in self._entries(r):
-            insort(per_node.setdefault(node, []), (end_s, a, count))
+            on_node = per_node.setdefault(node, [])
+            head = on_node[0][0] if on_node else None
+            insort(on_node, (end_s, a, count))
             insort(flat, (end_s, a, node, count))
+            if head is None or end_s < head:
+                if head is not None:
+                    del first[bisect_left(first, (head, node))]
+                insort(first, (end_s, node))
 
     def remove(self, r: Running) -> None:
         if r.stopping:
@@ -75,10 +85,17 @@ class ReleaseIndex:
         t, a = r.gpu_type, r.attempt_id
         per_node = self.by_node[t]
         flat = self.by_type[t]
+        first = self.first[t]
         for end_s, node, count in self._entries(r):
             on_node = per_node[node]
+            head = on_node[0][0]
             del on_node[bisect_left(on_node, (end_s, a, count))]
             del flat[bisect_left(flat, (end_s, a, node, count))]
+            after = on_node[0][0] if on_node else None
+            if after != head:
+                del first[bisect_left(first, (head, node))]
+                if after is not None:
+                    insort(first, (after, node))
 
     def add_all(self, running: Iterable[Running]) -> ReleaseIndex:
         for r in running:
@@ -146,40 +163,57 @@ def reserve(
             more.setdefault(node, []).append((end_s, count))
         per_node = releases.by_node.get(t, {})
         node_cap = ti.node_cap
-        best: tuple[float, int] | None = None
-        best_events: list[tuple[float, int]] = []
-        for node in sorted(node_cap):
-            if node_cap[node] < n or (node_ok is not None and not node_ok(node)):
-                continue
+
+        def eligible(node: int) -> bool:
+            return node_cap.get(node, 0) >= n and (node_ok is None or node_ok(node))
+
+        def events_on(node: int) -> list[tuple[float, int]]:
             listed = per_node.get(node, ())
-            beside = more.get(node)
-            free = ti.free_on(node)
-            if best is not None and free < n:
-                # GPUs this node lacks free up no sooner than its earliest release (a listed
-                # end or a notice beside): a node that cannot start before the best so far (met
-                # in order, so a tie loses) is passed without building its events.
-                first_s = listed[0][0] if listed else _INF
-                if beside:
-                    first_s = min(first_s, min(end_s for end_s, _ in beside))
-                if max(first_s, now_s) >= best[0]:
-                    continue
             if skip:
                 events = [(end_s, c) for end_s, a, c in listed if a not in skip]
             else:
                 events = [(end_s, c) for end_s, _, c in listed]
+            beside = more.get(node)
             if beside:
                 events.extend(beside)
                 events.sort()
-            start_s = _when(n - free, events, now_s)
+            return events
+
+        # The earliest (start, node) over every node that may take the job, the lowest node
+        # on a tie. A node with n GPUs free starts it now: the lowest such one.
+        best: tuple[float, int] | None = None
+        for k in range(n, len(ti.buckets)):
+            for node in ti.buckets[k]:  # sorted
+                if eligible(node):
+                    if best is None or node < best[1]:
+                        best = (now_s, node)
+                    break
+        # Any other node starts it no sooner than its earliest release (a listed end, or a
+        # notice or a start of this cycle beside): met in that order, the walk stops at the
+        # first node that cannot beat the best found, instead of walking every node.
+        beside_first = sorted(
+            (min(end_s for end_s, _ in ends), node) for node, ends in more.items()
+        )
+        met: set[int] = set()
+        for first_s, node in heapq.merge(releases.first.get(t, ()), beside_first):
+            earliest_s = first_s if first_s > now_s else now_s
+            if best is not None and (earliest_s, node) >= best:
+                if earliest_s > best[0]:
+                    break  # every node after this one releases later still
+                continue
+            if node in met:
+                continue  # met before, by an earlier release of its own
+            met.add(node)
+            free = ti.free_on(node)
+            if free >= n or not eligible(node):
+                continue
+            start_s = _when(n - free, events_on(node), now_s)
             if start_s is not None and (best is None or (start_s, node) < best):
                 best = (start_s, node)
-                best_events = events
-                if start_s <= now_s:
-                    break  # nodes are met in order: no later one is earlier
         if best is None:
             return None
         start_s, node = best
-        freed = sum(c for end_s, c in best_events if end_s <= start_s)
+        freed = sum(c for end_s, c in events_on(node) if end_s <= start_s)
         return Reservation(job_id, t, n, start_s, node, ti.free_on(node) + freed - n)
     flat = releases.by_type.get(t, [])
     ends: Iterable[tuple[float, int]] = (

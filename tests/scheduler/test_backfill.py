@@ -223,3 +223,49 @@ def test_a_later_node_freed_sooner_by_a_notice_than_by_any_end_wins_the_reservat
     got = backfill.reserve(9, 2, ti, NOW, releases, [(NOW + 10, n2, 2)], set(), None)
     assert got is not None
     assert (got.start_s, got.node) == (NOW + 10, n2)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(snapshots(), st.data())
+def test_each_nodes_earliest_release_stays_in_step_as_attempts_come_and_go(snap, data):
+    # reserve meets nodes in the order of their earliest listed end (ReleaseIndex.first),
+    # kept as the memo adds and removes attempts from one plan to the next: after any order of
+    # removals and additions it must be what the lists themselves say.
+    _, _, releases = _indexes(snap)
+    attempts = [r for r in snap.running if not r.stopping]
+    gone = data.draw(st.lists(st.sampled_from(attempts), unique=True)) if attempts else []
+
+    def in_step():
+        for t, per_node in releases.by_node.items():
+            heads = sorted((listed[0][0], node) for node, listed in per_node.items() if listed)
+            assert releases.first.get(t, []) == heads
+
+    for r in gone:
+        releases.remove(r)
+        in_step()
+    for r in data.draw(st.permutations(gone)):
+        releases.add(r)
+        in_step()
+
+
+def test_of_the_nodes_that_can_start_it_now_the_lowest_wins_whatever_their_releases():
+    # n2 has the GPUs free; n1 and n3 have them told to stop with notices already over (n3's
+    # the longer ago). All three can start the job now, and the lowest node wins, as a walk
+    # over every node in order finds: meeting n3 first, by its earlier release, must not end
+    # the walk before n1.
+    snap = (
+        cluster()
+        .nodes(3, gpus=2)
+        .tenant("a")
+        .running(1, "a", gpus=2, node="n1", ends_in_s=1000)
+        .running(3, "a", gpus=2, node="n3", ends_in_s=1000)
+        .snapshot()
+    )
+    topology, index, releases = _indexes(snap)
+    ti = next(iter(index.types.values()))
+    n1, n3 = topology.names.index("n1"), topology.names.index("n3")
+    extra = [(NOW - 100, n3, 2), (NOW - 50, n1, 2)]
+    got = backfill.reserve(9, 2, ti, NOW, releases, extra, set(), None)
+    want = _reserve_by_every_node(9, 2, ti, NOW, releases, extra, set(), None)
+    assert got is not None and want is not None
+    assert (got.start_s, got.node) == (NOW, n1) == want[:2]
