@@ -78,6 +78,9 @@ from scheduler.simulator.trace import PARTITION_SEPARATOR, TraceJob
 PlanFunction = Callable[[Snapshot, Config], Plan]
 _DEFAULT_PROFILE = PowerProfile()
 _INF = math.inf
+# Changes of a class noted for its kept aging levels (_Engine._log_change) past which the
+# levels are sorted anew instead.
+_LEVEL_PATCH_MAX = 256
 # Reasons that say the plan is waiting on time, not on an event.
 # Cycles at one instant that may each preempt before the policy is taken to be thrashing.
 _MAX_PREEMPTING_CYCLES_AT_ONCE = 1000
@@ -483,6 +486,9 @@ class _Engine:
         # comes before the duration): each class is kept in submit order and cut, at each
         # cycle, into its aging levels, each in the plan's order (see _aged_levels).
         self.aged_levels = config.ordering is Ordering.FAIR and options.oracle is not Oracle.NONE
+        # class -> the jobs that came (+1) and went (-1) since its levels in level_cache were
+        # worked out, with their rows
+        self.class_log: dict[tuple[object, ...], list[tuple[int, tuple[float | int, ...]]]] = {}
         # class -> each job's row in its aging level's order (predicted duration, then its
         # entry), in the order of the class's queue (self.classes).
         self.class_rows: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
@@ -670,7 +676,9 @@ class _Engine:
             assert predicted is not None, "an oracle replay states every duration"
             if p.max_runtime_s is not None and predicted > p.max_runtime_s:
                 predicted = p.max_runtime_s  # as scheduler.predict bounds it
-            self.class_rows.setdefault(klass, []).insert(at, (max(predicted, 0.0), *entry))
+            row = (max(predicted, 0.0), *entry)
+            self.class_rows.setdefault(klass, []).insert(at, row)
+            self._log_change(klass, 1, row)
 
     def _unqueue_from_class(self, job: _Job) -> None:
         if job.queued_as is None:
@@ -681,14 +689,30 @@ class _Engine:
         del queue[i]
         job.queued_as = None
         if self.aged_levels:
-            del self.class_rows[klass][i]
+            self._log_change(klass, -1, self.class_rows[klass].pop(i))
         if not queue:
             del self.classes[klass]
             self.class_version.pop(klass, None)
             self.level_cache.pop(klass, None)
             self.class_rows.pop(klass, None)
+            self.class_log.pop(klass, None)
         elif self.aged_levels:
             self.class_version[klass] += 1
+
+    def _log_change(
+        self, klass: tuple[object, ...], sign: int, row: tuple[float | int, ...]
+    ) -> None:
+        """Note a job that came (+1) or went (-1) for the class's aging levels kept in
+        level_cache, which _aged_levels patches with these instead of sorting them anew."""
+        if klass not in self.level_cache:
+            return
+        changes = self.class_log.setdefault(klass, [])
+        if len(changes) >= _LEVEL_PATCH_MAX:
+            # A class not planned for a long while: sorting its levels anew costs less.
+            del self.level_cache[klass]
+            del self.class_log[klass]
+            return
+        changes.append((sign, row))
 
     def _running_now(self, a: _Attempt, now_s: float) -> Running:
         """The attempt as of ``now_s``, for orderings whose ranks move with time; several cycles
@@ -944,14 +968,31 @@ class _Engine:
                 continue
             version = self.class_version[klass]
             kept = cache.get(klass)
+            changes = self.class_log.pop(klass, None)
+            patched: dict[int, list[tuple[float | int, ...]]] = {}
+            sorted_runs: dict[tuple[object, ...], list[tuple[float | int, ...]]] = {}
             if kept is not None and kept[0] == version:
                 if now_s < kept[1]:
                     for level, rows in kept[2]:
                         out[(*klass, level)] = rows
                     continue
                 sorted_runs = kept[3]
-            else:
-                sorted_runs = {}
+            elif kept is not None and now_s < kept[1] and changes is not None:
+                # Jobs came and went, and none of those kept waited into its next level: each
+                # level is the one sorted before with them taken out or put in (the rows of
+                # a level are unique, the job id last), not a slice sorted anew.
+                before = dict(kept[2])
+                for sign, row in changes:
+                    level = level_of(row[1:])
+                    rows = patched.get(level)
+                    if rows is None:
+                        rows = patched[level] = list(before.get(level, ()))
+                    if sign > 0:
+                        bisect.insort(rows, row)
+                    else:
+                        del rows[bisect.bisect_left(rows, row)]
+                for level, rows in before.items():
+                    patched.setdefault(level, rows)
             # The queue is in submit order and a level never rises with a later submit (the
             # arithmetic is monotone), so each level is a run of it, found by bisection; a run
             # whose ends are those of a run sorted before (the class unchanged) is reused.
@@ -964,6 +1005,10 @@ class _Engine:
                 lo = bisect.bisect_left(queue, -level, 0, hi - 1, key=minus_level)
                 span = (queue[lo], queue[hi - 1])
                 kept_rows = sorted_runs.get(span)
+                if kept_rows is None:
+                    kept_rows = patched.get(level)
+                    if kept_rows is not None and len(kept_rows) != hi - lo:
+                        raise AssertionError(f"level {level} of class {klass} patched wrong")
                 rows = kept_rows if kept_rows is not None else sorted(class_rows[klass][lo:hi])
                 runs[span] = rows
                 out[(*klass, level)] = rows
