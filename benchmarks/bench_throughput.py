@@ -17,7 +17,10 @@ and --agents `python -m agents` processes (process runtime) on 127.0.0.1, and me
    instance, the whole Redis server), each read from /proc before and after;
 3. submit only: --jobs more with every node cordoned, so nothing starts, twice: one job per
    POST, then lists of --submit-batch jobs per POST (batch submit): jobs per second accepted
-   (201) by the API, and the web's and PostgreSQL's CPU per job.
+   (201) by the API, and the web's and PostgreSQL's CPU per job. Before them, the floor under
+   a submit: --jobs GETs of /favicon.ico (a redirect: gunicorn and the middleware) and of the
+   API's root (DRF, the token, the rate counts, the root's links), with the web's CPU per
+   request.
 
 --batch N makes the end-to-end run's clients submit lists of N jobs per POST; --array submits
 the end-to-end run's jobs as one job array instead. --history N puts N finished jobs (one
@@ -230,6 +233,45 @@ def submit_all(
     for p in procs:
         p.join()
     return ids, failures, start_at, last
+
+
+def _get_client(url: str, token: str, count: int, start_at: float, out) -> None:
+    """GET `url` `count` times on one connection (the token sent as a submitting client does)."""
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    while time.time() < start_at:
+        time.sleep(0.001)
+    failures = 0
+    for _ in range(count):
+        # Not followed: /favicon.ico answers a redirect to the icon's static file.
+        if session.get(url, timeout=60, allow_redirects=False).status_code not in (200, 302):
+            failures += 1
+    out.put((failures, time.time()))
+
+
+def request_floor(
+    meter: CpuMeter, url: str, token: str, count: int, clients: int
+) -> tuple[float, float, int]:
+    """What a request that does (almost) nothing costs the web: `count` GETs of `url` from
+    `clients` processes at once; (requests per second, web CPU ms per request, failures)."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    start_at = time.time() + 0.5
+    shares = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
+    procs = [ctx.Process(target=_get_client, args=(url, token, n, start_at, out)) for n in shares]
+    before = meter.read()
+    for p in procs:
+        p.start()
+    failures, last = 0, start_at
+    for _ in procs:
+        failed, ended = out.get()
+        failures += failed
+        last = max(last, ended)
+    for p in procs:
+        p.join()
+    after = meter.read()
+    web_ms = (after["web"] - before["web"]) * 1000 / max(count, 1)
+    return count / max(last - start_at, 1e-9), web_ms, failures
 
 
 def loadavg() -> str:
@@ -475,6 +517,9 @@ def main() -> None:
         "DEBUG": "0",
         "LOG_LEVEL": "WARNING",
         "CELERY_QUEUE": os.environ.get("CELERY_QUEUE", "gpucp") + "_bench_tp",
+        # Static files read once at start, as production serves them, not looked up on disk
+        # at every request as the embedded mode does to pick up edits.
+        "WHITENOISE_AUTOREFRESH": "0",
         # A benchmark's clients are not abusers: the API's rate limits stay out of the figure.
         "API_THROTTLE_USER_RATE": "1000000/minute",
         "API_THROTTLE_ANON_RATE": "1000000/minute",
@@ -587,6 +632,19 @@ def main() -> None:
         for node in Node.objects.all():
             cluster_actions.set_node_state(node, "cordoned", actor=admin)
         time.sleep(2)
+        # The floor under a submit's cost: gunicorn and Django's middleware alone (a redirect
+        # answered by a plain view), then DRF with the bearer token and the rate counts (the
+        # API's root, which also reverses the URL of each of its 15 collections).
+        for path in ("/favicon.ico", "/api/v1/"):
+            rate, web_ms, failures = request_floor(
+                meter, url + path, user_token, args.jobs, args.clients
+            )
+            print(
+                f"3. request floor, GET {path}: {args.jobs} requests from {args.clients} clients "
+                f"-> {rate:.0f}/s ({failures} failed); CPU per request web {web_ms:.2f} ms  "
+                f"(load {loadavg()})",
+                flush=True,
+            )
         for batch in (1, args.submit_batch):
             before = meter.read()
             ids, failures, t0, last_201 = submit_all(
