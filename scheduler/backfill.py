@@ -62,7 +62,8 @@ class ReleaseIndex:
         for node, count in nodes_of(self.topo, r).items():
             yield end_s, node, count
 
-    def add(self, r: Running) -> None:
+    def add(self, r: Running, *, heads: bool = True) -> None:
+        """Count an attempt's ends; `heads` False leaves `first` for add_all to make at once."""
         if r.stopping:
             return
         t, a = r.gpu_type, r.attempt_id
@@ -74,7 +75,7 @@ class ReleaseIndex:
             head = on_node[0][0] if on_node else None
             insort(on_node, (end_s, a, count))
             insort(flat, (end_s, a, node, count))
-            if head is None or end_s < head:
+            if heads and (head is None or end_s < head):
                 if head is not None:
                     del first[bisect_left(first, (head, node))]
                 insort(first, (end_s, node))
@@ -99,7 +100,13 @@ class ReleaseIndex:
 
     def add_all(self, running: Iterable[Running]) -> ReleaseIndex:
         for r in running:
-            self.add(r)
+            self.add(r, heads=False)
+        # Each node's earliest end sorted once: kept in step one attempt at a time, the list of
+        # a type's nodes would be cut and spliced for every attempt of a cycle's fresh index.
+        for t, per_node in self.by_node.items():
+            self.first[t] = sorted(
+                (listed[0][0], node) for node, listed in per_node.items() if listed
+            )
         return self
 
 
