@@ -109,14 +109,10 @@ def test_the_window_decides_as_the_whole_backlog_would_under_a_preemption_bound(
     assert max(o.queue_s for o in whole.outcomes) > 3600
 
 
-@pytest.mark.parametrize("name", ["ours", "ours-oracle"])
-def test_whether_a_cut_class_may_claim_freed_gpus_follows_the_running_attempts(name, monkeypatch):
-    # _tail_may_claim counts running preemptible attempts per tenant and priority as they start
-    # and end, instead of walking them at every plan: at every question, its answer must be
-    # the walk's (a cut class may claim GPUs being freed if its tenant runs preemptible work
-    # of a lower priority than the class's).
-    base = saturated(4)
-    t = Trace(
+def with_priorities(seed: int) -> Trace:
+    """A saturated trace with three priorities, and every fifth job not preemptible."""
+    base = saturated(seed)
+    return Trace(
         base.name,
         tuple(
             replace(j, priority=(50, 100, 200)[j.job_id % 3], preemptible=j.job_id % 5 != 0)
@@ -125,6 +121,15 @@ def test_whether_a_cut_class_may_claim_freed_gpus_follows_the_running_attempts(n
         base.nodes,
         base.tenants,
     )
+
+
+@pytest.mark.parametrize("name", ["ours", "ours-oracle"])
+def test_whether_a_cut_class_may_claim_freed_gpus_follows_the_running_attempts(name, monkeypatch):
+    # _tail_may_claim counts running preemptible attempts per tenant and priority as they start
+    # and end, instead of walking them at every plan: at every question, its answer must be
+    # the walk's (a cut class may claim GPUs being freed if its tenant runs preemptible work
+    # of a lower priority than the class's).
+    t = with_priorities(4)
     answers = []
     counted = _Engine._tail_may_claim
 
@@ -152,16 +157,7 @@ def test_the_window_decides_as_the_whole_backlog_would_with_priorities(name, see
     # by the window may then claim GPUs being freed, and the engine must ask again
     # (_tail_may_claim, which counts the running preemptible attempts per tenant and priority
     # as they start and end). Mixed priorities, some work that cannot be preempted.
-    base = saturated(seed)
-    t = Trace(
-        base.name,
-        tuple(
-            replace(j, priority=(50, 100, 200)[j.job_id % 3], preemptible=j.job_id % 5 != 0)
-            for j in base.jobs
-        ),
-        base.nodes,
-        base.tenants,
-    )
+    t = with_priorities(seed)
     whole = run_preset(t, name, SimOptions(window=False))
     windowed = run_preset(t, name, SimOptions(window=True))
 
