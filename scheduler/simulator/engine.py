@@ -984,15 +984,15 @@ class _Engine:
                 before = dict(kept[2])
                 for sign, row in changes:
                     level = level_of(row[1:])
-                    rows = patched.get(level)
-                    if rows is None:
-                        rows = patched[level] = list(before.get(level, ()))
+                    level_rows = patched.get(level)
+                    if level_rows is None:
+                        level_rows = patched[level] = list(before.get(level, ()))
                     if sign > 0:
-                        bisect.insort(rows, row)
+                        bisect.insort(level_rows, row)
                     else:
-                        del rows[bisect.bisect_left(rows, row)]
-                for level, rows in before.items():
-                    patched.setdefault(level, rows)
+                        del level_rows[bisect.bisect_left(level_rows, row)]
+                for level, kept_level in before.items():
+                    patched.setdefault(level, kept_level)
             # The queue is in submit order and a level never rises with a later submit (the
             # arithmetic is monotone), so each level is a run of it, found by bisection; a run
             # whose ends are those of a run sorted before (the class unchanged) is reused.
