@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterable, Iterator
 from scheduler.model import Running
 from scheduler.placement import Topology, TypeIndex, nodes_of
 
-_INF = float("inf")
-
 # (predicted end in seconds, node ordinal, GPUs of the type it frees there)
 Release = tuple[float, int, int]
 
