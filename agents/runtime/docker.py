@@ -268,7 +268,20 @@ class DockerRuntime(Runtime):
         with self._lock:
             self._entries[spec.attempt_id] = entry
         self._follow_logs(entry)
-        return self._status(entry)
+        try:
+            return self._status(entry)
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            # The container started and is followed: an engine that cannot inspect it right
+            # after (Podman reading the /proc of a process that had just ended: "read
+            # /proc/N/cgroup: no such process") has not failed the start. Raising here made the
+            # agent report a job that ran as one that never started. The next poll reads it.
+            log.warning("attempt %d: started, but cannot inspect it yet: %s", spec.attempt_id, exc)
+            return AttemptStatus(
+                attempt_id=spec.attempt_id,
+                state=AttemptState.RUNNING,
+                job_id=spec.job_id,
+                gpu_uuids=spec.gpu_uuids,
+            )
 
     def _ensure_image(self, image: str) -> None:
         try:

@@ -94,6 +94,40 @@ def test_a_container_runs_with_its_env_gpus_labels_and_limits_and_its_output_is_
     assert host["Memory"] == 64 * 1024 * 1024
 
 
+def test_an_engine_that_cannot_inspect_a_container_just_started_has_not_failed_the_start(
+    runtime, monkeypatch
+):
+    # Podman answers an inspect of a container whose process has just ended with a 500 ("read
+    # /proc/N/cgroup: no such process"). The start had succeeded: the job must not be reported
+    # as one that never started (a failed job, or one run again), and its end and output must
+    # be read at the next poll. The engine is real; only its first inspect answers are faulted.
+    api = runtime._client.api
+    real_inspect, real_start = api.inspect_container, api.start
+    faults = {"left": 0}
+
+    def start(container_id, *args, **kwargs):
+        real_start(container_id, *args, **kwargs)
+        faults["left"] = 2  # the inspects right after the start (create inspects too)
+
+    def inspect(container_id):
+        if faults["left"]:
+            faults["left"] -= 1
+            raise docker.errors.APIError(
+                "500 Server Error: read /proc/14754/cgroup: no such process"
+            )
+        return real_inspect(container_id)
+
+    monkeypatch.setattr(api, "start", start)
+    monkeypatch.setattr(api, "inspect_container", inspect)
+    started = runtime.start(spec(29, "sh", "-c", "echo ran once; exit 0", job_id=9))
+
+    assert started.state is AttemptState.RUNNING
+    status = ended(runtime, 29)
+    assert status.state is AttemptState.EXITED and status.exit_code == 0
+    assert faults["left"] == 0  # the faults were met, by the start and the first poll
+    assert "ran once" in runtime.read_logs(29, 0, 10_000).decode()
+
+
 def test_stop_sends_sigterm_then_sigkill_after_the_grace_period(runtime):
     # busybox sleep as PID 1 ignores SIGTERM (no handler): only the SIGKILL ends it.
     runtime.start(spec(22, "sleep", "300"))
