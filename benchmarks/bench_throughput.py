@@ -476,6 +476,13 @@ def main() -> None:
         default=100,
         help="jobs per POST in the batch submit-only run (the single one is always run too)",
     )
+    parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument(
+        "--web-threads",
+        type=int,
+        default=16,
+        help="threads per gunicorn worker (each agent's watch long-poll holds one)",
+    )
     parser.add_argument(
         "--web-pool",
         type=int,
@@ -566,8 +573,8 @@ def main() -> None:
                 "controlplane.wsgi:application",
                 f"--bind=127.0.0.1:{args.port}",
                 "--worker-class=gthread",
-                "--workers=2",
-                "--threads=16",
+                f"--workers={args.web_workers}",
+                f"--threads={args.web_threads}",
             ],
             # The web processes' connection pool (docker-compose.yml's default: none).
             {**env, "DB_POOL_MAX_SIZE": str(args.web_pool)},
@@ -610,7 +617,7 @@ def main() -> None:
         print(
             f"throughput benchmark: {args.agents} nodes x 8 simulated GPUs, {args.history} "
             "finished jobs of history, process runtime, "
-            f"gunicorn 2x16 (DB_POOL_MAX_SIZE={args.web_pool}) + Celery worker + beat + Redis + "
+            f"gunicorn {args.web_workers}x{args.web_threads} (DB_POOL_MAX_SIZE={args.web_pool}) + Celery worker + beat + Redis + "
             f"PostgreSQL, {os.cpu_count()} CPUs; "
             f"SCHEDULER_DEBOUNCE_S={settings.SCHEDULER_DEBOUNCE_S}, "
             f"SCHEDULER_CYCLE_INTERVAL_S={settings.SCHEDULER_CYCLE_INTERVAL_S}",
