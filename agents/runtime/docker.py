@@ -55,6 +55,8 @@ NOT_STARTED_STATES = {"created", "configured", "initialized"}
 # Pinned rather than negotiated: asking the engine (GET /version) costs Podman seconds, and 1.41
 # (Docker 20.10, Podman 3+) has everything used here, device requests included.
 API_VERSION = "1.41"
+# How soon a stop signal the engine failed to deliver is sent again (DockerRuntime._notify).
+NOTIFY_RETRY_S = 1.0
 # The container vanished (removed behind the agent's back): its exit code is unknown.
 LOST_EXIT_CODE = 255
 # The job's checkpoint dir is writable by any uid: the container's user may be any (an image's
@@ -107,6 +109,10 @@ class _Entry:
     failed: str = ""  # why it could not start (reported as failed_to_start)
     finished_at: float | None = None
     stop_record: dict[str, Any] | None = None
+    # The engine answered its create or start with an error, or not at all, and could not
+    # say yet whether the container runs: polls find out (_settle) before anything is reported.
+    unsure: str = ""
+    pending_stop: tuple[float, str] | None = None  # asked while unsure: applied once it runs
 
 
 class DockerRuntime(Runtime):
@@ -256,14 +262,41 @@ class DockerRuntime(Runtime):
             ]
         self._ensure_image(spec.image)
         entry = _Entry(spec.attempt_id, spec.job_id, spec.gpu_uuids)
-        container = None
+        container: Any
         try:
             container = self._client.containers.create(spec.image, **kwargs)
             container.start()
-        except docker.errors.DockerException as exc:
-            if container is not None:
-                self._remove_quietly(container)
-            raise StartError(_explain(exc)) from exc
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            # An error answer, or none (a timeout), does not say that nothing runs: Podman
+            # answers 500 to a start whose process ended at once, and a timed-out request may
+            # still be carried out. Reporting a failed start for a container that runs would
+            # run the job twice once it is requeued. So the engine is asked what it made.
+            try:
+                container = self._started_anyway(spec.attempt_id)
+            except (docker.errors.DockerException, requests.RequestException) as unsure:
+                log.warning(
+                    "attempt %d: the engine answered %s, and cannot say yet whether the "
+                    "container runs: %s",
+                    spec.attempt_id,
+                    _explain(exc),
+                    unsure,
+                )
+                entry.unsure = _explain(exc)
+                with self._lock:
+                    self._entries[spec.attempt_id] = entry
+                return AttemptStatus(
+                    attempt_id=spec.attempt_id,
+                    state=AttemptState.RUNNING,
+                    job_id=spec.job_id,
+                    gpu_uuids=spec.gpu_uuids,
+                )
+            if container is None:
+                raise StartError(_explain(exc)) from exc
+            log.warning(
+                "attempt %d: the engine answered %s, but the container started",
+                spec.attempt_id,
+                _explain(exc),
+            )
         entry.container = container
         with self._lock:
             self._entries[spec.attempt_id] = entry
@@ -282,6 +315,41 @@ class DockerRuntime(Runtime):
                 job_id=spec.job_id,
                 gpu_uuids=spec.gpu_uuids,
             )
+
+    def _started_anyway(self, attempt_id: int) -> Any | None:
+        """The attempt's container if it started despite an error from the engine; None once
+        none can run: never made, or made and not started (then removed here). Raises the
+        engine's error while the engine cannot tell."""
+        try:
+            container = self._client.containers.get(container_name(self._node, attempt_id))
+        except docker.errors.NotFound:
+            return None
+        state = container.attrs.get("State") or {}
+        status = str(state.get("Status") or container.status or "").lower()
+        if status in RUNNING_STATES or parse_engine_time(state.get("StartedAt")) is not None:
+            return container
+        # Made, never started (an exec that failed leaves it so): removed before the start is
+        # reported failed, or an agent restart would adopt and start it (adopt()).
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        return None
+
+    def _settle(self, entry: _Entry) -> None:
+        """An unsure start (see _Entry.unsure) made sure: followed if it runs, failed if not.
+        Raises while the engine cannot tell (statuses() then reports nothing of it)."""
+        container = self._started_anyway(entry.attempt_id)
+        if container is None:
+            entry.failed = entry.unsure
+            entry.finished_at = time.time()
+        else:
+            entry.container = container
+            self._follow_logs(entry)
+        entry.unsure = ""
+        pending, entry.pending_stop = entry.pending_stop, None
+        if container is not None and pending is not None:
+            self.stop(entry.attempt_id, *pending)
 
     def _ensure_image(self, image: str) -> None:
         try:
@@ -335,6 +403,8 @@ class DockerRuntime(Runtime):
             "stop_signal_at": stop.get("at"),
             "killed_after_grace": (stop.get("killed_at") is not None) if stop else None,
         }
+        if entry.unsure:
+            self._settle(entry)
         if entry.failed:
             return AttemptStatus(
                 state=AttemptState.FAILED_TO_START,
@@ -419,13 +489,19 @@ class DockerRuntime(Runtime):
                 # Created, then the agent died before starting it: finish what it began.
                 try:
                     container.start()
-                except docker.errors.DockerException as exc:
-                    entry.failed = _explain(exc)
-                    entry.finished_at = time.time()
+                except (docker.errors.DockerException, requests.RequestException) as exc:
+                    # As in start(): the error alone does not say that it did not start.
+                    entry.container, entry.unsure = None, _explain(exc)
+                    try:
+                        self._settle(entry)
+                    except (docker.errors.DockerException, requests.RequestException) as unsure:
+                        log.warning(
+                            "attempt %d: cannot tell yet whether it runs: %s", attempt_id, unsure
+                        )
             entry.stop_record = _read_record(self._stop_path(attempt_id))
             with self._lock:
                 self._entries[attempt_id] = entry
-            if not entry.failed:
+            if entry.container is not None and not entry.failed and entry.log_thread is None:
                 self._follow_logs(entry)
             stop = entry.stop_record
             if stop is not None:
@@ -446,12 +522,14 @@ class DockerRuntime(Runtime):
     def stop(self, attempt_id: int, grace_s: float, signal: str = DEFAULT_STOP_SIGNAL) -> None:
         with self._lock:
             entry = self._entries.get(attempt_id)
+            if entry is not None and entry.unsure:
+                entry.pending_stop = (grace_s, signal)
             if entry is None or entry.stopping or entry.container is None:
                 return
             entry.stopping = True
         log.info("attempt %d: %s, SIGKILL in %.0f s", attempt_id, signal, grace_s)
         self._save_stop(entry, {"signal": signal, "grace_s": grace_s, "at": time.time()})
-        self._kill(entry, signal)
+        self._notify(entry, signal, time.time() + grace_s)
         self._escalate_after(entry, grace_s)
 
     def _save_stop(self, entry: _Entry, record: dict[str, Any]) -> None:
@@ -463,6 +541,8 @@ class DockerRuntime(Runtime):
 
     def _escalate_after(self, entry: _Entry, delay_s: float) -> None:
         def escalate() -> None:
+            if entry.container is None:
+                return  # never found running (an unsure start that did not start)
             try:
                 entry.container.reload()
             except (docker.errors.DockerException, requests.RequestException):
@@ -480,13 +560,37 @@ class DockerRuntime(Runtime):
         timer.daemon = True
         timer.start()
 
+    def _notify(self, entry: _Entry, sig: str, until: float) -> None:
+        """The job's stop signal, sent again every second until its grace ends while the
+        engine fails to deliver it to a container that runs: a job that never gets its notice
+        cannot checkpoint, and is killed at the end of its grace with its work lost."""
+        if self._kill(entry, sig) or time.time() + NOTIFY_RETRY_S >= until:
+            return
+
+        def again() -> None:
+            try:
+                entry.container.reload()
+            except (docker.errors.DockerException, requests.RequestException):
+                pass  # still away: try the signal anyway
+            else:
+                if entry.container.status not in RUNNING_STATES:
+                    return
+            self._notify(entry, sig, until)
+
+        timer = threading.Timer(NOTIFY_RETRY_S, contextvars.copy_context().run, (again,))
+        timer.daemon = True
+        timer.start()
+
     @staticmethod
-    def _kill(entry: _Entry, sig: str) -> None:
+    def _kill(entry: _Entry, sig: str) -> bool:
+        """Whether the engine took the signal."""
         try:
             entry.container.kill(signal=sig)
         except (docker.errors.DockerException, requests.RequestException) as exc:
             # Most often it has just exited; a real failure shows as a still-running attempt.
             log.info("attempt %d: kill %s: %s", entry.attempt_id, sig, exc)
+            return False
+        return True
 
     def read_logs(self, attempt_id: int, offset: int, max_bytes: int) -> bytes:
         return read_file_range(self.log_path(attempt_id), offset, max_bytes)
@@ -527,6 +631,16 @@ class DockerRuntime(Runtime):
             entry = self._entries.pop(attempt_id, None)
         if entry is not None and entry.container is not None:
             self._remove_quietly(entry.container)
+        elif entry is not None and entry.unsure:
+            # Whatever the engine made of its start, nothing of it may stay.
+            try:
+                self._remove_quietly(
+                    self._client.containers.get(container_name(self._node, attempt_id))
+                )
+            except docker.errors.NotFound:
+                pass
+            except (docker.errors.DockerException, requests.RequestException) as exc:
+                log.warning("attempt %d: cannot remove its container: %s", attempt_id, exc)
         for path in (self.log_path(attempt_id), self._stop_path(attempt_id)):
             try:
                 path.unlink()

@@ -4,6 +4,7 @@ import uuid
 
 import docker
 import pytest
+import requests
 
 from agents.runtime.base import (
     ATTEMPT_LABEL,
@@ -143,6 +144,143 @@ def test_a_container_that_handles_sigterm_ends_with_its_own_code(runtime):
     status = ended(runtime, 23)
     assert status.exit_code == 0
     assert b"bye" in runtime.read_logs(23, 0, 1000)
+
+
+ENGINE_ERRORS = {
+    # Podman's answer to a start whose process has just ended, or to an exec that failed.
+    "a 500": lambda: docker.errors.APIError("500 Server Error: Internal Server Error"),
+    # No answer in time: the engine may still carry the request out.
+    "a timeout": lambda: requests.ReadTimeout("read timed out"),
+}
+
+
+def fault(api, method, error, *, after: bool, times: int = 1, then=None):
+    """The engine's `method` answers `error` for its next `times` calls, once it really did
+    the work (after) or without doing it, and calls then() at each. Returns the count of
+    faults left."""
+    real = getattr(api, method)
+    left = {"n": times}
+
+    def faulted(*args, **kwargs):
+        if not left["n"]:
+            return real(*args, **kwargs)
+        left["n"] -= 1
+        if after:
+            real(*args, **kwargs)
+        if then is not None:
+            then()
+        raise ENGINE_ERRORS[error]()
+
+    setattr(api, method, faulted)
+    return left
+
+
+def containers_of(engine, attempt_id):
+    return engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}={attempt_id}"]})
+
+
+@pytest.mark.parametrize("error", sorted(ENGINE_ERRORS))
+@pytest.mark.parametrize(
+    "method, after, runs",
+    [
+        ("create_container", False, False),  # refused: nothing made
+        ("create_container", True, False),  # made, never started
+        ("start", False, False),  # made, start refused
+        ("start", True, True),  # started, then the error
+    ],
+)
+def test_a_create_or_start_that_answers_an_error_is_a_failed_start_only_if_nothing_runs(
+    runtime, engine, method, after, runs, error
+):
+    # A start reported failed while its container runs would run the job twice once the
+    # control plane requeues it; a container left made would be started by the next agent's
+    # adopt(). Whatever the engine did before its error, the report matches it.
+    left = fault(runtime._client.api, method, error, after=after)
+    if runs:
+        runtime.start(spec(41, "sh", "-c", "echo ran; exit 0", job_id=7))  # no StartError
+        status = ended(runtime, 41)
+        assert status.state is AttemptState.EXITED and status.exit_code == 0
+        assert runtime.read_logs(41, 0, 10_000).decode().count("ran") == 1
+        assert len(containers_of(engine, 41)) == 1
+    else:
+        with pytest.raises(StartError):
+            runtime.start(spec(41, "sh", "-c", "echo ran; exit 0", job_id=7))
+        assert containers_of(engine, 41) == []
+        assert runtime.statuses() == []
+    assert left["n"] == 0
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["it-started", "it-did-not"])
+def test_a_start_the_engine_cannot_account_for_is_reported_only_once_it_can(runtime, engine, runs):
+    # The start answers an error and the engine then cannot be asked (a restart): the attempt
+    # is reported neither failed nor ended until the engine says what it made.
+    api = runtime._client.api
+    away = fault(api, "inspect_container", "a timeout", after=False, times=0)
+    fault(api, "start", "a 500", after=runs, then=lambda: away.update(n=3))
+    started = runtime.start(spec(42, "sh", "-c", "echo ran; exit 0", job_id=7))
+    assert started.state is AttemptState.RUNNING
+    while away["n"]:
+        assert runtime.statuses() == []  # nothing said while nothing is known
+    status = ended(runtime, 42)
+    if runs:
+        assert status.state is AttemptState.EXITED and status.exit_code == 0
+        assert runtime.read_logs(42, 0, 10_000).decode().count("ran") == 1
+    else:
+        assert status.state is AttemptState.FAILED_TO_START and "500" in status.message
+        assert containers_of(engine, 42) == []
+
+
+def test_a_stop_asked_while_the_start_is_unaccounted_for_reaches_the_container(runtime, engine):
+    api = runtime._client.api
+    away = fault(api, "inspect_container", "a 500", after=False, times=0)
+    fault(api, "start", "a timeout", after=True, then=lambda: away.update(n=2))
+    runtime.start(spec(43, "sleep", "300"))
+    runtime.stop(43, grace_s=0.5)
+    while away["n"]:
+        runtime.statuses()
+    status = ended(runtime, 43)
+    assert status.state is AttemptState.EXITED and status.exit_code == 137
+    assert status.stop_signal_at is not None and status.killed_after_grace
+
+
+@pytest.mark.parametrize("error", sorted(ENGINE_ERRORS))
+def test_a_stop_signal_the_engine_failed_to_deliver_is_sent_again_within_the_grace(runtime, error):
+    # The notice before a preemption: a job that never gets it cannot checkpoint.
+    runtime.start(spec(45, "sh", "-c", "trap 'echo bye; exit 0' TERM; while :; do sleep 0.1; done"))
+    wait_until(lambda: runtime.statuses()[0].started_at, what="the container to start")
+    left = fault(runtime._client.api, "kill", error, after=False, times=2)
+    runtime.stop(45, grace_s=30)
+    status = ended(runtime, 45)
+    assert status.exit_code == 0 and not status.killed_after_grace
+    assert b"bye" in runtime.read_logs(45, 0, 1000)
+    assert left["n"] == 0
+
+
+def test_an_adopted_container_whose_start_answers_an_error_but_ran_is_not_a_failed_start(
+    engine, engine_url, node_name, state_dir
+):
+    # The agent died between creating a container and starting it; the next agent starts it,
+    # and the engine answers that start with a 500 although the process ran.
+    first = DockerRuntime(state_dir, node_name=node_name, base_url=engine_url)
+    fault(first._client.api, "start", "a timeout", after=False)
+    first._client.api.remove_container = lambda *a, **k: None  # the agent dies: nothing removed
+    with pytest.raises(StartError):
+        first.start(spec(44, "sh", "-c", "echo ran; exit 0", job_id=7))
+    first.close()
+    assert [c.status for c in containers_of(engine, 44)] == ["created"]
+
+    restarted = DockerRuntime(state_dir, node_name=node_name, base_url=engine_url)
+    try:
+        fault(restarted._client.api, "start", "a 500", after=True)
+        assert [s.state for s in restarted.adopt()] in (
+            [AttemptState.RUNNING],
+            [AttemptState.EXITED],
+        )
+        status = ended(restarted, 44)
+        assert status.state is AttemptState.EXITED and status.exit_code == 0
+        assert restarted.read_logs(44, 0, 10_000).decode().count("ran") == 1
+    finally:
+        restarted.close()
 
 
 def test_a_restarted_runtime_adopts_its_own_containers_by_label_and_no_others(
