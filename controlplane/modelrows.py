@@ -32,6 +32,7 @@ class Columns(Generic[M]):
         self.alias = alias
         self.fields = tuple(model._meta.concrete_fields)
         self.attnames = [f.attname for f in self.fields]
+        self.pk_index = self.fields.index(model._meta.pk)
         self._converters: dict[str, list[tuple[int, list[Callable], Any]]] = {}
 
     def __len__(self) -> int:
@@ -97,13 +98,9 @@ def _insert_statement(model: type[Model], using: str) -> tuple[str, tuple]:
     return found
 
 
-def insert(instance: Model, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Insert a new instance as Model.save(force_insert=True) would, with a fixed statement.
-
-    The ORM's own save where this could differ from it: a model with save signal receivers,
-    an explicit primary key, a column filled by the database besides the key (db_default), a
-    parent model, a value that is an expression (a subquery), or a backend that cannot return
-    the new key."""
+def _plain_insert(instance: Model, using: str) -> tuple[str, tuple, list] | None:
+    """(statement, fields, parameters) of insert()'s fixed statement for this new instance, or
+    None where the ORM's own save must do it (see insert())."""
     model = type(instance)
     meta = model._meta
     connection = connections[using]
@@ -116,21 +113,88 @@ def insert(instance: Model, using: str = DEFAULT_DB_ALIAS) -> None:
         and not signals.pre_save.has_listeners(model)
         and not signals.post_save.has_listeners(model)
     )
-    if plain:
-        # What save() checks first: a related object assigned before it was saved.
-        instance._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
-        sql, fields = _insert_statement(model, using)
-        values = [f.pre_save(instance, True) for f in fields]
-        plain = not any(hasattr(v, "resolve_expression") for v in values)
     if not plain:
-        instance.save(force_insert=True, using=using)
-        return
+        return None
+    # What save() checks first: a related object assigned before it was saved.
+    instance._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
+    sql, fields = _insert_statement(model, using)
+    values = [f.pre_save(instance, True) for f in fields]
+    if any(hasattr(v, "resolve_expression") for v in values):
+        return None
     params = [
         f.get_db_prep_save(v, connection=connection) for f, v in zip(fields, values, strict=True)
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        (pk,) = cursor.fetchone()
-    setattr(instance, meta.auto_field.attname, pk)  # type: ignore[union-attr]
+    return sql, fields, params
+
+
+def _inserted(instance: Model, pk: Any, using: str) -> None:
+    """The instance after its row went in with primary key `pk`, as save() leaves it."""
+    setattr(instance, instance._meta.auto_field.attname, pk)  # type: ignore[union-attr]
     instance._state.adding = False
     instance._state.db = using
+
+
+def insert(instance: Model, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Insert a new instance as Model.save(force_insert=True) would, with a fixed statement.
+
+    The ORM's own save where this could differ from it: a model with save signal receivers,
+    an explicit primary key, a column filled by the database besides the key (db_default), a
+    parent model, a value that is an expression (a subquery), or a backend that cannot return
+    the new key."""
+    plain = _plain_insert(instance, using)
+    if plain is None:
+        instance.save(force_insert=True, using=using)
+        return
+    sql, _, params = plain
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        (pk,) = cursor.fetchone()
+    _inserted(instance, pk, using)
+
+
+_pair_sql: dict[tuple[type[Model], type[Model], str, str], str] = {}
+
+
+def insert_pair(parent: Model, child: Model, link: str, using: str = DEFAULT_DB_ALIAS) -> None:
+    """insert(parent), then insert(child) pointing at it through its foreign key `link` (the
+    attname, "job_id"), in one statement on PostgreSQL: the child's row takes the parent's new
+    key from a data-modifying WITH, so the pair costs one round trip instead of two. Elsewhere
+    (SQLite has no INSERT inside WITH), or where either needs the ORM's save, two inserts."""
+    connection = connections[using]
+    first = _plain_insert(parent, using) if connection.vendor == "postgresql" else None
+    # The child's link is set once the parent has its key: None here, filled by the statement.
+    second = _plain_insert(child, using) if first is not None else None
+    if first is None or second is None:
+        insert(parent, using)
+        setattr(child, link, parent.pk)
+        insert(child, using)
+        return
+    (parent_sql, _, parent_params), (_, child_fields, child_params) = first, second
+    key = (type(parent), type(child), link, using)
+    sql = _pair_sql.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        marks = ", ".join(
+            f"(SELECT {quote(str(parent._meta.pk.column))} FROM parent)"  # type: ignore[union-attr]
+            if f.attname == link
+            else "%s"
+            for f in child_fields
+        )
+        child_meta = child._meta
+        columns = ", ".join(quote(str(f.column)) for f in child_fields)
+        (link_column,) = (f.column for f in child_fields if f.attname == link)
+        sql = _pair_sql[key] = (
+            f"WITH parent AS ({parent_sql}) "
+            f"INSERT INTO {quote(child_meta.db_table)} ({columns}) VALUES ({marks}) "
+            f"RETURNING {quote(str(link_column))}, "
+            f"{quote(str(child_meta.pk.column))}"  # type: ignore[union-attr]
+        )
+    params = parent_params + [
+        p for f, p in zip(child_fields, child_params, strict=True) if f.attname != link
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        parent_pk, child_pk = cursor.fetchone()
+    _inserted(parent, parent_pk, using)
+    setattr(child, link, parent_pk)
+    _inserted(child, child_pk, using)

@@ -201,16 +201,15 @@ def _insertable(fields: dict) -> dict:
 def submit_one(*, tenant, user, depends_on: Sequence = (), **fields) -> Submitted:
     """Submit one job; `depends_on` (validated DependencySpecs) holds it until they are met."""
     job = Job(tenant=tenant, submitted_by=user, state=JobState.PENDING, **_insertable(fields))
-    modelrows.insert(job)
-    job.checkpoint_volume_id = fields.get("checkpoint_volume_id")
     event = JobEvent(
-        job=job,
         kind="submitted",
         to_state=JobState.PENDING,
         actor=user,
         message=f"Submitted by {user.username}",
     )
-    modelrows.insert(event)
+    modelrows.insert_pair(job, event, "job_id")  # the event gets the job's new id
+    event.job = job
+    job.checkpoint_volume_id = fields.get("checkpoint_volume_id")
     dependencies.attach([job], depends_on)
     request_cycle("submit")
     return Submitted(job, event)

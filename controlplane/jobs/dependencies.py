@@ -388,7 +388,9 @@ def attach(jobs: Sequence[Job], specs: Sequence[DependencySpec]) -> None:
 
 def _show(job: Job, rows: list[JobDependency]) -> None:
     """Give `job` these rows as its prefetched dependencies (what a prefetch_related would)."""
-    shown = JobDependency.objects.filter(job=job)
+    # A job without dependencies gets the empty queryset, whose every refinement is empty too:
+    # building filter(job=job) costs a submit about as much as one of its round trips.
+    shown = JobDependency.objects.filter(job=job) if rows else JobDependency.objects.none()
     shown._result_cache = rows
     shown._prefetch_done = True  # type: ignore[attr-defined]
     cache = getattr(job, "_prefetched_objects_cache", {})

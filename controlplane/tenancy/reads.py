@@ -54,28 +54,44 @@ def token_with_user(token_hash: str) -> ApiToken | None:
 
 
 def memberships_with_tenants(user_id: int) -> list[Membership]:
-    """Membership.objects.filter(user=...).select_related("tenant"), by tenant slug."""
+    """Membership.objects.filter(user=...).select_related("tenant"), by tenant slug, each
+    tenant with its quotas read along (quotas_of answers from them): every submit reads both,
+    and they cost one round trip together instead of one each."""
     quote = connection.ops.quote_name
     sql = _statement(
         "memberships",
         lambda: (
-            f"SELECT {_MEMBERSHIP.select()}, {_TENANT.select()} FROM {_MEMBERSHIP.table()} "
+            f"SELECT {_MEMBERSHIP.select()}, {_TENANT.select()}, {_QUOTA.select()} "
+            f"FROM {_MEMBERSHIP.table()} "
             f"JOIN {_TENANT.table()} ON t.{quote('id')} = m.{quote('tenant_id')} "
-            f"WHERE m.{quote('user_id')} = %s ORDER BY t.{quote('slug')}"
+            f"LEFT JOIN {_QUOTA.table()} ON q.{quote('tenant_id')} = t.{quote('id')} "
+            f"WHERE m.{quote('user_id')} = %s ORDER BY t.{quote('slug')}, q.{quote('gpu_type')}"
         ),
     )
-    found = []
+    found: list[Membership] = []
+    tenant_end, membership_pk = len(_MEMBERSHIP) + len(_TENANT), _MEMBERSHIP.pk_index
     for row in fetch(sql, [user_id]):
-        membership = _MEMBERSHIP.build(row[: len(_MEMBERSHIP)])
-        membership.tenant = _TENANT.build(row[len(_MEMBERSHIP) :])
-        found.append(membership)
+        if not found or found[-1].pk != row[membership_pk]:
+            membership = _MEMBERSHIP.build(row[: len(_MEMBERSHIP)])
+            membership.tenant = _TENANT.build(row[len(_MEMBERSHIP) : tenant_end])
+            setattr(membership.tenant, _QUOTAS_READ, [])
+            found.append(membership)
+        if row[tenant_end + _QUOTA.pk_index] is not None:  # a tenant without quotas: nulls
+            getattr(found[-1].tenant, _QUOTAS_READ).append(_QUOTA.build(row[tenant_end:]))
     return found
+
+
+# Where a tenant read by memberships_with_tenants keeps its quotas, read at the same moment.
+_QUOTAS_READ = "_gpucp_quotas_read"
 
 
 def quotas_of(tenant: Tenant) -> list[Quota]:
     """tenant.quotas.all(), by GPU type: from the tenant's prefetch when it has one (a list of
-    submits prefetches every tenant's quotas once, for all its items), else one read."""
+    submits prefetches every tenant's quotas once, for all its items) or from the quotas read
+    with it (memberships_with_tenants), else one read."""
     prefetched = getattr(tenant, "_prefetched_objects_cache", {}).get("quotas")
+    if prefetched is None:
+        prefetched = getattr(tenant, _QUOTAS_READ, None)
     if prefetched is not None:
         return list(prefetched)
     tenant_id = tenant.pk

@@ -66,3 +66,26 @@ def test_a_tenants_quotas_in_gpu_type_order(vision, nlp):
     with CaptureQueriesContext(connection) as captured:
         assert [q.gpu_type for q in reads.quotas_of(nlp)] == ["H100-SXM-80GB"]
     assert captured.captured_queries == []
+
+
+def test_memberships_bring_each_tenants_quotas_and_quotas_of_answers_from_them(
+    make_user, vision, nlp
+):
+    # A submit reads the user's memberships, then the chosen tenant's quotas: one round trip.
+    person = make_user("quinn")
+    bare = Tenant.objects.create(slug="bare", name="Bare")
+    Quota.objects.create(tenant=vision, gpu_type="", guaranteed_gpus=0, limit_gpus=4)
+    Quota.objects.create(tenant=vision, gpu_type="A100", guaranteed_gpus=1, limit_gpus=2)
+    for tenant in (vision, nlp, bare):
+        Membership.objects.create(user=person, tenant=tenant, role=Role.MEMBER)
+
+    with CaptureQueriesContext(connection) as captured:
+        got = {m.tenant.slug: m.tenant for m in reads.memberships_with_tenants(person.pk)}
+        quotas = {slug: reads.quotas_of(tenant) for slug, tenant in got.items()}
+    assert len(captured.captured_queries) == 1
+    assert list(got) == ["bare", "nlp", "vision"]
+    for slug in got:
+        expected = list(Tenant.objects.get(slug=slug).quotas.all())
+        assert [_columns(q) for q in quotas[slug]] == [_columns(q) for q in expected]
+    assert [q.gpu_type for q in quotas["vision"]] == ["", "A100", "H100-SXM-80GB"]
+    assert quotas["bare"] == []
