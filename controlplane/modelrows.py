@@ -155,20 +155,22 @@ def insert(instance: Model, using: str = DEFAULT_DB_ALIAS) -> None:
 _pair_sql: dict[tuple[type[Model], type[Model], str, str], str] = {}
 
 
-def insert_pair(parent: Model, child: Model, link: str, using: str = DEFAULT_DB_ALIAS) -> None:
+def one_statement_pair(
+    parent: Model, child: Model, link: str, using: str = DEFAULT_DB_ALIAS
+) -> Callable[[], None] | None:
     """insert(parent), then insert(child) pointing at it through its foreign key `link` (the
-    attname, "job_id"), in one statement on PostgreSQL: the child's row takes the parent's new
-    key from a data-modifying WITH, so the pair costs one round trip instead of two. Elsewhere
-    (SQLite has no INSERT inside WITH), or where either needs the ORM's save, two inserts."""
+    attname, "job_id"), as one statement, ready to run: the child's row takes the parent's new
+    key from a data-modifying WITH, so the pair costs one round trip instead of two, and is
+    atomic on its own. None where that cannot be: a backend other than PostgreSQL (SQLite has
+    no INSERT inside WITH), or either instance needs the ORM's save (see insert())."""
     connection = connections[using]
-    first = _plain_insert(parent, using) if connection.vendor == "postgresql" else None
-    # The child's link is set once the parent has its key: None here, filled by the statement.
+    if connection.vendor != "postgresql":
+        return None
+    first = _plain_insert(parent, using)
+    # The child's link is filled by the statement: left out of its values here.
     second = _plain_insert(child, using) if first is not None else None
     if first is None or second is None:
-        insert(parent, using)
-        setattr(child, link, parent.pk)
-        insert(child, using)
-        return
+        return None
     (parent_sql, _, parent_params), (_, child_fields, child_params) = first, second
     key = (type(parent), type(child), link, using)
     sql = _pair_sql.get(key)
@@ -192,9 +194,25 @@ def insert_pair(parent: Model, child: Model, link: str, using: str = DEFAULT_DB_
     params = parent_params + [
         p for f, p in zip(child_fields, child_params, strict=True) if f.attname != link
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        parent_pk, child_pk = cursor.fetchone()
-    _inserted(parent, parent_pk, using)
-    setattr(child, link, parent_pk)
-    _inserted(child, child_pk, using)
+
+    def run() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            parent_pk, child_pk = cursor.fetchone()
+        _inserted(parent, parent_pk, using)
+        setattr(child, link, parent_pk)
+        _inserted(child, child_pk, using)
+
+    return run
+
+
+def insert_pair(parent: Model, child: Model, link: str, using: str = DEFAULT_DB_ALIAS) -> None:
+    """The pair of one_statement_pair, in one statement where it can be, else two inserts
+    (inside the caller's transaction, which makes them one)."""
+    run = one_statement_pair(parent, child, link, using)
+    if run is not None:
+        run()
+        return
+    insert(parent, using)
+    setattr(child, link, parent.pk)
+    insert(child, using)
