@@ -75,7 +75,10 @@ def test_a_submit_with_dependencies_or_inside_a_transaction_is_written_with_it(
 ):
     first = actions.submit_one(tenant=vision, user=alice, **FIELDS).job
     waiting = actions.submit_one(
-        tenant=vision, user=alice, depends_on=[DependencySpec(DependencyCondition.SUCCEEDED, first.pk)], **FIELDS
+        tenant=vision,
+        user=alice,
+        depends_on=[DependencySpec(DependencyCondition.SUCCEEDED, first.pk)],
+        **FIELDS,
     ).job
     assert Job.objects.get(pk=waiting.pk).hold == "dependency"
     assert cycle_requests == [("submit", 1), ("submit", 2)]
