@@ -177,7 +177,10 @@ _answered: dict[str, str] = {}
 
 
 def _answered_key(name: str) -> str:
-    return f"gpucp:node:{name}:answered"
+    # Under the database's name: deployments that share one Redis database (and the test
+    # suite's parallel workers, each with a database of its own) may have nodes of the same
+    # name, and one's answer read as the other's would wake a watch for nothing, or not at all.
+    return f"gpucp:{connection.settings_dict['NAME']}:node:{name}:answered"
 
 
 def remember_answer(node: Node | NodeInfo, answer_digest: str) -> None:
