@@ -47,10 +47,13 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
+from controlplane.redis_client import deployment_key
+
 log = logging.getLogger(__name__)
 
-# Every family's hash is this followed by its name; the tests give each test a prefix of its own.
-KEY_PREFIX = "gpucp:metrics:"
+# Every family's hash is this followed by its name, under the deployment's prefix (another
+# deployment on the same Redis counts its own); the tests give each test a prefix of its own.
+KEY_PREFIX = "metrics:"
 # A Redis that does not answer costs a request at most this, once per BACKOFF_S per process.
 CONNECT_TIMEOUT_S = 0.25
 SOCKET_TIMEOUT_S = 0.5
@@ -69,7 +72,7 @@ class Family:
 
     @property
     def key(self) -> str:
-        return f"{KEY_PREFIX}{self.name}"
+        return deployment_key(f"{KEY_PREFIX}{self.name}")
 
 
 # Queue waits span an idle cluster's sub-second admissions to a busy one's days.

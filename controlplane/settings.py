@@ -268,6 +268,11 @@ API_TOKEN_MAX_LIFETIME_DAYS = int(os.environ.get("API_TOKEN_MAX_LIFETIME_DAYS", 
 # How long a tenant admin's invitation may be accepted.
 INVITATION_TTL_DAYS = int(os.environ.get("INVITATION_TTL_DAYS", "14"))
 
+# Every Redis key of this deployment begins with this (controlplane/redis_client.py). Deployments
+# that share one Redis database have node ids, node names and usernames in common, so their
+# prefixes must differ. Empty: "gpucp:" and the name of the PostgreSQL database.
+REDIS_KEY_PREFIX = os.environ.get("REDIS_KEY_PREFIX", "")
+
 # The user API's request rates (controlplane/tenancy/throttling.py): per person, per address for
 # anonymous requests, and failed bearer-token checks per address. Counted in this cache: Redis when
 # there is one, so all web processes share the counts.
@@ -281,7 +286,8 @@ if os.environ.get("REDIS_URL"):
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": os.environ["REDIS_URL"],
-            "KEY_PREFIX": "gpucp",
+            # A person of the same name in another deployment on this Redis counts on their own.
+            "KEY_PREFIX": REDIS_KEY_PREFIX or f"gpucp:{DATABASES['default']['NAME']}",
             # A Redis that stopped answering costs a request half a second, not the socket's
             # default wait: the rate limits then let requests through (throttling.py).
             "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},

@@ -157,6 +157,24 @@ def _own_request_rate_counts(settings):
 
 
 @pytest.fixture(autouse=True)
+def _no_redis_keys_of_an_earlier_test(request, settings):
+    # What the product keeps in Redis under its prefix (lease renewals granted during an
+    # outage, what each node was last told, trusted node tokens, metrics) is keyed by node ids
+    # and names that every test makes again, and outlives the test's rows. Not in the suites
+    # whose one deployment lives as long as the session: their servers share these keys
+    # between tests, as production's processes do.
+    suite = request.node.path.relative_to(request.config.rootpath).parts[1:2]
+    if not settings.REDIS_URL or (suite and suite[0] in ONE_WORKER_SUITES):
+        return
+    from controlplane.redis_client import deployment_key, get_redis
+
+    conn = get_redis()
+    keys = list(conn.scan_iter(deployment_key("*"), count=1000))
+    if keys:
+        conn.delete(*keys)
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     # PBKDF2's deliberate slowness buys nothing in tests and costs seconds per created user.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

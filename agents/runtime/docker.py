@@ -595,23 +595,23 @@ class DockerRuntime(Runtime):
     def read_logs(self, attempt_id: int, offset: int, max_bytes: int) -> bytes:
         return read_file_range(self.log_path(attempt_id), offset, max_bytes)
 
-    def _containers_of_node(self, **filters: Any) -> list[Any]:
-        labels = [f"{NODE_LABEL}={self._node}", f"{MANAGED_LABEL}=true"]
-        return self._client.containers.list(filters={"label": labels, **filters})
+    def _containers_of_node(self, *labels: str, **filters: Any) -> list[Any]:
+        # Sparse: the list's own labels and ids, without an inspect of each container. The fence
+        # lists while the agent removes exited containers, and an inspect of one removed since
+        # the list fails the whole call (Podman answers it with a 500).
+        ours = [f"{NODE_LABEL}={self._node}", f"{MANAGED_LABEL}=true", *labels]
+        return self._client.containers.list(sparse=True, filters={"label": ours, **filters})
 
     def running_attempts(self) -> list[int]:
         running = []
         for container in self._containers_of_node(status="running"):
-            attempt = (container.labels or {}).get(ATTEMPT_LABEL, "")
+            attempt = (container.attrs.get("Labels") or {}).get(ATTEMPT_LABEL, "")
             if attempt.isdigit():
                 running.append(int(attempt))
         return sorted(running)
 
     def signal_attempt(self, attempt_id: int, sig: int) -> None:
-        label = f"{ATTEMPT_LABEL}={attempt_id}"
-        for container in self._client.containers.list(
-            filters={"label": [f"{NODE_LABEL}={self._node}", label]}
-        ):
+        for container in self._containers_of_node(f"{ATTEMPT_LABEL}={attempt_id}"):
             try:
                 container.kill(signal=int(sig))
             except (docker.errors.DockerException, requests.RequestException) as exc:

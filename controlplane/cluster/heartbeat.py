@@ -45,6 +45,7 @@ from controlplane.jobs.models import (
     AttemptState,
     JobAttempt,
 )
+from controlplane.redis_client import deployment_key
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +178,9 @@ _answered: dict[str, str] = {}
 
 
 def _answered_key(name: str) -> str:
-    # Under the database's name: deployments that share one Redis database (and the test
-    # suite's parallel workers, each with a database of its own) may have nodes of the same
-    # name, and one's answer read as the other's would wake a watch for nothing, or not at all.
-    return f"gpucp:{connection.settings_dict['NAME']}:node:{name}:answered"
+    # Another deployment's node of the same name must not be read as this one's: its answer
+    # would wake a watch for nothing, or not at all.
+    return deployment_key(f"node:{name}:answered")
 
 
 def remember_answer(node: Node | NodeInfo, answer_digest: str) -> None:

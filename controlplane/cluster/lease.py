@@ -29,12 +29,18 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane.cluster.models import LivenessClock, Node
+from controlplane.redis_client import deployment_key
 
 log = logging.getLogger(__name__)
 
-# Node id -> Unix time of the last renewal a web process granted without PostgreSQL.
-DEGRADED_RENEWALS_KEY = "gpucp:degraded-renewals"
+# A hash under this deployment's prefix (its node ids are another's too): node id -> Unix time of
+# the last renewal a web process granted without PostgreSQL.
+DEGRADED_RENEWALS_KEY = "degraded-renewals"
 DEGRADED_RENEWALS_TTL_S = 7 * 24 * 3600
+
+
+def degraded_renewals_key() -> str:
+    return deployment_key(DEGRADED_RENEWALS_KEY)
 
 
 class LeaseStoreUnavailable(Exception):
@@ -136,8 +142,8 @@ def record_degraded_renewal(node_id: int, at: dt.datetime) -> None:
     from controlplane.redis_client import get_redis
 
     pipe = get_redis().pipeline(transaction=True)
-    pipe.hset(DEGRADED_RENEWALS_KEY, str(node_id), repr(at.timestamp()))
-    pipe.expire(DEGRADED_RENEWALS_KEY, DEGRADED_RENEWALS_TTL_S)
+    pipe.hset(degraded_renewals_key(), str(node_id), repr(at.timestamp()))
+    pipe.expire(degraded_renewals_key(), DEGRADED_RENEWALS_TTL_S)
     pipe.execute()
 
 
@@ -150,13 +156,13 @@ def degraded_renewals(node_ids: Iterable[int] | None) -> dict[int, dt.datetime]:
     pairs: list[tuple[bytes | str, bytes | str | None]]
     try:
         if node_ids is None:
-            raw = get_redis().hgetall(DEGRADED_RENEWALS_KEY)
+            raw = get_redis().hgetall(degraded_renewals_key())
             pairs = [(k, v) for k, v in raw.items()]
         else:
             ids = [str(i) for i in node_ids]
             if not ids:
                 return {}
-            pairs = list(zip(ids, get_redis().hmget(DEGRADED_RENEWALS_KEY, ids), strict=True))
+            pairs = list(zip(ids, get_redis().hmget(degraded_renewals_key(), ids), strict=True))
     except Exception as exc:
         raise LeaseStoreUnavailable(str(exc)) from exc
     renewals = {}
@@ -175,12 +181,18 @@ def degraded_renewals(node_ids: Iterable[int] | None) -> dict[int, dt.datetime]:
 # kept-alive connection happens to reach, can renew too. A rotated or revoked token's key is
 # deleted when the change commits.
 
-TRUSTED_TOKEN_KEY = "gpucp:trusted-node-token:"
+TRUSTED_TOKEN_KEY = "trusted-node-token:"  # followed by the token's hash
 # A process shares a token again at most this often. The key's expiry is far longer; what a
 # share again is for is a Redis that lost its keys (restarted without persistence, failed
 # over): until the token is shared again, a web process started during a database outage
 # cannot renew its node's lease. Each share is one SET in the telemetry batch.
 TOKEN_SHARE_EVERY_S = 20.0
+
+
+def trusted_token_key(digest: str) -> str:
+    # Under this deployment's prefix, like every key: a token trusted here means nothing to
+    # another deployment on the same Redis, and deleting this deployment's keys leaves theirs.
+    return deployment_key(TRUSTED_TOKEN_KEY + digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +234,9 @@ def _share(digest: str, entry: TrustedNode) -> None:
     value = json.dumps([entry.node_id, entry.name, entry.heartbeat_interval_s])
     ttl_s = int(settings.DEGRADED_TOKEN_TRUST_S)
     if telemetry.flush_interval_s() > 0:
-        telemetry.buffer.add_answer(TRUSTED_TOKEN_KEY + digest, value, ttl_s)
+        telemetry.buffer.add_answer(trusted_token_key(digest), value, ttl_s)
     else:
-        telemetry.write_answers({TRUSTED_TOKEN_KEY + digest: (value, ttl_s)})
+        telemetry.write_answers({trusted_token_key(digest): (value, ttl_s)})
 
 
 def forget_token(digest: str | None) -> None:
@@ -241,7 +253,7 @@ def _unshare(digest: str) -> None:
     from controlplane.redis_client import get_redis
 
     try:
-        get_redis().delete(TRUSTED_TOKEN_KEY + digest)
+        get_redis().delete(trusted_token_key(digest))
     except Exception:
         log.warning("could not withdraw a node token's trust from Redis", exc_info=True)
 
@@ -273,7 +285,7 @@ def trusted_node(digest: str) -> TrustedNode | None:
     from controlplane.redis_client import get_redis
 
     try:
-        raw = get_redis().get(TRUSTED_TOKEN_KEY + digest)
+        raw = get_redis().get(trusted_token_key(digest))
     except Exception:
         return None
     if raw is None:

@@ -445,10 +445,11 @@ def prune_history(now: dt.datetime, *, force: bool = False) -> int:
 def _prune_is_due() -> bool:
     if settings.REDIS_URL:
         try:
-            from controlplane.redis_client import get_redis
+            from controlplane.redis_client import deployment_key, get_redis
 
             ttl_ms = max(1, int(TELEMETRY_PRUNE_EVERY_S * 1000))
-            return bool(get_redis().set("gpucp:telemetry-pruned", "1", nx=True, px=ttl_ms))
+            key = deployment_key("telemetry-pruned")  # another deployment prunes its own rows
+            return bool(get_redis().set(key, "1", nx=True, px=ttl_ms))
         except Exception:
             log.warning("Redis unavailable; deciding on telemetry pruning locally", exc_info=True)
     with _last_prune_lock:

@@ -63,7 +63,7 @@ def ended(runtime, attempt_id):
 
 
 def test_a_container_runs_with_its_env_gpus_labels_and_limits_and_its_output_is_kept(
-    runtime, engine, node_name
+    runtime, engine, node_name, containers_of
 ):
     runtime.start(
         spec(
@@ -87,7 +87,7 @@ def test_a_container_runs_with_its_env_gpus_labels_and_limits_and_its_output_is_
     assert "gpus=GPU-1,GPU-2 nv=GPU-1,GPU-2 attempt=21 epochs=3" in output
     assert "oops" in output
 
-    (container,) = engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=21"]})
+    (container,) = containers_of(21)
     assert container.labels[NODE_LABEL] == node_name
     assert container.labels["gpucp.job-id"] == "4"
     host = container.attrs["HostConfig"]
@@ -175,8 +175,17 @@ def fault(api, method, error, *, after: bool, times: int = 1, then=None):
     return left
 
 
-def containers_of(engine, attempt_id):
-    return engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}={attempt_id}"]})
+@pytest.fixture
+def containers_of(engine, node_name):
+    """This test's containers of an attempt. Attempt ids repeat between tests, and the suite's
+    parallel workers share the engine: another test's container of the same attempt id, and
+    its removal while the list is inspected, must not count here."""
+
+    def of(attempt_id):
+        labels = [f"{NODE_LABEL}={node_name}", f"{ATTEMPT_LABEL}={attempt_id}"]
+        return engine.containers.list(all=True, filters={"label": labels})
+
+    return of
 
 
 @pytest.mark.parametrize("error", sorted(ENGINE_ERRORS))
@@ -190,7 +199,7 @@ def containers_of(engine, attempt_id):
     ],
 )
 def test_a_create_or_start_that_answers_an_error_is_a_failed_start_only_if_nothing_runs(
-    runtime, engine, method, after, runs, error
+    runtime, engine, method, after, runs, error, containers_of
 ):
     # A start reported failed while its container runs would run the job twice once the
     # control plane requeues it; a container left made would be started by the next agent's
@@ -201,17 +210,19 @@ def test_a_create_or_start_that_answers_an_error_is_a_failed_start_only_if_nothi
         status = ended(runtime, 41)
         assert status.state is AttemptState.EXITED and status.exit_code == 0
         assert runtime.read_logs(41, 0, 10_000).decode().count("ran") == 1
-        assert len(containers_of(engine, 41)) == 1
+        assert len(containers_of(41)) == 1
     else:
         with pytest.raises(StartError):
             runtime.start(spec(41, "sh", "-c", "echo ran; exit 0", job_id=7))
-        assert containers_of(engine, 41) == []
+        assert containers_of(41) == []
         assert runtime.statuses() == []
     assert left["n"] == 0
 
 
 @pytest.mark.parametrize("runs", [True, False], ids=["it-started", "it-did-not"])
-def test_a_start_the_engine_cannot_account_for_is_reported_only_once_it_can(runtime, engine, runs):
+def test_a_start_the_engine_cannot_account_for_is_reported_only_once_it_can(
+    runtime, engine, runs, containers_of
+):
     # The start answers an error and the engine then cannot be asked (a restart): the attempt
     # is reported neither failed nor ended until the engine says what it made.
     api = runtime._client.api
@@ -227,7 +238,7 @@ def test_a_start_the_engine_cannot_account_for_is_reported_only_once_it_can(runt
         assert runtime.read_logs(42, 0, 10_000).decode().count("ran") == 1
     else:
         assert status.state is AttemptState.FAILED_TO_START and "500" in status.message
-        assert containers_of(engine, 42) == []
+        assert containers_of(42) == []
 
 
 def test_a_stop_asked_while_the_start_is_unaccounted_for_reaches_the_container(runtime, engine):
@@ -256,8 +267,30 @@ def test_a_stop_signal_the_engine_failed_to_deliver_is_sent_again_within_the_gra
     assert left["n"] == 0
 
 
+def test_the_fence_finds_and_kills_a_container_without_inspecting_it(
+    runtime, engine, engine_url, node_name, state_dir
+):
+    # The fence lists the node's running containers while the agent removes those that exited:
+    # an inspect of one removed since the list answers an error (Podman: a 500, "no such
+    # container"), and had the fence needed it, its look would fail whenever that happened.
+    from agents.fence import Fence
+    from tests.agents.test_leases import write_lease
+
+    runtime.start(spec(46, "sleep", "300"))
+    wait_until(lambda: runtime.statuses()[0].started_at, what="the container to start")
+    fenced = DockerRuntime(state_dir, node_name=node_name, base_url=engine_url)
+    try:
+        fault(fenced._client.api, "inspect_container", "a 500", after=False, times=1000)
+        write_lease(state_dir, kill_in_s=-0.1)
+        assert Fence(state_dir, fenced).check() == {46: "kill"}
+    finally:
+        fenced.close()
+    status = ended(runtime, 46)
+    assert status.exit_code == 137
+
+
 def test_an_adopted_container_whose_start_answers_an_error_but_ran_is_not_a_failed_start(
-    engine, engine_url, node_name, state_dir
+    engine, engine_url, node_name, state_dir, containers_of
 ):
     # The agent died between creating a container and starting it; the next agent starts it,
     # and the engine answers that start with a 500 although the process ran.
@@ -267,7 +300,7 @@ def test_an_adopted_container_whose_start_answers_an_error_but_ran_is_not_a_fail
     with pytest.raises(StartError):
         first.start(spec(44, "sh", "-c", "echo ran; exit 0", job_id=7))
     first.close()
-    assert [c.status for c in containers_of(engine, 44)] == ["created"]
+    assert [c.status for c in containers_of(44)] == ["created"]
 
     restarted = DockerRuntime(state_dir, node_name=node_name, base_url=engine_url)
     try:
@@ -284,7 +317,7 @@ def test_an_adopted_container_whose_start_answers_an_error_but_ran_is_not_a_fail
 
 
 def test_a_restarted_runtime_adopts_its_own_containers_by_label_and_no_others(
-    runtime, engine, engine_url, node_name, state_dir, tmp_path
+    runtime, engine, engine_url, node_name, state_dir, tmp_path, containers_of
 ):
     runtime.start(spec(24, "sh", "-c", "echo one; sleep 300", gpu_uuids=("GPU-z",), job_id=8))
     wait_until(lambda: runtime.read_logs(24, 0, 100), what="the first output")
@@ -300,7 +333,7 @@ def test_a_restarted_runtime_adopts_its_own_containers_by_label_and_no_others(
         restarted.stop(24, grace_s=0.5)
         assert ended(restarted, 24).exit_code == 137
         restarted.remove(24)
-        assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=24"]}) == []
+        assert containers_of(24) == []
     finally:
         neighbour.remove(25)
 
@@ -310,10 +343,12 @@ def test_an_image_that_is_not_here_fails_to_start_in_the_engines_words(runtime):
         runtime.start(AttemptSpec(attempt_id=26, image="localhost/no-such-image:1"))
 
 
-def test_a_command_not_in_the_image_fails_to_start_and_leaves_no_container(runtime, engine):
+def test_a_command_not_in_the_image_fails_to_start_and_leaves_no_container(
+    runtime, engine, containers_of
+):
     with pytest.raises(StartError, match="not found"):
         runtime.start(spec(27, "no-such-command"))
-    assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=27"]}) == []
+    assert containers_of(27) == []
 
 
 def test_engine_timestamps_with_nanoseconds_become_unix_seconds():
@@ -325,7 +360,7 @@ def test_engine_timestamps_with_nanoseconds_become_unix_seconds():
 
 
 def test_the_agent_runs_a_desired_container_reports_its_exit_and_then_removes_it(
-    control_plane, engine, engine_url, node_name, state_dir
+    control_plane, engine, engine_url, node_name, state_dir, containers_of
 ):
     from agents.client import ControlPlaneClient
     from agents.daemon import Agent, AgentConfig
@@ -373,9 +408,9 @@ def test_the_agent_runs_a_desired_container_reports_its_exit_and_then_removes_it
     assert report["state"] == "exited" and report["exit_code"] == 0
     assert control_plane.logs[41] == f"speed=1.000000 on {gpu0}\n".encode()
     # Its exit was acknowledged: the container is gone, and it is not started again.
-    assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=41"]}) == []
+    assert containers_of(41) == []
     assert agent.cycle()
-    assert engine.containers.list(all=True, filters={"label": [f"{ATTEMPT_LABEL}=41"]}) == []
+    assert containers_of(41) == []
 
 
 def registered_runtime(control_plane):
@@ -520,7 +555,7 @@ def test_a_container_that_ignores_its_signal_is_killed_at_the_end_of_its_grace(r
 
 @pytest.mark.parametrize(("nodes", "host_network"), [(2, True), (1, False)])
 def test_a_job_over_several_nodes_uses_the_hosts_network_and_a_one_node_job_does_not(
-    runtime, engine, nodes, host_network
+    runtime, engine, nodes, host_network, containers_of
 ):
     attempt_id = 40 + nodes
     addrs = tuple(f"10.0.0.{i + 1}" for i in range(nodes))
@@ -535,7 +570,5 @@ def test_a_job_over_several_nodes_uses_the_hosts_network_and_a_one_node_job_does
     )
     assert ended(runtime, attempt_id).exit_code == 0
     assert f"nodes={nodes} master=10.0.0.1:29600" in runtime.read_logs(attempt_id, 0, 1000).decode()
-    (container,) = engine.containers.list(
-        all=True, filters={"label": [f"{ATTEMPT_LABEL}={attempt_id}"]}
-    )
+    (container,) = containers_of(attempt_id)
     assert (container.attrs["HostConfig"]["NetworkMode"] == "host") is host_network

@@ -22,12 +22,13 @@ def docker_node(cluster, engine, engine_url):
         container.remove(force=True)
 
 
-def containers_of(engine, attempt_id: int, *, running_only: bool = False) -> list:
-    from agents.runtime.base import ATTEMPT_LABEL
+def containers_of(engine, node: str, attempt_id: int, *, running_only: bool = False) -> list:
+    # The node's label too: attempt ids repeat, and the other xdist worker's tests share the
+    # engine.
+    from agents.runtime.base import ATTEMPT_LABEL, NODE_LABEL
 
-    return engine.containers.list(
-        all=not running_only, filters={"label": f"{ATTEMPT_LABEL}={attempt_id}"}
-    )
+    labels = [f"{NODE_LABEL}={node}", f"{ATTEMPT_LABEL}={attempt_id}"]
+    return engine.containers.list(all=not running_only, filters={"label": labels})
 
 
 def test_a_job_runs_as_a_container_and_succeeds_with_its_output_in_the_logs(cluster, docker_node):
@@ -66,7 +67,9 @@ def test_cancel_kills_the_container(cluster, docker_node, engine):
     job = cluster.wait_for_state(job_id, "RUNNING", timeout_s=180)
     attempt_id = job["attempts"][0]["id"]
     wait_until(
-        lambda: containers_of(engine, attempt_id, running_only=True), 60, "a running container"
+        lambda: containers_of(engine, docker_node, attempt_id, running_only=True),
+        60,
+        "a running container",
     )
 
     cluster.cancel(job_id)
@@ -75,4 +78,4 @@ def test_cancel_kills_the_container(cluster, docker_node, engine):
         job_id, lambda j: j["attempts"][0]["state"] == "STOPPED", "its attempt stopped", 120
     )
     assert job["state"] == "CANCELLED"
-    assert not containers_of(engine, attempt_id, running_only=True)
+    assert not containers_of(engine, docker_node, attempt_id, running_only=True)

@@ -24,6 +24,7 @@ from controlplane import event_metrics
 from controlplane.http_metrics import route_label
 from controlplane.jobs import actions, arrays
 from controlplane.jobs.models import Job, JobAttempt
+from controlplane.redis_client import deployment_key
 from controlplane.scheduling.cycle import run_scheduling_cycle
 
 TOKEN = "scrape-secret"
@@ -36,14 +37,14 @@ UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 def own_metric_keys(settings, monkeypatch):
     if not settings.REDIS_URL:
         pytest.fail("REDIS_URL must point at a real Redis for the metrics tests")
-    prefix = f"gpucp:test-metrics:{uuid.uuid4().hex}:"
+    prefix = f"test-metrics:{uuid.uuid4().hex}:"
     monkeypatch.setattr(event_metrics, "KEY_PREFIX", prefix)
     monkeypatch.setattr(event_metrics, "_resting_until", {})
     settings.METRICS_TOKEN = TOKEN
     url = settings.REDIS_URL  # a test may point it elsewhere
     yield
     conn = event_metrics._client(url)
-    keys = list(conn.scan_iter(f"{prefix}*"))
+    keys = list(conn.scan_iter(f"{deployment_key(prefix)}*"))
     if keys:
         conn.delete(*keys)
 

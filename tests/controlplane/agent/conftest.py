@@ -111,15 +111,9 @@ def _telemetry_written_inline(settings):
 
 
 @pytest.fixture(autouse=True)
-def _forget_answers_in_redis(settings):
-    """Each test starts with no remembered answers (node names repeat across tests)."""
-    if settings.REDIS_URL:
-        from controlplane.redis_client import get_redis
-
-        r = get_redis()
-        keys = list(r.scan_iter("gpucp:node:*"))
-        if keys:
-            r.delete(*keys)
+def _forget_answers(settings):
+    """Each test starts with no remembered answers (node names repeat across tests); those in
+    Redis are cleared for every test (tests/conftest.py)."""
     from controlplane.cluster import heartbeat
 
     with heartbeat._answered_lock:
@@ -212,16 +206,6 @@ def admit(db):
         return attempt
 
     return do
-
-
-@pytest.fixture(autouse=True)
-def _no_degraded_renewals(settings):
-    """Each test starts with no lease renewed through Redis (node ids repeat across tests)."""
-    if settings.REDIS_URL:
-        from controlplane.cluster.lease import DEGRADED_RENEWALS_KEY
-        from controlplane.redis_client import get_redis
-
-        get_redis().delete(DEGRADED_RENEWALS_KEY)
 
 
 def hearing_until(now, *, witness: bool = True) -> None:

@@ -124,7 +124,7 @@ def test_a_token_is_shared_again_after_redis_lost_its_keys(
     node, token = node01
     agent.heartbeat(token, readings(node))
     digest = node_token_digest(f"Bearer {token}")
-    key = leases.TRUSTED_TOKEN_KEY + digest
+    key = leases.trusted_token_key(digest)
     assert get_redis().get(key) is not None
     get_redis().flushdb()  # the restart
 
@@ -165,7 +165,7 @@ def test_a_rotated_token_loses_its_trust_everywhere(
     digest = node_token_digest(f"Bearer {token}")
     from controlplane.redis_client import get_redis
 
-    assert get_redis().get(leases.TRUSTED_TOKEN_KEY + digest) is None
+    assert get_redis().get(leases.trusted_token_key(digest)) is None
 
 
 def test_a_token_refused_by_the_database_is_never_trusted_again_when_it_is_down(

@@ -141,23 +141,22 @@ def test_a_watch_over_the_processs_limit_is_turned_away_so_heartbeats_keep_their
 
 
 def test_a_node_of_the_same_name_in_another_deployment_on_this_redis_does_not_wake_it(
-    agent, node01, monkeypatch, settings
+    agent, node01, settings
 ):
     # Two deployments (or two of the suite's parallel workers) on one Redis database, each with
     # a node called node-01: each one's watch compares with what its own heartbeat answered.
     if not settings.REDIS_URL:
         pytest.skip("the answers are kept in Redis only with REDIS_URL")
-    from django.db import connection
-
     from controlplane.cluster import heartbeat
 
     node, token = node01
     agent.heartbeat(token, readings(node))
     ours = heartbeat.last_answer_digest(node)
     assert ours is not None
-    monkeypatch.setitem(connection.settings_dict, "NAME", "another-deployment")
+    prefix = settings.REDIS_KEY_PREFIX
+    settings.REDIS_KEY_PREFIX = "gpucp:another-deployment"
     heartbeat.remember_answer(node, "the other deployment's answer")
-    monkeypatch.undo()
+    settings.REDIS_KEY_PREFIX = prefix
     with heartbeat._answered_lock:  # this process's copy aside: Redis alone is compared
         heartbeat._answered.clear()
     assert heartbeat.last_answer_digest(node) == ours
