@@ -598,6 +598,12 @@ class ProcessRuntime(Runtime):
             return AttemptStatus(state=AttemptState.RUNNING, **common)
         # It ended: whatever it wrote is all there will be.
         exit_record = read_exit(proc.dir, proc.text, durable=True)
+        if proc.stop_record is not None:
+            # Its stop as recorded on disk, not as this runtime last wrote or read it: the
+            # runtime that began the grace (one this agent adopted the attempt from, when it
+            # had not quite died) may have been the one that killed it at its end.
+            stop = _read_json(proc.dir / STOP_RECORD) or proc.stop_record
+            common["killed_after_grace"] = stop.get("killed_at") is not None
         if exit_record is None:
             proc.final = self._lost(proc, child, common)
             return proc.final

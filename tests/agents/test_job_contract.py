@@ -236,6 +236,21 @@ def test_a_restarted_runtime_still_kills_at_the_end_of_the_grace_its_predecessor
     assert output(restarted, 13).count("got-term") == 1
 
 
+def test_a_kill_at_the_end_of_the_grace_by_the_runtime_it_was_adopted_from_counts_as_one(state_dir):
+    # Whichever of the two kills it at the end of the grace (the one adopted from had not quite
+    # died), the report says it was killed after its grace: the stop is read from disk.
+    runtime = ProcessRuntime(state_dir)
+    runtime.start(spec(14, "sh", "-c", IGNORES_TERM))
+    ready(runtime, 14)
+    runtime.stop(14, grace_s=0.5)
+    restarted = ProcessRuntime(state_dir)
+    late = restarted._escalate_after
+    restarted._escalate_after = lambda proc, delay_s: late(proc, delay_s + 30)
+    restarted.adopt()
+    status = ended(restarted, 14)
+    assert status.exit_code == 137 and status.killed_after_grace is True
+
+
 def test_the_job_knows_its_notice_mounts_and_checkpoint_dir_by_environment(state_dir, tmp_path):
     data = tmp_path / "datasets"
     data.mkdir()
