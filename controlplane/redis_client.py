@@ -4,7 +4,6 @@ import functools
 
 import redis
 from django.conf import settings
-from django.db import connections
 
 
 @functools.cache
@@ -20,7 +19,9 @@ def deployment_key(name: str) -> str:
     test starts beside the suite's own) have node ids and names in common. A key named by those
     alone would let one deployment read another's lease renewals, pruning marker or answers.
     The database's name is read when the key is made, not when settings load: every process
-    on one database (a test database included) then agrees on it.
+    on one database (a test database, named once settings have loaded, included) then agrees
+    on it. From settings, not the connection: a connection is a thread-local lookup that cost
+    a request more than its whole use of Redis keys.
     """
-    prefix = settings.REDIS_KEY_PREFIX or f"gpucp:{connections['default'].settings_dict['NAME']}"
+    prefix = settings.REDIS_KEY_PREFIX or f"gpucp:{settings.DATABASES['default']['NAME']}"
     return f"{prefix}:{name}"

@@ -34,7 +34,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
                 wait=bearer_failures.retry_after_s(),
                 detail="Too many invalid tokens from your address; try again later.",
             )
-        token = self._token(parts[1])
+        # A write reads the person's roles with the token (a submit checks them at once); a
+        # read, most requests, needs none.
+        token = self._token(parts[1], with_memberships=request.method not in SAFE_METHODS)
         if token is None or not token.is_usable or not token.user.is_active:
             bearer_failures.add(ip)
         if token is None:
@@ -57,11 +59,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         return token.user, token
 
     @staticmethod
-    def _token(raw: str) -> ApiToken | None:
+    def _token(raw: str, *, with_memberships: bool) -> ApiToken | None:
         if not raw.startswith("gcp_"):
             # Node tokens (gcpn_), join tokens (gcpj_) and anything else are not user credentials.
             return None
-        return reads.token_with_user(hash_token(raw))
+        return reads.token_with_user(hash_token(raw), with_memberships=with_memberships)
 
     def authenticate_header(self, request):
         return self.keyword

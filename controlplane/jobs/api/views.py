@@ -82,7 +82,7 @@ from controlplane.validators import NON_FIELD
 
 
 def _memberships_with_tenants(user) -> list[Membership]:
-    return tenancy_reads.memberships_with_tenants(user.pk)
+    return tenancy_reads.memberships_with_tenants(user)
 
 
 class ConflictSerializer(serializers.Serializer):

@@ -427,6 +427,23 @@ def test_a_single_submit_costs_six_queries(world):
     assert len(captured.captured_queries) <= 6, [q["sql"][:80] for q in captured]
 
 
+def test_a_submit_with_a_token_reads_the_token_and_the_roles_in_one_statement(world):
+    """A person's automation submits with a token: the token, its user, their roles and the
+    tenants' quotas are one read (two before), then the job and its event are written."""
+    from controlplane.tenancy.models import ApiToken, Membership
+
+    world.ensure("node")
+    _, raw = ApiToken.issue(world.alice, "ci")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert post(client, job_body()).status_code == 201  # the cluster's shape, last used
+    with CaptureQueriesContext(connection) as captured:
+        assert post(client, job_body()).status_code == 201
+    reads = [q["sql"] for q in captured if q["sql"].startswith("SELECT")]
+    assert len(reads) == 1, reads  # the rest writes: the job and its event
+    assert "token_hash" in reads[0] and f'"{Membership._meta.db_table}"' in reads[0]
+
+
 # --- the cluster's shape, read recently: never the reason for a refusal -----------------------------
 
 
