@@ -430,6 +430,12 @@ class DockerRuntime(Runtime):
         started_at = parse_engine_time(state.get("StartedAt"))
         if status in RUNNING_STATES or status in NOT_STARTED_STATES:
             return AttemptStatus(state=AttemptState.RUNNING, started_at=started_at, **common)
+        if entry.stop_record is not None:
+            # Its stop as recorded on disk, not as this runtime last wrote or read it: the
+            # runtime that began the grace (one this agent adopted it from, when it had not
+            # quite died) may have been the one that killed it at its end.
+            stop = _read_record(self._stop_path(entry.attempt_id)) or entry.stop_record
+            common["killed_after_grace"] = stop.get("killed_at") is not None
         if entry.log_thread is not None and not entry.log_thread.is_alive():
             if not entry.logs_done.is_set():
                 self._follow_logs(entry)

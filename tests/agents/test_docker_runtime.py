@@ -316,6 +316,25 @@ def test_an_adopted_container_whose_start_answers_an_error_but_ran_is_not_a_fail
         restarted.close()
 
 
+def test_a_kill_at_the_end_of_the_grace_by_the_runtime_it_was_adopted_from_counts_as_one(
+    runtime, engine_url, node_name, state_dir
+):
+    # As the process runtime's (tests/agents/test_job_contract.py): whichever runtime kills it
+    # at the end of the grace, its report says it was killed after its grace.
+    runtime.start(spec(47, "sleep", "300"))
+    wait_until(lambda: runtime.statuses()[0].started_at, what="the container to start")
+    runtime.stop(47, grace_s=0.5)
+    restarted = DockerRuntime(state_dir, node_name=node_name, base_url=engine_url)
+    try:
+        late = restarted._escalate_after
+        restarted._escalate_after = lambda entry, delay_s: late(entry, delay_s + 30)
+        restarted.adopt()
+        status = ended(restarted, 47)
+        assert status.exit_code == 137 and status.killed_after_grace is True
+    finally:
+        restarted.close()
+
+
 def test_a_restarted_runtime_adopts_its_own_containers_by_label_and_no_others(
     runtime, engine, engine_url, node_name, state_dir, tmp_path, containers_of
 ):
