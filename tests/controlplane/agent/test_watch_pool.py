@@ -46,7 +46,10 @@ WATCH_TIMEOUT_S = 25.0
 def backends(application_name: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            # This database's only: the other xdist worker runs these tests too, under the same
+            # application names, on a database of its own.
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database()",
             [application_name],
         )
         return cursor.fetchone()[0]
@@ -57,7 +60,7 @@ def blocked(application_name: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-            "AND wait_event_type = 'Lock'",
+            "AND wait_event_type = 'Lock' AND datname = current_database()",
             [application_name],
         )
         return cursor.fetchone()[0] > 0
