@@ -132,7 +132,8 @@ MIDDLEWARE = [
     "controlplane.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # In every mode, so the tests and `make run` exercise the policy production serves.
-    "csp.middleware.CSPMiddleware",
+    # django-csp's, with the header of a plain response built once.
+    "controlplane.content_security.CSPMiddleware",
     # gunicorn serves no files: WhiteNoise answers /static/ from STATIC_ROOT (collectstatic).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -168,3 +168,94 @@ def test_no_template_of_the_ui_needs_what_the_policy_forbids():
         source = re.sub(r"{#.*?#}", "", template.read_text(), flags=re.S)
         source = re.sub(r"{% comment %}.*?{% endcomment %}", "", source, flags=re.S)
         assert blocked_in(source) == [], template
+
+
+# --- the header, built once (controlplane.content_security) ---------------------------------
+
+
+def _expected(report_only: bool = False) -> str:
+    from csp.utils import build_policy
+
+    return build_policy(report_only=report_only)
+
+
+@pytest.mark.parametrize(
+    "path", ["/login/", "/api/v1/", "/api/v1/jobs/", "/api/agent/v1/heartbeat", "/no-such-page/"]
+)
+def test_every_answer_carries_the_policy_django_csp_builds_from_the_settings(
+    client, alice, path, monkeypatch
+):
+    # Pages, API answers (a 401 and a 200), an agent's refused heartbeat, a 404: the same header,
+    # and none of them builds it again (django-csp's per-response path is not taken).
+    import csp.middleware
+
+    built = []
+    real = csp.middleware.build_policy
+    monkeypatch.setattr(csp.middleware, "build_policy", lambda **kw: built.append(kw) or real(**kw))
+    client.force_login(alice)
+    for _ in range(3):
+        response = client.get(path)
+        assert response["Content-Security-Policy"] == _expected()
+        assert "Content-Security-Policy-Report-Only" not in response
+    assert built == []
+
+
+def test_a_changed_policy_is_served_at_once(client, settings):
+    directives = settings.CONTENT_SECURITY_POLICY["DIRECTIVES"]
+    settings.CONTENT_SECURITY_POLICY = {
+        "DIRECTIVES": {**directives, "img-src": ["'self'", "https://images.example.org"]},
+        "EXCLUDE_URL_PREFIXES": ["/api/"],
+    }
+    settings.CONTENT_SECURITY_POLICY_REPORT_ONLY = {"DIRECTIVES": {"default-src": ["'none'"]}}
+    login = client.get("/login/")
+    assert "https://images.example.org" in login["Content-Security-Policy"]
+    assert login["Content-Security-Policy"] == _expected()
+    assert login["Content-Security-Policy-Report-Only"] == _expected(report_only=True)
+    api = client.get("/api/v1/")
+    assert "Content-Security-Policy" not in api  # an excluded prefix
+    assert api["Content-Security-Policy-Report-Only"] == _expected(report_only=True)
+
+
+@pytest.mark.parametrize("nonce_in_policy", [False, True])
+def test_a_view_that_changes_its_policy_or_uses_a_nonce_gets_what_django_csp_gives_it(
+    rf, settings, nonce_in_policy
+):
+    from csp.constants import NONCE
+    from csp.decorators import csp_exempt, csp_update
+    from csp.middleware import CSPMiddleware as Library
+    from django.http import HttpResponse
+
+    from controlplane.content_security import CSPMiddleware
+
+    if nonce_in_policy:
+        directives = settings.CONTENT_SECURITY_POLICY["DIRECTIVES"]
+        settings.CONTENT_SECURITY_POLICY = {
+            "DIRECTIVES": {**directives, "script-src": ["'self'", NONCE]}
+        }
+
+    def plain(request):
+        return HttpResponse("ok")
+
+    def with_nonce(request):
+        return HttpResponse(f"<script nonce='{request.csp_nonce}'></script>")
+
+    def header(middleware, view):
+        value = middleware(view)(rf.get("/somewhere/")).headers.get("Content-Security-Policy")
+        return None if value is None else re.sub(r"'nonce-[^']+'", "'nonce-N'", value)
+
+    views = {
+        "plain": plain,
+        "updated": csp_update({"img-src": ["https://cdn.example.org"]})(plain),
+        "exempt": csp_exempt()(plain),
+        "nonce": with_nonce,
+    }
+    got = {name: header(CSPMiddleware, view) for name, view in views.items()}
+    assert got == {name: header(Library, view) for name, view in views.items()}
+    assert got["plain"] == _expected() and got["exempt"] is None
+    assert "https://cdn.example.org" in got["updated"]
+    assert ("'nonce-N'" in got["nonce"]) is nonce_in_policy
+    # Asking for a nonce once the header is written is an error, as with django-csp alone.
+    request = rf.get("/somewhere/")
+    CSPMiddleware(plain)(request)
+    with pytest.raises(Exception, match="not available after the CSP header"):
+        str(request.csp_nonce)
