@@ -177,12 +177,16 @@ class Batch:
     a histogram's bucket counted without its sum."""
 
     def __init__(self) -> None:
+        # By (family's name, field). The family's Redis key is made when the batch is sent, not
+        # at each count: the request path counts three times per request.
         self._ints: dict[tuple[str, str], int] = {}
         self._floats: dict[tuple[str, str], float] = {}
+        self._families: dict[str, Family] = {}
 
     def count(self, family: Family, labels: Iterable[object], by: int = 1) -> Batch:
         assert family.kind == "counter", family.name
-        key = (family.key, _field(*map(str, labels)))
+        self._families[family.name] = family
+        key = (family.name, _field(*map(str, labels)))
         self._ints[key] = self._ints.get(key, 0) + by
         return self
 
@@ -193,9 +197,10 @@ class Batch:
             return self
         index = bisect.bisect_left(family.buckets, value)
         bound = _bound(family.buckets[index]) if index < len(family.buckets) else "+Inf"
-        key = (family.key, _field("bucket", *values, bound))
+        self._families[family.name] = family
+        key = (family.name, _field("bucket", *values, bound))
         self._ints[key] = self._ints.get(key, 0) + 1
-        key = (family.key, _field("sum", *values))
+        key = (family.name, _field("sum", *values))
         self._floats[key] = self._floats.get(key, 0.0) + value
         return self
 
@@ -207,11 +212,12 @@ class Batch:
         if conn is None:
             return
         try:
+            keys = {name: family.key for name, family in self._families.items()}
             pipe = conn.pipeline(transaction=True)
-            for (key, field), n in self._ints.items():
-                pipe.hincrby(key, field, n)
-            for (key, field), amount in self._floats.items():
-                pipe.hincrbyfloat(key, field, amount)
+            for (name, field), n in self._ints.items():
+                pipe.hincrby(keys[name], field, n)
+            for (name, field), amount in self._floats.items():
+                pipe.hincrbyfloat(keys[name], field, amount)
             pipe.execute()
         except Exception as error:
             _rest(error)
