@@ -3,7 +3,8 @@
 django-csp builds the Content-Security-Policy header anew for every response: it copies the
 policy's parts, merges them with the settings, and joins the directives, about 25 us a
 response, for a header that is the same on every response this site serves (no page uses a
-nonce or changes the policy per view). Every API answer and every agent heartbeat paid it.
+nonce or changes the policy per view). Every API answer paid it (heartbeats and watches skip
+Django's stack: cluster/agent_wsgi.py).
 
 Here a response that could only get the settings' policy gets it from a cache, built by
 django-csp's own `build_policy`, and rebuilt when a test changes the settings. Anything else

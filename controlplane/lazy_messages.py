@@ -1,8 +1,8 @@
 """Django's message middleware, with each request's message storage made on first use.
 
 Django makes the storage for every request: the fallback storage, a cookie storage with its
-signer, a session storage. Only the web UI's pages add or show messages; an API answer or an
-agent's heartbeat never does, yet paid about 20 us for it. Here the storage is made when the
+signer, a session storage. Only the web UI's pages add or show messages; an API answer never
+does, yet paid about 20 us for it. Here the storage is made when the
 request first adds, reads or shows a message, and a request that never did stores nothing at
 its end, which is also what Django's storage does when it was neither read nor added to.
 """
