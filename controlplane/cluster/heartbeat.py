@@ -205,6 +205,7 @@ def remember_answer(node: Node | NodeInfo, answer_digest: str) -> None:
 
 
 def last_answer_digest(node: Node) -> str | None:
+    """What the node was last told, or None when that cannot be known (a watch then waits)."""
     if settings.REDIS_URL:
         try:
             from controlplane.redis_client import get_redis
@@ -212,8 +213,14 @@ def last_answer_digest(node: Node) -> str | None:
             value = get_redis().get(_answered_key(node.name))
             # bytes: the client decodes no responses (redis types a get as bytes or str).
             return value.decode() if isinstance(value, bytes) else value
-        except Exception:
-            log.warning("could not read the answer to %s from Redis", node.name, exc_info=True)
+        except Exception as exc:
+            # Not this process's own copy: another web process may have answered the node
+            # since, and a watch that compared with an older answer said "changed" at once,
+            # again and again, for as long as Redis was away (the agent heartbeats and watches
+            # again each time: 250 watches a second in a chaos run). Unknown, the watch waits;
+            # the agent's next heartbeat comes within its interval anyway.
+            log.warning("could not read the answer to %s from Redis: %s", node.name, exc)
+            return None
     with _answered_lock:
         return _answered.get(node.name)
 
