@@ -33,12 +33,17 @@ connection_created.connect(_never_the_deadlock_victim)
 ONE_WORKER_SUITES = ("e2e", "chaos")
 
 
+def _one_worker_suite(item) -> str | None:
+    """The suite of ONE_WORKER_SUITES the test is in (tests/<suite>/...), or None."""
+    suite = item.path.relative_to(item.config.rootpath).parts[1:2]
+    return suite[0] if suite and suite[0] in ONE_WORKER_SUITES else None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        suite = item.path.relative_to(config.rootpath).parts[1:2]
-        if suite and suite[0] in ONE_WORKER_SUITES:
-            item.add_marker(pytest.mark.xdist_group(suite[0]))
+        if suite := _one_worker_suite(item):
+            item.add_marker(pytest.mark.xdist_group(suite))
 
 
 @pytest.fixture
@@ -163,8 +168,7 @@ def _no_redis_keys_of_an_earlier_test(request, settings):
     # and names that every test makes again, and outlives the test's rows. Not in the suites
     # whose one deployment lives as long as the session: their servers share these keys
     # between tests, as production's processes do.
-    suite = request.node.path.relative_to(request.config.rootpath).parts[1:2]
-    if not settings.REDIS_URL or (suite and suite[0] in ONE_WORKER_SUITES):
+    if not settings.REDIS_URL or _one_worker_suite(request.node):
         return
     from controlplane.redis_client import deployment_key, get_redis
 

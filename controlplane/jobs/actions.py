@@ -209,8 +209,8 @@ def submit_one(*, tenant, user, depends_on: Sequence = (), **fields) -> Submitte
     single = modelrows.one_statement_pair(job, event, "job_id")  # the event gets the job's id
     if single is not None and not depends_on and not transaction.get_connection().in_atomic_block:
         # The job and its event in one statement, which commits on its own (autocommit): a
-        # transaction around it would only add BEGIN and COMMIT, two of a submit's eight round
-        # trips. Nothing else is written: no dependencies, and the cycle request comes after.
+        # transaction around it would only add BEGIN and COMMIT, two more round trips. Nothing
+        # else is written: no dependencies, and the cycle request comes after.
         single()
         return _submitted(job, event, fields, ())
     with transaction.atomic():
