@@ -16,6 +16,7 @@ import logging
 import random
 import threading
 import time
+from functools import partial
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -188,20 +189,34 @@ def remember_answer(node: Node | NodeInfo, answer_digest: str) -> None:
         previous = _answered.get(node.name)
         _answered[node.name] = answer_digest
     if settings.REDIS_URL:
+        key = _answered_key(node.name)
         ttl_s = max(60, int(node.heartbeat_interval_s * 10))
         if previous == answer_digest and telemetry.flush_interval_s() > 0:
-            # The same answer as this process gave last time: only the key's expiry needs a
+            # The same answer as this process stored last time: only the key's expiry needs a
             # refresh, which rides with the next telemetry batch instead of costing a round
-            # trip now. (Should another process have stored a different answer meanwhile, a
-            # watch wakes the agent once more until that batch lands: harmless.)
-            telemetry.buffer.add_answer(_answered_key(node.name), answer_digest, ttl_s)
+            # trip now. The refresh renews the key only if it still holds this answer: another
+            # process may have stored a newer one since (the batch must not bring back the
+            # older), or Redis may have lost it (restarted); then this process's copy is
+            # forgotten, and its next answer to the node is stored at once.
+            telemetry.buffer.add_refresh(
+                key, answer_digest, ttl_s, partial(_forget_answer, node.name, answer_digest)
+            )
             return
         try:
             from controlplane.redis_client import get_redis
 
-            get_redis().set(_answered_key(node.name), answer_digest, ex=ttl_s)
+            get_redis().set(key, answer_digest, ex=ttl_s)
         except Exception:
+            # Not stored: the next answer, the same or not, must try again, not ride a batch
+            # that renews only what is there.
+            _forget_answer(node.name, answer_digest)
             log.warning("could not record the answer to %s in Redis", node.name, exc_info=True)
+
+
+def _forget_answer(name: str, answer_digest: str) -> None:
+    with _answered_lock:
+        if _answered.get(name) == answer_digest:
+            del _answered[name]
 
 
 def last_answer_digest(node: Node) -> str | None:

@@ -21,7 +21,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
 
 from django.conf import settings
@@ -243,6 +243,7 @@ class TelemetryBuffer:
         self._alive_since: float | None = None
         self._writing_since: float | None = None
         self._answers: dict[str, tuple[str, int]] = {}
+        self._refreshes: dict[str, Refresh] = {}
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
 
@@ -268,6 +269,15 @@ class TelemetryBuffer:
         """A Redis key (what a node was last told) to set with the next batch."""
         with self._lock:
             self._answers[key] = (answer_digest, ttl_s)
+            self._start_thread()
+
+    def add_refresh(
+        self, key: str, value: str, ttl_s: int, on_other: Callable[[], None]
+    ) -> None:
+        """Renew the expiry of a Redis key with the next batch, if it still holds `value`;
+        `on_other()` is called when it holds something else or nothing."""
+        with self._lock:
+            self._refreshes[key] = Refresh(value, ttl_s, on_other)
             self._start_thread()
 
     def _start_thread(self) -> None:
@@ -299,8 +309,9 @@ class TelemetryBuffer:
             alive_since, self._alive_since = self._alive_since, None
             self._writing_since = alive_since
             answers, self._answers = self._answers, {}
-        if answers:
-            write_answers(answers)
+            refreshes, self._refreshes = self._refreshes, {}
+        if answers or refreshes:
+            write_answers(answers, refreshes)
         if alive:
             try:
                 # On its own, before the batch's transaction: node rows are locked for as long
@@ -405,19 +416,46 @@ def write_alive(alive: dict[int, dt.datetime]) -> int:
         return cursor.rowcount
 
 
-def write_answers(answers: dict[str, tuple[str, int]]) -> None:
-    """Set these Redis keys (what each node was last told) in one round trip."""
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    value: str
+    ttl_s: int
+    on_other: Callable[[], None]
+
+
+# Renews the key's expiry only while it holds the value: a refresh that set the value instead
+# could land after another process's newer answer and bring back one the node was told before.
+_REFRESH_IF_SAME = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('EXPIRE', KEYS[1], ARGV[2]) end return 0"
+)
+
+
+def write_answers(
+    answers: dict[str, tuple[str, int]], refreshes: dict[str, Refresh] | None = None
+) -> None:
+    """Set these Redis keys and renew those (what each node was last told) in one round trip."""
     if not settings.REDIS_URL:
         return
+    refreshes = refreshes or {}
     try:
         from controlplane.redis_client import get_redis
 
         pipe = get_redis().pipeline(transaction=False)
         for key, (value, ttl_s) in answers.items():
             pipe.set(key, value, ex=ttl_s)
-        pipe.execute()
+        for key, refresh in refreshes.items():
+            pipe.eval(_REFRESH_IF_SAME, 1, key, refresh.value, refresh.ttl_s)
+        results = pipe.execute()
     except Exception:
-        log.warning("could not refresh %d answers in Redis", len(answers), exc_info=True)
+        # Kept as they are: once Redis is back, the next refresh of each tells what it holds.
+        log.warning(
+            "could not refresh %d answers in Redis", len(answers) + len(refreshes), exc_info=True
+        )
+        return
+    for refresh, renewed in zip(refreshes.values(), results[len(answers) :], strict=True):
+        if not renewed:
+            refresh.on_other()
 
 
 _last_prune_lock = threading.Lock()

@@ -186,3 +186,101 @@ def test_while_redis_cannot_be_read_a_watch_waits_instead_of_trusting_this_proce
     changed, waited_s = watch(agent, token, 0.5)
 
     assert changed is False and waited_s >= 0.4
+
+
+# --- what Redis holds of the last answer, when more than one web process answers a node ------
+#
+# Each web process stores its answer to a heartbeat in Redis at once when it differs from the
+# one it gave before, and only renews the key's expiry (with the telemetry batch) when it is the
+# same. Were the renewal to hold anything but what Redis already has, a watch would compare
+# with an answer the node is no longer told, say "changed" at once, and the agent would
+# heartbeat and watch again in a loop until the next batch: the burst of a few hundred watches
+# a second seen in chaos runs after a Redis outage.
+
+
+@pytest.fixture
+def batched_answers(settings):
+    if not settings.REDIS_URL:
+        pytest.skip("the answers are kept in Redis only with REDIS_URL")
+    from controlplane.cluster import telemetry
+
+    settings.TELEMETRY_FLUSH_INTERVAL_S = 60  # flushed by the test, not by the clock
+    telemetry.buffer.flush()
+    yield telemetry.buffer
+    telemetry.buffer.flush()
+
+
+def as_another_process(monkeypatch):
+    """This process's answers set aside: what follows answers as a second web process would."""
+    from controlplane.cluster import heartbeat
+
+    monkeypatch.setattr(heartbeat, "_answered", {})
+
+
+def test_a_renewal_batched_by_one_process_does_not_bring_back_its_older_answer(
+    node01, batched_answers, monkeypatch
+):
+    from controlplane.cluster import heartbeat
+
+    node, _ = node01
+    heartbeat.remember_answer(node, "first answer")
+    heartbeat.remember_answer(node, "first answer")  # the same again: a renewal, batched
+    as_another_process(monkeypatch)
+    heartbeat.remember_answer(node, "newer answer")  # the desired state changed meanwhile
+    monkeypatch.undo()
+    assert heartbeat.last_answer_digest(node) == "newer answer"
+
+    batched_answers.flush()  # the first process's renewal lands after the newer answer
+
+    assert heartbeat.last_answer_digest(node) == "newer answer"
+    # Redis does not hold its answer, so the first process's next answer is stored at once.
+    heartbeat.remember_answer(node, "first answer")
+    assert heartbeat.last_answer_digest(node) == "first answer"
+
+
+@pytest.mark.parametrize("how", ["redis lost the key", "the store failed"])
+def test_an_answer_redis_does_not_hold_is_stored_at_the_next_heartbeat_not_at_the_next_batch(
+    node01, batched_answers, monkeypatch, how
+):
+    import redis
+
+    from controlplane import redis_client
+    from controlplane.cluster import heartbeat
+
+    node, _ = node01
+    if how == "redis lost the key":  # restarted without its data, or the key expired
+        heartbeat.remember_answer(node, "the answer")
+        heartbeat.remember_answer(node, "the answer")
+        redis_client.get_redis().delete(heartbeat._answered_key(node.name))
+        batched_answers.flush()
+        assert heartbeat.last_answer_digest(node) is None  # renewed only while it holds it
+    else:
+        reachable = redis_client.get_redis
+        away = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+        monkeypatch.setattr(redis_client, "get_redis", lambda: away)
+        heartbeat.remember_answer(node, "the answer")
+        monkeypatch.setattr(redis_client, "get_redis", reachable)
+        assert heartbeat.last_answer_digest(node) is None
+
+    heartbeat.remember_answer(node, "the answer")
+
+    assert heartbeat.last_answer_digest(node) == "the answer"
+
+
+def test_a_watch_after_another_process_answered_does_not_say_changed_in_a_loop(
+    agent, node01, batched_answers, monkeypatch
+):
+    from controlplane.cluster import heartbeat
+
+    # The loop itself: the node heartbeats to two web processes in turn, the first's renewal
+    # of the answer it gave before a change lands after the second's, and the watch must still
+    # see the answer the node was last given.
+    node, token = node01
+    as_another_process(monkeypatch)
+    heartbeat.remember_answer(node, "an answer given before a change")
+    heartbeat.remember_answer(node, "an answer given before a change")
+    monkeypatch.undo()
+    agent.heartbeat(token, readings(node))
+    batched_answers.flush()
+
+    assert watch(agent, token, 0.5)[0] is False
