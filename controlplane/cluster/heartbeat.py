@@ -16,9 +16,9 @@ import logging
 import random
 import threading
 import time
-from functools import partial
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import partial
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction

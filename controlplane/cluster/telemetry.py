@@ -271,9 +271,7 @@ class TelemetryBuffer:
             self._answers[key] = (answer_digest, ttl_s)
             self._start_thread()
 
-    def add_refresh(
-        self, key: str, value: str, ttl_s: int, on_other: Callable[[], None]
-    ) -> None:
+    def add_refresh(self, key: str, value: str, ttl_s: int, on_other: Callable[[], None]) -> None:
         """Renew the expiry of a Redis key with the next batch, if it still holds `value`;
         `on_other()` is called when it holds something else or nothing."""
         with self._lock:
