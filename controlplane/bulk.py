@@ -124,6 +124,9 @@ def server_cursor():
     """
     import psycopg
 
+    # As Django's own cursor() does: a kept connection the server has since closed (a restart)
+    # is replaced before its first statement of the request, not used to fail it.
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = connection.connection
     if raw.prepare_threshold is None and getattr(settings, "DB_PREPARED_STATEMENTS", True):

@@ -186,6 +186,12 @@ else:
     # A database host that vanished must turn into an error in seconds, not the kernel's TCP
     # timeout: heartbeats then take their degraded path and nodes keep their leases.
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Django's backend, whose health check (on at every request) reads what the server
+        # sent on the idle connection instead of a SELECT 1: a connection PostgreSQL closed
+        # when it restarted is replaced, not used to fail a request (controlplane/postgresql).
+        DATABASES["default"]["ENGINE"] = "controlplane.postgresql"
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     # Parameters sent apart from the statement (server-side binding), so that psycopg prepares a
     # statement a connection has run 5 times and PostgreSQL plans it once, not on every run:
     # planning the heartbeat's and the cycle's joins cost PostgreSQL more CPU than running them
