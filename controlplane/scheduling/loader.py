@@ -146,8 +146,13 @@ def load_nodes(
     gpu_rows: dict[int, list[tuple]] = defaultdict(list)
     for row in fixed_rows(_gpu_rows):
         node_id, uuid = row[0], row[1]
+        name = node_names.get(node_id)
+        if name is None:
+            # Its node registered after the node rows were read (each read of the snapshot is
+            # a statement of its own): the cycle its registration asks for sees it whole.
+            continue
         gpu_rows[node_id].append(row[1:9])
-        gpu_node[uuid] = node_names[node_id]
+        gpu_node[uuid] = name
         desired_caps[uuid] = row[9]
     last_by_id, last_nodes = _last_nodes["by_id"], _last_nodes["nodes"]
     same = len(last_nodes) == len(node_rows)

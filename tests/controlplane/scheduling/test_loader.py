@@ -375,3 +375,30 @@ def test_between_full_reads_the_history_takes_in_each_job_as_it_ends(
 
     beyond_window_s = now_s + loader.HISTORY_WINDOW_S + 30
     assert load_snapshot(now_s=beyond_window_s).snapshot.history == ()
+
+
+def test_a_node_that_registers_while_the_cluster_is_read_is_seen_whole_at_the_next_load(
+    make_node, monkeypatch
+):
+    # The snapshot is read in several statements, each seeing what was committed when it began:
+    # a node and its GPUs committed between the node read and the GPU read failed the cycle
+    # (KeyError on the node id, in a chaos run as the agents registered).
+    from controlplane.scheduling import loader
+
+    make_node("n-before", gpus=2)
+    read = loader.fixed_rows
+
+    def registering_between(build):
+        if build is loader._gpu_rows and not registered:
+            registered.append(make_node("n-between", gpus=4))
+        return read(build)
+
+    registered: list = []
+    monkeypatch.setattr(loader, "fixed_rows", registering_between)
+    first = load_snapshot()
+
+    assert registered, "the GPU rows were not read through fixed_rows: nothing was tested"
+    assert [n.name for n in first.snapshot.nodes] == ["n-before"]
+    assert set(first.gpu_node.values()) == {"n-before"}
+    second = load_snapshot()
+    assert {n.name: len(n.gpus) for n in second.snapshot.nodes} == {"n-before": 2, "n-between": 4}
