@@ -844,21 +844,34 @@ def mark_attempt_running(
 def _book_usage(
     attempt: JobAttempt, finished_at, energy_j: float | None, energy_estimated: bool
 ) -> dict:
-    begun = attempt.started_at or attempt.created_at
     max_power_w = list(attempt.allocations.values_list("gpu__power_max_w", flat=True))
-    seconds = max(0.0, (finished_at - begun).total_seconds())
+    seconds, held_s = run_and_held_s(attempt.started_at, attempt.created_at, finished_at)
     energy_j, energy_estimated = bounded_energy(
         attempt.pk,
         energy_j if energy_j is not None else attempt.energy_j,
         energy_estimated,
         sum(max_power_w),
-        seconds,
+        held_s,
     )
     return {
         "gpu_seconds": seconds * len(max_power_w),
         "energy_j": energy_j,
         "energy_estimated": energy_estimated,
     }
+
+
+def run_and_held_s(started_at, created_at, finished_at) -> tuple[float, float]:
+    """How long an attempt ran (its GPU seconds), and how long its GPUs were its own.
+
+    The GPUs are the attempt's from its admission, and the agent reads their energy counters
+    from when it sets the attempt up, before the job's process starts: its energy is bounded
+    over that longer span. Bounded over the run alone, nearly every job of a second or less
+    was "more than its GPUs can draw" (the setup's tens of milliseconds at idle draw): a
+    warning per job, and its energy marked estimated.
+    """
+    begun = started_at or created_at
+    run_s = max(0.0, (finished_at - begun).total_seconds())
+    return run_s, max(run_s, (finished_at - min(begun, created_at)).total_seconds())
 
 
 def bounded_energy(
@@ -1478,15 +1491,13 @@ def record_reports(reports: Sequence[Report]) -> set[int]:
         if r.exited:
             finished_at = r.finished_at or now
             power_w = max_power_w.get(attempt_id, [])
-            seconds = max(
-                0.0, (finished_at - (started_at or attempt["created_at"])).total_seconds()
-            )
+            seconds, held_s = run_and_held_s(started_at, attempt["created_at"], finished_at)
             energy_j, estimated = bounded_energy(
                 attempt_id,
                 r.energy_j if r.energy_j is not None else attempt["energy_j"],
                 r.energy_estimated,
                 sum(power_w),
-                seconds,
+                held_s,
             )
             ended_rows.append(
                 (

@@ -194,3 +194,49 @@ def test_metrics_speak_dcgm_names_and_our_own(make_node, vision, alice, cluster_
     assert client.get("/metrics").status_code == 401
     client.force_login(cluster_admin)
     assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["one attempt", "a heartbeat's batch"])
+@pytest.mark.parametrize(
+    ("energy_j", "booked_j", "estimated"),
+    [
+        # A job of 10 ms whose agent read the counters from its set-up 2 s before: what one
+        # 700 W GPU can draw in the 2.01 s the attempt held it, booked as measured.
+        (700.0, 700.0, False),
+        # More than the GPU can draw while the attempt held it: bounded, and marked estimated.
+        (700.0 * 3, 700.0 * 2.01, True),
+    ],
+)
+def test_a_short_jobs_energy_is_bounded_over_the_time_its_gpus_were_its_own(
+    make_job, make_node, vision, alice, path, energy_j, booked_j, estimated
+):
+    from controlplane.jobs.models import JobAttempt
+
+    node = make_node("n1", gpus=1)
+    job = make_job(vision, alice, gpus=1)
+    attempt = actions.admit_job(job, node=node, gpus=list(node.gpus.all()), borrowed=False)
+    finished_at = timezone.now()
+    admitted_at = finished_at - dt.timedelta(seconds=2.01)
+    started_at = finished_at - dt.timedelta(seconds=0.01)
+    JobAttempt.objects.filter(pk=attempt.pk).update(created_at=admitted_at)
+    if path == "one attempt":
+        actions.mark_attempt_running(attempt, started_at=started_at)
+        attempt.refresh_from_db()
+        actions.finish_attempt(attempt, exit_code=0, finished_at=finished_at, energy_j=energy_j)
+    else:
+        actions.record_reports(
+            [
+                actions.Report(
+                    attempt.pk,
+                    started_at=started_at,
+                    exit_code=0,
+                    finished_at=finished_at,
+                    energy_j=energy_j,
+                )
+            ]
+        )
+    attempt.refresh_from_db()
+    assert attempt.state == "SUCCEEDED"
+    assert attempt.energy_j == pytest.approx(booked_j)
+    assert attempt.energy_estimated is estimated
+    assert attempt.gpu_seconds == pytest.approx(0.01)  # the run alone is what it used
