@@ -53,6 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="DB_CONN_MAX_AGE for the control plane (default: the production default, unset)",
     )
+    p.add_argument(
+        "--web-pool",
+        type=int,
+        default=0,
+        help="DB_POOL_MAX_SIZE of the web processes (0: no pool, the default deployment's)",
+    )
     p.add_argument("--drain-timeout-s", type=float, default=300.0, help="bound on the drain (300)")
     p.add_argument("--out", type=Path, default=None, help="run folder (default: a new /tmp one)")
     p.add_argument(
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         each_kind_first=args.each_kind_first,
         drain_timeout_s=args.drain_timeout_s,
         code_dir=args.code,
+        web_pool=args.web_pool,
     )
     try:
         result = run(cfg, log=lambda line: print(line, flush=True))

@@ -86,6 +86,8 @@ class Config:
     poll_interval_s: float = 1.5
     # The code under test (None: this checkout).
     code_dir: Path | None = None
+    # The web processes' connection pool (DB_POOL_MAX_SIZE; 0: none, docker-compose's default).
+    web_pool: int = 0
 
     @property
     def total_gpus(self) -> int:
@@ -483,6 +485,7 @@ def run(cfg: Config, log=print) -> RunResult:
         agents_count=cfg.agents,
         gpus_per_agent=cfg.gpus_per_agent,
         timings=cfg.timings,
+        web_db_pool_max_size=cfg.web_pool,
         **({"code_dir": cfg.code_dir} if cfg.code_dir else {}),
     )
     log(f"chaos: run folder {run_dir}")
