@@ -184,7 +184,15 @@ def _answered_key(name: str) -> str:
     return deployment_key(f"node:{name}:answered")
 
 
+# After a store of an answer failed, this long without trying Redis from a request: each try
+# may wait out the client's timeout (a Redis that hangs), and the steady heartbeats, which
+# otherwise touch no Redis in the request, must not start waiting on it one by one.
+ANSWER_STORE_BACKOFF_S = 1.0
+_store_failed_at: float | None = None
+
+
 def remember_answer(node: Node | NodeInfo, answer_digest: str) -> None:
+    global _store_failed_at
     with _answered_lock:
         previous = _answered.get(node.name)
         _answered[node.name] = answer_digest
@@ -202,14 +210,23 @@ def remember_answer(node: Node | NodeInfo, answer_digest: str) -> None:
                 key, answer_digest, ttl_s, partial(_forget_answer, node.name, answer_digest)
             )
             return
+        failed_at = _store_failed_at
+        if failed_at is not None and time.monotonic() - failed_at < ANSWER_STORE_BACKOFF_S:
+            # Redis failed a moment ago: not tried, and not remembered as stored, so that the
+            # first answer after the back-off is stored. Not batched either: a batched store
+            # could land after a newer answer and bring the older back.
+            _forget_answer(node.name, answer_digest)
+            return
         try:
             from controlplane.redis_client import get_redis
 
             get_redis().set(key, answer_digest, ex=ttl_s)
+            _store_failed_at = None
         except Exception:
             # Not stored: the next answer, the same or not, must try again, not ride a batch
             # that renews only what is there.
             _forget_answer(node.name, answer_digest)
+            _store_failed_at = time.monotonic()
             log.warning("could not record the answer to %s in Redis", node.name, exc_info=True)
 
 

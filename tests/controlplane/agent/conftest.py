@@ -118,6 +118,7 @@ def _forget_answers(settings):
 
     with heartbeat._answered_lock:
         heartbeat._answered.clear()
+    heartbeat._store_failed_at = None
 
 
 def rejoin_token(name: str) -> str:

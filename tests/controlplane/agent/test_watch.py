@@ -261,6 +261,7 @@ def test_an_answer_redis_does_not_hold_is_stored_at_the_next_heartbeat_not_at_th
         heartbeat.remember_answer(node, "the answer")
         monkeypatch.setattr(redis_client, "get_redis", reachable)
         assert heartbeat.last_answer_digest(node) is None
+        heartbeat._store_failed_at -= heartbeat.ANSWER_STORE_BACKOFF_S  # the back-off is over
 
     heartbeat.remember_answer(node, "the answer")
 
@@ -284,3 +285,33 @@ def test_a_watch_after_another_process_answered_does_not_say_changed_in_a_loop(
     batched_answers.flush()
 
     assert watch(agent, token, 0.5)[0] is False
+
+
+def test_while_redis_fails_a_store_heartbeats_do_not_wait_on_it_one_by_one(
+    node01, batched_answers, monkeypatch
+):
+    # A Redis that hangs makes each store wait out the client's timeout (5 s). Only the first
+    # answer after a failure may try it from the request; those of the next moment are not
+    # tried (nor remembered as stored), and the first after the back-off tries again.
+    from controlplane import redis_client
+    from controlplane.cluster import heartbeat
+
+    node, _ = node01
+    reachable = redis_client.get_redis
+    tries: list[str] = []
+
+    class Hanging:
+        def set(self, key, value, **kwargs):
+            tries.append(value)
+            raise TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(redis_client, "get_redis", lambda: Hanging())
+    for answer in ("first", "first", "first", "second", "second"):
+        heartbeat.remember_answer(node, answer)
+    assert tries == ["first"]
+    assert node.name not in heartbeat._answered  # nothing believed stored
+
+    monkeypatch.setattr(redis_client, "get_redis", reachable)
+    heartbeat._store_failed_at -= heartbeat.ANSWER_STORE_BACKOFF_S  # the back-off is over
+    heartbeat.remember_answer(node, "third")
+    assert heartbeat.last_answer_digest(node) == "third"  # at once, not with the next batch
