@@ -244,27 +244,33 @@ def requested_cycle_finished(queue: str | None = None, *, ran: bool = True) -> N
 # --- node notifications ----------------------------------------------------------------------
 
 
-def node_channel_prefix(redis_url: str) -> str:
-    """Where the node channels of a deployment on this Redis URL begin.
+def node_channel_prefix(redis_url: str | None = None) -> str:
+    """Where the node channels of this deployment begin, on this Redis URL (settings' own by
+    default): ``gpucp:<database name>:<Redis database>:node:``.
 
     Pub/sub ignores the database number: a channel named the same in two databases is one
-    channel. The names carry the database (redis://host:6379/15 -> "gpucp:15:node:"), so two
-    deployments (or two test workers) on one Redis server never wake each other's watches for
-    nodes that happen to share a name.
+    channel, so the names carry the Redis database. They carry the deployment too (its
+    PostgreSQL database's name, or REDIS_KEY_PREFIX, as every key of ours does): two
+    deployments on one Redis database (a staging copy beside production, two test workers)
+    have nodes of the same names, and a signal for one's node woke the other's watch of it.
+    Read at each call, as deployment_key is: a test database is named after settings load.
     """
+    from controlplane.redis_client import deployment_key
+
+    url = (settings.REDIS_URL or "") if redis_url is None else redis_url
+    return deployment_key(f"{_redis_database(url)}:node:")
+
+
+@functools.cache
+def _redis_database(redis_url: str) -> int:
     from redis.connection import parse_url
 
     try:
-        database = int(parse_url(redis_url).get("db", 0)) if redis_url else 0
+        return int(parse_url(redis_url).get("db", 0)) if redis_url else 0
     except ValueError:
-        database = 0
-    return f"gpucp:{database}:node:"
+        return 0
 
 
-CHANNEL_PREFIX = node_channel_prefix(settings.REDIS_URL or "")
-# Every node's channel: what each web process's one subscriber listens to
-# (controlplane.cluster.watch_hub).
-NODE_CHANNEL_PATTERN = f"{CHANNEL_PREFIX}*"
 CHANGED_MESSAGE = "changed"
 
 _changed = threading.Condition()
@@ -275,7 +281,7 @@ _versions: dict[str, int] = {}
 
 def node_channel(name: str) -> str:
     """The Redis pub/sub channel a node's watchers subscribe to."""
-    return f"{CHANNEL_PREFIX}{name}"
+    return f"{node_channel_prefix()}{name}"
 
 
 def node_version(name: str) -> int:

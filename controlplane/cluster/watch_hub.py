@@ -50,7 +50,7 @@ from django.conf import settings
 from redis.connection import ConnectionInterface
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from controlplane.wakeups import CHANNEL_PREFIX, NODE_CHANNEL_PATTERN
+from controlplane.wakeups import node_channel_prefix
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,6 @@ IDLE_PING_S = 15.0
 PING_TIMEOUT_S = 5.0
 # How long connecting may take before it counts as a failure.
 CONNECT_TIMEOUT_S = 5.0
-
-_PREFIX = CHANNEL_PREFIX.encode()
 
 
 class Waiter:
@@ -195,7 +193,11 @@ class Hub:
 
     def _listen(self, connection: ConnectionInterface) -> NoReturn:
         """Deliver messages until the connection fails (it raises; it never returns)."""
-        connection.send_command("PSUBSCRIBE", NODE_CHANNEL_PATTERN, check_health=False)
+        # This deployment's channels, named when the subscription is made (a test database is
+        # named after settings load).
+        prefix = node_channel_prefix(self.url)
+        pattern, prefix_bytes = f"{prefix}*", prefix.encode()
+        connection.send_command("PSUBSCRIBE", pattern, check_health=False)
         pinged = False
         while True:
             if not connection.can_read(timeout=PING_TIMEOUT_S if pinged else IDLE_PING_S):
@@ -208,11 +210,11 @@ class Hub:
             reply = connection.read_response(push_request=True)
             pinged = False
             kind = reply[0] if isinstance(reply, list) and reply else None
-            if kind == b"pmessage" and reply[2].startswith(_PREFIX):
-                self._signal(reply[2][len(_PREFIX) :].decode())
+            if kind == b"pmessage" and reply[2].startswith(prefix_bytes):
+                self._signal(reply[2][len(prefix_bytes) :].decode())
             elif kind == b"psubscribe":
                 self._set_live(True)
-                log.info("watch subscriber listening on %s", NODE_CHANNEL_PATTERN)
+                log.info("watch subscriber listening on %s", pattern)
 
     def forget_in_child(self) -> None:
         """In a forked child: close this process's copy of the socket, sending nothing (the

@@ -354,3 +354,26 @@ def test_a_watch_served_by_a_forked_process_is_woken(
     eventually(lambda: hub.waiting == 1, "the parent's watch waits")
     notify_nodes([node.name])
     assert parent_watch.result() is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signal_for_a_node_of_another_deployment_on_this_redis_database_wakes_no_watch(
+    agent, join_token, nodes, settings
+):
+    """Two deployments on one Redis database (a staging copy beside production, two test
+    workers) have nodes of the same names: a signal for the other's node of this name must not
+    end this one's watch (it did: a flake of the suite's parallel workers, and in production a
+    heartbeat for nothing)."""
+    ((node, token),) = nodes(1)
+    hub = live_hub()
+    watch = Watch(join_token, token, timeout_s=2.0)
+    eventually(lambda: hub.waiting == 1, "the watch waits")
+    ours = wakeups.node_channel(node.name)
+    prefix = settings.REDIS_KEY_PREFIX
+    settings.REDIS_KEY_PREFIX = "gpucp:another-deployment"
+    theirs = wakeups.node_channel(node.name)
+    settings.REDIS_KEY_PREFIX = prefix
+    assert theirs != ours
+    redis().publish(theirs, "changed")
+
+    assert watch.result() is False
