@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -259,6 +260,20 @@ def node_channel_prefix(redis_url: str | None = None) -> str:
 
     url = (settings.REDIS_URL or "") if redis_url is None else redis_url
     return deployment_key(f"{_redis_database(url)}:node:")
+
+
+def node_channel_pattern(redis_url: str | None = None) -> str:
+    """The PSUBSCRIBE pattern of this deployment's node channels, and of no other's.
+
+    The prefix with Redis's glob characters escaped: a REDIS_KEY_PREFIX (or a database name)
+    holding `*`, `?` or `[` would otherwise subscribe the hub to other deployments' channels
+    too, and every web process would receive and drop their signals.
+    """
+    return _GLOB_SPECIAL.sub(r"\\\g<0>", node_channel_prefix(redis_url)) + "*"
+
+
+# Special in a Redis glob pattern (util.c, stringmatchlen): escaped with a backslash.
+_GLOB_SPECIAL = re.compile(r"[\\*?\[\]^]")
 
 
 @functools.cache

@@ -50,7 +50,7 @@ from django.conf import settings
 from redis.connection import ConnectionInterface
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from controlplane.wakeups import node_channel_prefix
+from controlplane.wakeups import node_channel_pattern, node_channel_prefix
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class Hub:
         # This deployment's channels, named when the subscription is made (a test database is
         # named after settings load).
         prefix = node_channel_prefix(self.url)
-        pattern, prefix_bytes = f"{prefix}*", prefix.encode()
+        pattern, prefix_bytes = node_channel_pattern(self.url), prefix.encode()
         connection.send_command("PSUBSCRIBE", pattern, check_health=False)
         pinged = False
         while True:

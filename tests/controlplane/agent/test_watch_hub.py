@@ -377,3 +377,37 @@ def test_a_signal_for_a_node_of_another_deployment_on_this_redis_database_wakes_
     redis().publish(theirs, "changed")
 
     assert watch.result() is False
+
+
+@pytest.mark.parametrize(
+    "prefix, look_alike",
+    [("dep*", "depX"), ("de?p", "deXp"), ("[ab]", "a"), ("d\\p", "dp"), ("d[^x]", "dy")],
+    ids=["star", "question mark", "brackets", "backslash", "caret"],
+)
+def test_the_pattern_a_hub_subscribes_takes_this_deployments_channels_only(
+    settings, prefix, look_alike
+):
+    """A REDIS_KEY_PREFIX holding a glob character must not subscribe every web process to the
+    channels of other deployments that the unescaped prefix would match (it did: their signals
+    were received by every hub, and dropped)."""
+    base = f"gpucp-test-{os.getpid()}-"
+    settings.REDIS_KEY_PREFIX = base + prefix
+    ours = node_channel("n1")
+    theirs = base + look_alike + ours[len(settings.REDIS_KEY_PREFIX) :]
+    pubsub = redis().pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.psubscribe(wakeups.node_channel_pattern())
+        eventually(lambda: redis().pubsub_numpat() > 0 and pubsub.subscribed, "subscribed")
+        time.sleep(0.05)  # the subscription's confirmation is read by get_message below
+        redis().publish(theirs, "changed")
+        redis().publish(ours, "changed")
+        received = []
+        deadline = time.monotonic() + PATIENCE_S
+        while ours not in received and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.1)
+            if message is not None:
+                received.append(message["channel"].decode())
+    finally:
+        pubsub.close()
+
+    assert received == [ours]
