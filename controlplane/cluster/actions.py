@@ -13,10 +13,11 @@ write on their own fast paths.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -25,9 +26,10 @@ from controlplane.audit import trail
 from controlplane.cluster import gpu_claims, lease, rules
 from controlplane.cluster.agent_auth import (
     JOIN_TOKEN_PREFIX,
-    consume_join_token,
     issue_join_token,
     rotate_node_token,
+    spend_join_token,
+    usable_join_token,
 )
 from controlplane.cluster.models import (
     GPU,
@@ -105,18 +107,36 @@ def register_node(raw_join_token: str | None, data: dict) -> tuple[Node, str]:
     now = timezone.now()
     key = data.get("registration_key")
     if key and raw_join_token:
-        # Registrations with one join token wait for each other here: a retry that arrives
-        # while the first try is still being written waits for it, then finds its node.
-        JoinToken.objects.select_for_update().filter(token_hash=hash_token(raw_join_token)).first()
+        # The tries of one registration (its join token and node name) wait for each other
+        # here: a retry that arrives while the first try is still being written waits for it,
+        # then finds its node. Other nodes joining with the same token do not wait.
+        _one_registration_at_a_time(raw_join_token, data["name"])
         again = _registered_again(raw_join_token, data, key, now)
         if again is not None:
             return again
-    join = consume_join_token(raw_join_token)
+    join = usable_join_token(raw_join_token)
     try:
-        return _register(join, data, now)
+        registered = _register(join, data, now)
     except gpu_claims.GpuClaimRefused as exc:
         exc.join_token = join
         raise
+    # Last: spending the use locks the token's row until this transaction ends, and every
+    # node joining with the token spends one. Done first, it made a pool's nodes register one
+    # after another (250 agents restarted together took minutes, each waiting seconds); a use
+    # found gone here rolls the registration back whole.
+    spend_join_token(join)
+    return registered
+
+
+def _one_registration_at_a_time(raw_join_token: str, name: str) -> None:
+    """Wait for any other transaction registering this node name with this join token (a
+    transaction-scoped advisory lock; SQLite, the embedded mode, has one writer anyway)."""
+    if connection.vendor != "postgresql":
+        return
+    digest = hashlib.sha256(f"gpucp.register:{hash_token(raw_join_token)}:{name}".encode())
+    key = int.from_bytes(digest.digest()[:8], "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
 # How long after a registration its agent may send it again and get a node token: a retry

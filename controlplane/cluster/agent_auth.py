@@ -111,24 +111,53 @@ def issue_join_token(
     return token, raw
 
 
-def consume_join_token(raw: str | None) -> JoinToken:
-    """Spend one use of a join token, or AgentAuthError.
-
-    The use is counted by a conditional UPDATE, so two agents racing for the last use of a
-    token cannot both get in: the row count says who won.
-    """
+def usable_join_token(raw: str | None) -> JoinToken:
+    """The join token this secret names, if a node may join with it now (not revoked, not
+    expired, a use left), or AgentAuthError. Spends nothing: see spend_join_token."""
     if not raw or not raw.startswith(JOIN_TOKEN_PREFIX + "_"):
         raise AgentAuthError("A join token is required (Authorization: Bearer gcpj_...).")
-    digest = hash_token(raw)
+    token = (
+        JoinToken.objects.select_related("pool")
+        .filter(
+            token_hash=hash_token(raw),
+            revoked_at__isnull=True,
+            expires_at__gt=timezone.now(),
+            uses__lt=F("max_uses"),
+        )
+        .first()
+    )
+    if token is None:
+        raise AgentAuthError(_UNUSABLE)
+    return token
+
+
+def spend_join_token(token: JoinToken) -> None:
+    """Spend one use of it, or AgentAuthError when it has none left or was revoked or expired
+    since it was read.
+
+    The use is counted by a conditional UPDATE, so two agents racing for the last use of a
+    token cannot both get in: the row count says who won. The UPDATE holds the token's row
+    until the transaction ends, so registrations call it last: those of other nodes with the
+    same token then wait for each other's commit only, not for each other's whole work.
+    """
     spent = JoinToken.objects.filter(
-        token_hash=digest,
+        pk=token.pk,
         revoked_at__isnull=True,
         expires_at__gt=timezone.now(),
         uses__lt=F("max_uses"),
     ).update(uses=F("uses") + 1)
     if spent == 0:
-        raise AgentAuthError("Join token invalid, expired, revoked or used up.")
-    return JoinToken.objects.select_related("pool").get(token_hash=digest)
+        raise AgentAuthError(_UNUSABLE)
+
+
+def consume_join_token(raw: str | None) -> JoinToken:
+    """Spend one use of a join token at once, or AgentAuthError (usable, then spent)."""
+    token = usable_join_token(raw)
+    spend_join_token(token)
+    return token
+
+
+_UNUSABLE = "Join token invalid, expired, revoked or used up."
 
 
 def rotate_node_token(node: Node) -> str:

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from controlplane.cluster import actions
 from controlplane.cluster.agent_api import parse_registration
-from controlplane.cluster.agent_auth import issue_join_token
-from controlplane.cluster.models import JoinToken, Node
+from controlplane.cluster.agent_auth import AgentAuthError, issue_join_token
+from controlplane.cluster.models import GPU, JoinToken, Node
 from controlplane.tenancy.models import hash_token
 
 from .conftest import inventory, readings
@@ -196,4 +196,90 @@ def test_a_retry_that_arrives_while_the_first_try_is_still_being_written_waits_f
     node, token = outcomes["second"]
     assert node.name == "node-01" and Node.objects.count() == 1
     assert Node.objects.get().token_hash == hash_token(token)
+    assert JoinToken.objects.get().uses == 1
+
+
+def _held_registrations(monkeypatch, held_name: str):
+    """(inside, let_go): the registration of `held_name` stops just before it issues the node
+    token, its node and GPUs written, until let_go is set; `inside` is set when it got there."""
+    inside, let_go = threading.Event(), threading.Event()
+    issue = actions.rotate_node_token
+
+    def rotate(node):
+        if node.name == held_name:
+            inside.set()
+            let_go.wait(timeout=60)
+        return issue(node)
+
+    monkeypatch.setattr(actions, "rotate_node_token", rotate)
+    return inside, let_go
+
+
+def _in_thread(outcomes: dict, name: str, raw: str, key: str) -> threading.Thread:
+    body = parse_registration({**inventory(name, gpus=2), "registration_key": key})
+
+    def run():
+        try:
+            outcomes[name] = actions.register_node(raw, {**body, "registration_try": 1})
+        except Exception as exc:  # noqa: BLE001 - what it raised is the outcome
+            outcomes[name] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nodes_joining_with_one_join_token_do_not_wait_for_each_others_registration(
+    pool, monkeypatch
+):
+    """A pool's agents restarted together register at once: another node's registration with
+    the same join token completes while one is still being written (they used to queue on the
+    token, each waiting for every registration before it)."""
+    _, raw = issue_join_token(pool, expires_at=timezone.now() + dt.timedelta(hours=1), max_uses=5)
+    inside, let_go = _held_registrations(monkeypatch, "node-01")
+    outcomes: dict = {}
+    first = _in_thread(outcomes, "node-01", raw, KEY)
+    try:
+        assert inside.wait(timeout=30)
+        second = _in_thread(outcomes, "node-02", raw, OTHER_KEY)
+        second.join(timeout=30)
+        finished_meanwhile = not second.is_alive()
+    finally:
+        let_go.set()
+        first.join(timeout=30)
+    second.join(timeout=30)
+
+    assert finished_meanwhile
+    assert {name: type(o).__name__ for name, o in outcomes.items()} == {
+        "node-01": "tuple",
+        "node-02": "tuple",
+    }
+    assert sorted(Node.objects.values_list("name", flat=True)) == ["node-01", "node-02"]
+    assert JoinToken.objects.get().uses == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_registration_whose_join_token_was_used_up_while_it_was_written_is_refused_whole(
+    pool, monkeypatch
+):
+    """The last use of a token, taken by another node while this registration was being
+    written: this one is refused and leaves nothing behind (no node, no GPU, no use spent)."""
+    _, raw = issue_join_token(pool, expires_at=timezone.now() + dt.timedelta(hours=1))
+    inside, let_go = _held_registrations(monkeypatch, "node-01")
+    outcomes: dict = {}
+    first = _in_thread(outcomes, "node-01", raw, KEY)
+    try:
+        assert inside.wait(timeout=30)
+        _in_thread(outcomes, "node-02", raw, OTHER_KEY).join(timeout=30)
+    finally:
+        let_go.set()
+        first.join(timeout=30)
+
+    assert isinstance(outcomes["node-02"], tuple)
+    assert isinstance(outcomes["node-01"], AgentAuthError)
+    assert list(Node.objects.values_list("name", flat=True)) == ["node-02"]
+    assert GPU.objects.filter(node__name="node-01").count() == 0
     assert JoinToken.objects.get().uses == 1
