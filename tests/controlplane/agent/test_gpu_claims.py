@@ -361,3 +361,40 @@ def test_two_registrations_racing_for_a_freed_gpu_get_it_once(pool, cluster_admi
     assert set(GPU.objects.values_list("node__name", flat=True)) == {winner}
     assert Node.objects.filter(name__startswith="new-").count() == 1
     assert JoinToken.objects.get().uses == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nodes_registering_at_once_that_list_the_same_new_gpus_get_them_once(pool):
+    """Registrations with one join token run side by side: two hosts that both list GPUs no
+    node has held yet (a cloned inventory, a misconfigured simulator) cannot both get them.
+    One registers; the others are refused with 409 naming the GPUs, and leave nothing behind."""
+    from controlplane.cluster.agent_auth import issue_join_token
+
+    _, raw = issue_join_token(pool, expires_at=timezone.now() + dt.timedelta(hours=1), max_uses=10)
+    barrier = threading.Barrier(4)
+    statuses = {}
+
+    def register(name):
+        barrier.wait()
+        try:
+            response = Client().post(
+                "/api/agent/v1/register",
+                data=claiming(name, ["GPU-shared-0", "GPU-shared-1"]),
+                content_type="application/json",
+                HTTP_AUTHORIZATION=f"Bearer {raw}",
+            )
+            statuses[name] = response.status_code
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=register, args=(f"host-{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert sorted(statuses.values()) == [201, 409, 409, 409]
+    [winner] = [name for name, status in statuses.items() if status == 201]
+    assert set(GPU.objects.values_list("node__name", flat=True)) == {winner}
+    assert list(Node.objects.values_list("name", flat=True)) == [winner]
+    assert JoinToken.objects.get().uses == 1
