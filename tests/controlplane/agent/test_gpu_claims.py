@@ -319,6 +319,33 @@ def test_gpu_uuids_are_shown_to_cluster_admins_only(node01, alice, cluster_admin
 # --- races ---------------------------------------------------------------------------------------
 
 
+def register_at_once(raw: str, names: list[str], uuids: list[str]) -> dict[str, int]:
+    """Each node registers with this join token, listing these GPU UUIDs, all released at
+    once from threads of their own; the status each got, by name."""
+    barrier = threading.Barrier(len(names))
+    statuses = {}
+
+    def register(name):
+        barrier.wait()
+        try:
+            response = Client().post(
+                "/api/agent/v1/register",
+                data=claiming(name, uuids),
+                content_type="application/json",
+                HTTP_AUTHORIZATION=f"Bearer {raw}",
+            )
+            statuses[name] = response.status_code
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=register, args=(name,)) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_registrations_racing_for_a_freed_gpu_get_it_once(pool, cluster_admin):
     from controlplane.cluster.agent_auth import issue_join_token
@@ -334,27 +361,9 @@ def test_two_registrations_racing_for_a_freed_gpu_get_it_once(pool, cluster_admi
     )
     assert first.status_code == 201
     deregister_node(Node.objects.get(name="old-node"))
-    barrier = threading.Barrier(4)
-    statuses = {}
-
-    def register(name):
-        barrier.wait()
-        try:
-            response = Client().post(
-                "/api/agent/v1/register",
-                data=claiming(name, ["GPU-old-node-0", "GPU-old-node-1"]),
-                content_type="application/json",
-                HTTP_AUTHORIZATION=f"Bearer {raw}",
-            )
-            statuses[name] = response.status_code
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=register, args=(f"new-{i}",)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    statuses = register_at_once(
+        raw, [f"new-{i}" for i in range(4)], ["GPU-old-node-0", "GPU-old-node-1"]
+    )
 
     assert sorted(statuses.values()) == [201, 409, 409, 409]
     [winner] = [name for name, status in statuses.items() if status == 201]
@@ -371,27 +380,9 @@ def test_nodes_registering_at_once_that_list_the_same_new_gpus_get_them_once(poo
     from controlplane.cluster.agent_auth import issue_join_token
 
     _, raw = issue_join_token(pool, expires_at=timezone.now() + dt.timedelta(hours=1), max_uses=10)
-    barrier = threading.Barrier(4)
-    statuses = {}
-
-    def register(name):
-        barrier.wait()
-        try:
-            response = Client().post(
-                "/api/agent/v1/register",
-                data=claiming(name, ["GPU-shared-0", "GPU-shared-1"]),
-                content_type="application/json",
-                HTTP_AUTHORIZATION=f"Bearer {raw}",
-            )
-            statuses[name] = response.status_code
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=register, args=(f"host-{i}",)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    statuses = register_at_once(
+        raw, [f"host-{i}" for i in range(4)], ["GPU-shared-0", "GPU-shared-1"]
+    )
 
     assert sorted(statuses.values()) == [201, 409, 409, 409]
     [winner] = [name for name, status in statuses.items() if status == 201]
