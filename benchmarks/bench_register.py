@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ from bench_heartbeat import (  # noqa: E402 - after the path set-up
     start_gunicorn,
     stop,
 )
+from bench_kueue_scenario import _purge  # noqa: E402
 from bench_throughput import loadavg, tree_cpu_s  # noqa: E402
 
 
@@ -98,8 +100,6 @@ def main() -> None:
         # Every registration asks for a cycle; no worker runs them here.
         "CELERY_QUEUE": "gpucp_bench_reg",
     }
-    import subprocess
-
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
     )
@@ -126,6 +126,7 @@ def main() -> None:
         web_ms = (tree_cpu_s(server.pid) - before_s) * 1000 / args.nodes
     finally:
         stop(server)
+        _purge(env["CELERY_QUEUE"])  # the cycles the registrations asked for: no worker here
     registered = Node.objects.filter(name__startswith="bench-").count()
     took.sort()
     p99 = took[min(len(took) - 1, round(0.99 * (len(took) - 1)))]

@@ -150,13 +150,6 @@ def spend_join_token(token: JoinToken) -> None:
         raise AgentAuthError(_UNUSABLE)
 
 
-def consume_join_token(raw: str | None) -> JoinToken:
-    """Spend one use of a join token at once, or AgentAuthError (usable, then spent)."""
-    token = usable_join_token(raw)
-    spend_join_token(token)
-    return token
-
-
 _UNUSABLE = "Join token invalid, expired, revoked or used up."
 
 

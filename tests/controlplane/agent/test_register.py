@@ -4,10 +4,15 @@ import datetime as dt
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from controlplane.cluster.agent_auth import AgentAuthError, consume_join_token, issue_join_token
+from controlplane.cluster.agent_auth import (
+    AgentAuthError,
+    issue_join_token,
+    spend_join_token,
+    usable_join_token,
+)
 from controlplane.cluster.models import GPU, JoinToken, Node
 from controlplane.tenancy.models import hash_token
 
@@ -139,7 +144,9 @@ def test_agents_racing_for_a_join_token_get_in_no_more_often_than_it_allows(pool
     def race():
         barrier.wait()
         try:
-            consume_join_token(raw)
+            # As a registration does: checked first, spent as its last write.
+            with transaction.atomic():
+                spend_join_token(usable_join_token(raw))
             outcomes.append("in")
         except AgentAuthError:
             outcomes.append("refused")
