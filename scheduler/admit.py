@@ -52,6 +52,7 @@ from scheduler.preemption import (
     Victims,
     find_victims,
     reason_for,
+    reclaim_node,
     srtf_span,
 )
 from scheduler.priority import las_queue
@@ -173,12 +174,18 @@ class Admission:
         # changed since, fails the same way.
         # The predicted durations it holds for under SRTF (preemption.srtf_span) come with it.
         self._failed: dict[tuple[object, ...], list[FailedSearch]] = {}
+        # Node reclaims that found nothing, by everything they read (see _reclaim).
+        self._reclaim_failed: set[tuple[object, ...]] = set()
         # (type, node) -> when the last of its soon-free GPUs is free: attempts keep their GPUs
         # through their notice (grace). Built when first needed; None until then.
         self._soon_until: dict[tuple[str, int], float] | None = None
         # (type, volumes) -> (most GPUs on one node that has them all, GPUs on all such nodes)
         self._volume_caps: dict[tuple[str, tuple[str, ...]], tuple[int, int]] = {}
         self._own_rule = config.preemption and config.ordering is Ordering.FAIR
+        self._reclaim_rule = config.preemption and config.ordering not in (
+            Ordering.SRTF,
+            Ordering.LAS,
+        )
 
     @property
     def borrowed(self) -> set[int]:
@@ -352,7 +359,9 @@ class Admission:
                 job.memory_mib,
                 job.volumes,
                 book.within_guarantee(t, n),
-                job.tenant if self._may_preempt_own(job, t) else None,
+                job.tenant
+                if self._may_preempt_own(job, t) or self._may_reclaim(job, ti, book)
+                else None,
                 job.priority,
                 None if res is None else res.job_id,
                 t in self.unreservable,
@@ -369,6 +378,8 @@ class Admission:
             if (
                 capacity_search.cross or capacity_search.own or capacity_search.baseline
             ) and self._preempt(job, ti, book, capacity_search):
+                return
+            if self._may_reclaim(job, ti, book) and self._reclaim(job, ti, book):
                 return
         if self.config.backfill and t not in self.reservations and t not in self.unreservable:
             res = self._reserve(job, ti)
@@ -629,15 +640,77 @@ class Admission:
                 self.search_failed_at[t] = min(self.search_failed_at.get(t, n), n)
             return False
         pairs, target = found
+        if target is None and n <= ti.max_node_cap:
+            target = search.free_node
+        self._take(job, ti, book, pairs, target)
+        return True
+
+    def _take(
+        self,
+        job: Pending,
+        ti: TypeIndex,
+        book: Book,
+        pairs: list[tuple[Candidate, str]],
+        target: int | None,
+    ) -> None:
+        """Preempt the victims found for a job and set GPUs aside for it on `target` (None: a
+        gang over several nodes); it waits for them to stop."""
         for c, rule in pairs:
             self._evict(c.run, c.size, reason_for(rule, job.job_id), job.job_id)
             self.victims.evicted(c)
-        if target is None and n <= ti.max_node_cap:
-            target = search.free_node
         where = self._set_aside(job, ti, book, target)
-        w = self._wait(job, RC.WAITING_FOR_PREEMPTION, t, "victims")
+        w = self._wait(job, RC.WAITING_FOR_PREEMPTION, ti.gpu_type, "victims")
         w.count = len(pairs)
-        w.start_s = self._free_by(t, where)
+        w.start_s = self._free_by(ti.gpu_type, where)
+
+    def _may_reclaim(self, job: Pending, ti: TypeIndex, book: Book) -> bool:
+        """Whether a job blocked on capacity may have a node reclaimed from other tenants'
+        surplus (preemption.reclaim_node): within its guarantee, several GPUs on one node.
+
+        One GPU needs no node of its own: any node where a borrowed attempt runs has room for
+        it once that attempt has run its minimum, so the borrowed work alone serves it. The
+        SRTF and LAS baselines keep the victims of the published policies they reproduce.
+        """
+        return (
+            self._reclaim_rule
+            and 1 < job.gpus <= ti.max_node_cap
+            and book.within_guarantee(ti.gpu_type, job.gpus)
+        )
+
+    def _reclaim(self, job: Pending, ti: TypeIndex, book: Book) -> bool:
+        """Preempt other tenants' surplus on one node for a job within its guarantee that the
+        borrowed attempts alone cannot make room for (preemption.reclaim_node)."""
+        protected = self._protected(job, ti)
+        if protected is None:
+            return False
+        key = (
+            self._changes,
+            ti.version,
+            ti.gpu_type,
+            job.tenant,
+            job.gpus,
+            job.cpus,
+            job.memory_mib,
+            job.volumes,
+            tuple(sorted(protected)),
+        )
+        if key in self._reclaim_failed:
+            return False
+        found = reclaim_node(
+            self._search(job, ti),
+            self.victims,
+            ti,
+            self.books,
+            self.preempted,
+            self.index.fits_for(job),
+            protected,
+            self._has_volumes(job),
+        )
+        if found is None:
+            self._reclaim_failed.add(key)
+            return False
+        pairs, node = found
+        self._take(job, ti, book, pairs, node)
         return True
 
     def _failed_key(

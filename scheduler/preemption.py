@@ -8,6 +8,11 @@ already stopping, and whose job was preempted fewer than `Config.max_preemptions
   over their own guarantee, those that lose the least work per GPU first (Config.victim_order
   LOST_WORK, see `lost_work_s`), or the youngest first (YOUNGEST, the rule from before jobs
   reported checkpoints);
+- for such a job that needs several GPUs on one node, where the borrowed attempts free no node
+  even once they have all run their minimum (they start wherever GPUs were free, so in a full
+  cluster they are scattered): any attempts of tenants over their guarantee, each tenant giving
+  up no more than it uses beyond its guarantees (`reclaim_node`; not under the SRTF and LAS
+  baselines);
 - in FAIR, for any job: attempts of its own tenant with a lower priority, lowest first, then in
   the same victim order;
 - under SRTF: attempts with a longer remaining time than the job's predicted duration; under
@@ -166,6 +171,7 @@ class Victims:
         self._baseline: dict[tuple[str, str | None], Sequence[Candidate]] = {}
         self._cross_ids: set[int] = set()
         self._cross_by_node: dict[str, dict[int, list[Candidate]]] = {}
+        self._takeable_by_node: dict[str, dict[int, list[Candidate]]] = {}
         self._cross_checkpointing: dict[str, list[Candidate]] = {}
         # (rule, type) -> index of the first candidate of that list still worth looking at
         self.start: dict[tuple[str, str], int] = {}
@@ -312,6 +318,57 @@ class Victims:
                     found.setdefault(node, []).append(c)
             self._cross_by_node[gpu_type] = found
         return found
+
+    def takeable_by_node(self, gpu_type: str) -> dict[int, list[Candidate]]:
+        """Every attempt of a type that may be preempted now, borrowed or not, by node it holds
+        GPUs on, each list in the victim order (see reclaim_node). Built once per cycle, when a
+        job first asks; victims taken stay listed (searches skip them)."""
+        found = self._takeable_by_node.get(gpu_type)
+        if found is None:
+            found = {}
+            pool = self._pool
+            made = self._candidates
+            for r in self._group().get(gpu_type, ()):
+                # The pool's candidate where it has one (the one its lists and evicted() know).
+                c = made.get(r.attempt_id)
+                if c is None and pool is not None:
+                    c = pool.by_attempt.get(r.attempt_id)
+                    if c is not None and c.run is r:
+                        made[r.attempt_id] = self._refresh(c)
+                    else:
+                        c = None
+                if c is None:
+                    c = self._candidate(r)
+                for node in c.nodes:
+                    found.setdefault(node, []).append(c)
+            for listed in found.values():
+                listed.sort(key=self._order)
+            self._takeable_by_node[gpu_type] = found
+        return found
+
+    def room_once_aged(
+        self, ti: TypeIndex, n: int, done: set[int], usable: Callable[[int], bool]
+    ) -> bool:
+        """Whether some usable node will have n GPUs free or freeable from borrowed work once
+        its borrowed attempts have all run their minimum (young ones included)."""
+        borrowed = self._borrowed()
+        config = self._config
+        counts: dict[int, int] = {}
+        for r in self._running:
+            if (
+                r.attempt_id in borrowed
+                and r.gpu_type == ti.gpu_type
+                and r.preemptible
+                and not r.stopping
+                and r.attempt_id not in done
+                and not exempt(r.preemptions, config)
+            ):
+                for node, count in self._index.nodes_of(r).items():
+                    counts[node] = counts.get(node, 0) + count
+        return any(
+            ti.free_on(node) + ti.soon.get(node, 0) + count >= n and usable(node)
+            for node, count in counts.items()
+        )
 
     def cross_checkpointing(self, gpu_type: str) -> list[Candidate]:
         """The borrowed attempts of a type that said how often they checkpoint: the only ones
@@ -1393,6 +1450,93 @@ def _keeps_guarantees(chosen: list[Candidate], s: Search, books: dict[str, Book]
     )
 
 
+def reclaim_node(
+    s: Search,
+    victims: Victims,
+    ti: TypeIndex,
+    books: dict[str, Book],
+    done: set[int],
+    fits: Fits | None,
+    protected: set[int],
+    nodes_ok: Callable[[int], bool] | None = None,
+) -> tuple[list[tuple[Candidate, str]], int] | None:
+    """A node for a job within its tenant's guarantee that needs several GPUs on one node,
+    where the borrowed attempts alone free none: victims among every attempt of the tenants
+    that use more than their guarantee, each such tenant keeping its whole guarantee.
+
+    Which of a tenant's attempts are the borrowed ones is a matter of order (those that pushed
+    it past its guarantee when they started, quota.label_borrowed), and they run wherever GPUs
+    were free then. In a full cluster they are scattered one or two to a node among the same
+    tenants' older attempts, so no node holds enough of them for a gang, and the owner of the
+    GPUs waited until some node happened to drain (up to five hours at L = 8 in the Philly
+    replays, docs/simulator-saturation.md) although the tenants holding its GPUs used more
+    than their guarantees. A guarantee promises a number of GPUs, not particular attempts: so
+    here any attempt of a tenant over its guarantee may go, as long as what that tenant gives
+    up stays within what it uses beyond every guarantee covering the type (Book.excess): it
+    keeps as many GPUs as if its borrowed attempts had gone.
+
+    Over every node the job could go to, the cheapest set found: on each node the candidates
+    in the victim order, passing over one whose tenant cannot spare it, until what is missing
+    there is freed; then those not needed after all are given back, last chosen first. The
+    node whose set loses the least work wins (then the fewest victims, then the lowest node).
+    """
+    n = s.gpus
+    t = s.gpu_type
+
+    def usable(node: int) -> bool:
+        return (
+            ti.node_cap.get(node, 0) >= n
+            and node not in protected
+            and (nodes_ok is None or nodes_ok(node))
+        )
+
+    # Where borrowed work will make room once it has run its minimum, the job waits for that
+    # (the rule of find_victims) rather than throw away work that has run for longer.
+    if victims.room_once_aged(ti, n, done, usable):
+        return None
+    spare: dict[str, int] = {}
+
+    def spare_of(tenant: str) -> int:
+        got = spare.get(tenant)
+        if got is None:
+            # Its own tenant's attempts are not others' surplus: the own-priority rule has them.
+            got = spare[tenant] = 0 if tenant == s.tenant else books[tenant].excess(t)
+        return got
+
+    best: tuple[float, int, int, list[Candidate]] | None = None
+    for node, on_node in victims.takeable_by_node(t).items():
+        missing = n - ti.free_on(node) - ti.soon.get(node, 0)
+        if missing <= 0 or not usable(node):
+            continue
+        live = [c for c in on_node if c.run.attempt_id not in done and spare_of(c.tenant) > 0]
+        if sum(c.nodes[node] for c in live) < missing:
+            continue
+        taken: list[Candidate] = []
+        given: dict[str, int] = {}
+        got = 0
+        for c in live:
+            gives = given.get(c.tenant, 0) + c.size
+            if gives > spare_of(c.tenant):
+                continue
+            given[c.tenant] = gives
+            taken.append(c)
+            got += c.nodes[node]
+            if got >= missing:
+                break
+        if got < missing or (fits is not None and not fits(node, n)):
+            continue
+        for c in reversed(list(taken)):
+            if got - c.nodes[node] >= missing:
+                taken.remove(c)
+                got -= c.nodes[node]
+        cost = sum(c.lost_s * c.size for c in taken)
+        if best is None or (cost, len(taken), node) < best[:3]:
+            best = (cost, len(taken), node, taken)
+    if best is None:
+        return None
+    return [(c, "reclaim") for c in best[3]], best[2]
+
+
 # (rule, its candidates in walking order, the key of Victims.start its skipped prefix is kept
 # by, or None when the list is walked from its head every time)
 Source = tuple[str, Sequence[Candidate], tuple[str, str] | None]
@@ -1473,6 +1617,8 @@ def reason_for(source_rule: str, for_job_id: int) -> str:
     return {
         "cross": f"its borrowed GPUs are reclaimed for job {for_job_id}, which is within its "
         "tenant's guarantee",
+        "reclaim": f"its tenant uses more than its guarantee, and job {for_job_id}, which is "
+        "within its own tenant's guarantee, needs these GPUs on one node",
         "own": f"preempted for job {for_job_id} of the same tenant, which has a higher priority",
         "srtf": f"preempted for job {for_job_id}, which has a shorter remaining time",
         "las": f"preempted for job {for_job_id}, which has received less GPU service",

@@ -116,6 +116,15 @@ class Book:
             return True
         return not (gpu_type in g or ANY in g) and self.active.get(gpu_type, 0) - less > 0
 
+    def excess(self, gpu_type: str) -> int:
+        """GPUs of this type the tenant could give up and still hold every guarantee that
+        covers the type (all it uses of the type when none covers it)."""
+        g, active = self.guaranteed, self.active
+        spare = [active.get(key, 0) - g[key] for key in (gpu_type, ANY) if key in g]
+        if not spare:
+            return active.get(gpu_type, 0)
+        return max(min(spare), 0)
+
     def figures(self, gpu_type: str, n: int = 0) -> tuple[str, int, int, int]:
         """(quota type, used, guaranteed, limit) of the quota that binds n more GPUs of a type.
 

@@ -61,6 +61,48 @@ def test_borrowed_work_is_reclaimed_when_the_owner_needs_its_gpus():
     assert start_of(third, 10).borrowed is False
 
 
+def owed_a_node_held_by_scattered_surplus(vision_guaranteed: int):
+    """vision runs 12 GPUs over two full nodes; the attempts it started last (the borrowed
+    ones) sit one on each node, so no node holds 8 borrowed GPUs for nlp's gang."""
+    return (
+        cluster()
+        .nodes(2, gpus=8)
+        .tenant("vision", vision_guaranteed, 16)
+        .tenant("nlp", 8, 16)
+        .tenant("audio", 4, 16)
+        .running(1, "vision", 4, "n1", ran_s=7200)
+        .running(2, "vision", 4, "n2", ran_s=5400)
+        .running(3, "vision", 4, "n1", ran_s=1800)
+        .running(4, "audio", 4, "n2", ran_s=900)
+        .pending(10, "nlp", 8)
+    )
+
+
+@pytest.mark.parametrize("ordering", [Ordering.FAIR, Ordering.FIFO])
+def test_a_gang_within_its_guarantee_gets_a_node_from_another_tenants_surplus(ordering):
+    # vision uses 8 beyond its guarantee of 4, but its borrowed attempts (2 and 3, started
+    # last) are on different nodes. Both of its attempts on n1 are within that surplus: nlp's
+    # guaranteed GPUs are taken back there, and vision keeps its 4.
+    c = owed_a_node_held_by_scattered_surplus(vision_guaranteed=4)
+    first = c.plan(ordering=ordering)
+    assert preempted(first) == {1, 3}
+    assert {p.for_job_id for p in first.preemptions} == {10}
+    assert all("uses more than its guarantee" in p.reason for p in first.preemptions)
+    assert decision(first, 10).reason_code is ReasonCode.WAITING_FOR_PREEMPTION
+    after = plan(without(c.snapshot(), {1, 3}), Config(ordering=ordering))
+    assert start_of(after, 10).node == "n1"
+    assert start_of(after, 10).borrowed is False
+
+
+def test_a_gang_takes_no_node_whose_emptying_would_push_a_tenant_below_its_guarantee():
+    # vision is only 6 over its guarantee of 6: emptying n1 would take 8 of its GPUs, and n2
+    # holds audio's guaranteed work. nlp waits; nothing is preempted.
+    c = owed_a_node_held_by_scattered_surplus(vision_guaranteed=6)
+    p = c.plan()
+    assert p.preemptions == ()
+    assert decision(p, 10).reason_code is ReasonCode.NO_CAPACITY
+
+
 def test_borrowed_work_younger_than_the_minimum_runtime_is_not_preempted():
     c = (
         cluster()

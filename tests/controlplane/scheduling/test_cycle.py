@@ -8,7 +8,7 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.jobs import actions
-from controlplane.jobs.models import Allocation, Job, JobAttempt, JobState
+from controlplane.jobs.models import Allocation, Job, JobAttempt, JobEvent, JobState
 from controlplane.scheduling.cycle import run_scheduling_cycle
 from controlplane.scheduling.models import SchedulingCycle
 from tests.controlplane.scheduling.conftest import read, submit
@@ -126,6 +126,43 @@ def test_borrowed_work_is_preempted_for_a_tenant_within_its_guarantee_and_requeu
     run_scheduling_cycle()
     owner.refresh_from_db()
     assert owner.state == JobState.ADMITTED
+
+
+def test_a_gang_within_its_guarantee_gets_a_node_back_when_the_borrowed_work_is_scattered(
+    make_node, make_job, vision, nlp, alice, bob
+):
+    """nlp runs four 4-GPU jobs on the two nodes. The two that started last are its borrowed
+    ones, one on each node, so they alone free no node for vision's 8-GPU job; the cycle
+    takes back the node whose two jobs lose the least work, and nlp keeps its guarantee."""
+    make_node("n1", gpus=8)
+    make_node("n2", gpus=8)
+    jobs = [make_job(nlp, bob, name=f"nlp-{i}", gpus=4) for i in range(4)]
+    run_scheduling_cycle()
+    by_node = {
+        node: sorted({al.attempt.job_id for al in Allocation.objects.filter(gpu__node__name=node)})
+        for node in ("n1", "n2")
+    }
+    assert all(len(ids) == 2 for ids in by_node.values()), by_node
+    (a1, b1), (a2, b2) = by_node["n1"], by_node["n2"]
+    hours_ago = {a1: 4, a2: 3, b1: 2, b2: 1}  # the borrowed ones: b1 on n1, b2 on n2
+    for attempt in JobAttempt.objects.filter(job__in=jobs):
+        started = timezone.now() - timedelta(hours=hours_ago[attempt.job_id])
+        actions.mark_attempt_running(attempt, started_at=started)
+    owner = make_job(vision, alice, name="vision", gpus=8, gpu_type="H100-SXM-80GB")
+    assert run_scheduling_cycle()["preemptions"] == 2
+    stopping = list(JobAttempt.objects.filter(stop_reason="preempted"))
+    # n2's jobs ran 3 and 1 hours, n1's 4 and 2: n2 loses less.
+    assert {a.job_id for a in stopping} == {a2, b2}
+    for attempt in stopping:
+        (told,) = JobEvent.objects.filter(job=attempt.job, kind="stop_requested")
+        assert f"uses more than its guarantee, and job {owner.pk}" in told.message
+        actions.finish_attempt(attempt, exit_code=137)
+    run_scheduling_cycle()
+    owner.refresh_from_db()
+    assert owner.state == JobState.ADMITTED
+    (placed,) = JobAttempt.objects.filter(job=owner)
+    assert {al.gpu.node.name for al in placed.allocations.all()} == {"n2"}
+    assert not placed.borrowed
 
 
 def test_a_job_preempted_as_often_as_the_policy_allows_waits_for_its_own_guarantee(
