@@ -157,3 +157,22 @@ def test_a_spell_long_only_for_a_gang_is_told_from_one_where_a_single_gpu_claim_
     s = summarize("ours", result)
     assert (s.owed_spells, s.owed_over_bound, s.owed_over_bound_gangs) == (3, 2, 1)
     assert s.owed_max_s == 5000.0
+
+
+def test_a_gang_within_its_guarantee_starts_within_the_bound_though_the_borrowed_work_is_scattered():
+    # b fills both 4-GPU nodes with 2-GPU jobs at t = 0; job 2 ends at 100 and job 5 (borrowed,
+    # as b already holds its guarantee of 4) takes its place. b's borrowed attempts are then
+    # job 5 and the last of its t = 0 jobs, one on each node, so they free no node for a's
+    # 4-GPU job within its guarantee of 4 at t = 200: a node of b's surplus is taken back.
+    jobs = [job(k, "b", 0, 100 if k == 2 else 5000, gpus=2) for k in range(1, 5)]
+    jobs += [job(5, "b", 101, 5000, gpus=2), job(10, "a", 200, 100, gpus=4)]
+    t = trace(jobs, {"a": (1, 4), "b": (1, 4)})
+    result = run(t, "ours")
+    assert 10 in result.within_guarantee_job_ids
+    s = summarize("ours", result)
+    assert (s.guaranteed_over_bound, s.owed_over_bound) == (0, 0)
+    assert by_id(result)[10].first_start_s - 200 <= result.guarantee_wait_bound_s
+    # b keeps its guarantee: two of its jobs were stopped, no more.
+    assert sum(o.preemptions for o in result.outcomes if o.tenant == "b") == 2
+    fifo = by_id(run(t, "fifo-shared"))
+    assert fifo[10].first_start_s >= 5000  # without preemption, a waits for b's long jobs
