@@ -164,8 +164,8 @@ PREEMPTING = st.builds(
 
 @st.composite
 def full_clusters(draw) -> Snapshot:
-    """Nodes of 8 GPUs, every GPU held by tenants that borrow past their guarantees, and
-    gangs waiting: the cluster where who gives a node back matters."""
+    """Nodes of 8 GPUs, every GPU held, mostly by tenants with small guarantees, and gangs
+    waiting of a tenant owed much: the cluster where who gives a node back matters."""
     nodes = tuple(
         Node(f"n{i}", "p", tuple(Gpu(f"n{i}-g{j}", j, "H100", 100, 700, 700) for j in range(8)))
         for i in range(draw(st.integers(2, 5)))
@@ -449,7 +449,6 @@ def test_a_node_reclaimed_from_surplus_leaves_every_tenant_its_whole_guarantee(s
             held[(victim.tenant, key)] -= len(victim.gpus)
         if RECLAIMED not in x.reason:
             continue
-        assert len(victim.gpus) > 0
         for key in (victim.gpu_type, ANY_GPU_TYPE):
             if (victim.tenant, key) in guarantees:
                 assert held[(victim.tenant, key)] >= guarantees[(victim.tenant, key)], (x, key)
