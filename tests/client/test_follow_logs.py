@@ -1,8 +1,12 @@
 """follow_logs reads from where it was, follows a requeued job's next attempt, and stops at
 the job's end (the API's pages scripted with httpx's mock transport)."""
 
+import time
+
 import httpx
 from gpucp.client import Client
+
+from tests.threads import in_this_thread
 
 
 def page(attempt, attempts, text, offset, *, attempt_finished=False, finished=False):
@@ -66,7 +70,7 @@ def test_a_follower_told_it_asks_too_often_waits_as_told_and_loses_nothing(monke
         return httpx.Response(200, json=answer)
 
     slept = []
-    monkeypatch.setattr("gpucp.client.time.sleep", slept.append)
+    monkeypatch.setattr("gpucp.client.time.sleep", in_this_thread(slept.append, time.sleep))
     client = Client("http://cp.test", "t", transport=httpx.MockTransport(answer))
 
     assert "".join(client.follow_logs(7, poll_s=0.001)) == "one\ntwo\n"

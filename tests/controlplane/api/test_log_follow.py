@@ -8,6 +8,7 @@ from django.db import connection
 from controlplane.jobs.api import views
 from controlplane.jobs.models import LogChunk
 from tests.controlplane.api.test_jobs_api import admit, finish
+from tests.threads import in_this_thread
 
 
 def logs(world, job, query="", **headers):
@@ -64,7 +65,7 @@ def test_a_follower_waits_for_output_written_while_it_waits(world, monkeypatch):
         arrived.set()  # the answer is waiting: now write
         real_sleep(seconds)
 
-    monkeypatch.setattr(views.time, "sleep", sleep)
+    monkeypatch.setattr(views.time, "sleep", in_this_thread(sleep, real_sleep))
     body = logs(world, job, "follow=true").json()
     writer.join()
     assert body["text"] == "late line\n" and not body["finished"]
@@ -95,18 +96,11 @@ def test_tail_and_following_do_not_mix(world, query, field):
 
 
 def test_following_a_job_that_has_not_started_answers_at_once(world, monkeypatch):
-    # time.sleep is the module's own, shared with every thread of the process: the request
-    # runs in this thread, and a background one (the HTTP metrics flusher) must keep sleeping,
-    # or it dies on the assertion and its process flushes no more counts.
-    request_thread = threading.current_thread()
-    real_sleep = views.time.sleep
-
     def no_waiting(seconds):
-        if threading.current_thread() is not request_thread:
-            return real_sleep(seconds)
         raise AssertionError("the answer waited for a job with no attempt")
 
-    monkeypatch.setattr(views.time, "sleep", no_waiting)
+    # The request runs in this thread (tests.threads says why only this one).
+    monkeypatch.setattr(views.time, "sleep", in_this_thread(no_waiting, views.time.sleep))
     body = logs(world, world.vision_job, "follow=true").json()
     assert (body["attempt"], body["text"], body["finished"]) == (None, "", False)
 
