@@ -401,18 +401,28 @@ def test_work_that_cannot_be_taken_back_never_grows_past_a_guarantee(snap, confi
                 assert after[key] <= q.guaranteed_gpus, (key, before[key], after[key])
 
 
+def _guarantees(snap: Snapshot) -> dict[tuple[str, str], int]:
+    return {(t.name, q.gpu_type): q.guaranteed_gpus for t in snap.tenants for q in t.quotas}
+
+
+def _held(snap: Snapshot) -> Counter:
+    """GPUs each tenant holds in attempts not told to stop, by (tenant, type) and ANY."""
+    held: Counter = Counter()
+    for r in snap.running:
+        if not r.stopping:
+            held[(r.tenant, r.gpu_type)] += len(r.gpus)
+            held[(r.tenant, ANY_GPU_TYPE)] += len(r.gpus)
+    return held
+
+
 @SETTINGS
 @given(snapshots(), configs)
 def test_a_tenant_within_its_guarantee_never_loses_an_attempt_to_another_tenant(snap, config):
     p = plan(snap, config)
     jobs = {j.job_id: j for j in snap.pending}
     attempts = {r.attempt_id: r for r in snap.running}
-    guarantees = {(t.name, q.gpu_type): q.guaranteed_gpus for t in snap.tenants for q in t.quotas}
-    active: Counter = Counter()
-    for r in snap.running:
-        if not r.stopping:
-            active[(r.tenant, r.gpu_type)] += len(r.gpus)
-            active[(r.tenant, ANY_GPU_TYPE)] += len(r.gpus)
+    guarantees = _guarantees(snap)
+    active = _held(snap)
     for x in p.preemptions:
         victim = attempts[x.attempt_id]
         taker = jobs.get(x.for_job_id)
@@ -437,12 +447,8 @@ def test_a_node_reclaimed_from_surplus_leaves_every_tenant_its_whole_guarantee(s
     # in the plan's order, after each such preemption the victim still holds its guarantees.
     p = plan(snap, config)
     attempts = {r.attempt_id: r for r in snap.running}
-    guarantees = {(t.name, q.gpu_type): q.guaranteed_gpus for t in snap.tenants for q in t.quotas}
-    held: Counter = Counter()
-    for r in snap.running:
-        if not r.stopping:
-            held[(r.tenant, r.gpu_type)] += len(r.gpus)
-            held[(r.tenant, ANY_GPU_TYPE)] += len(r.gpus)
+    guarantees = _guarantees(snap)
+    held = _held(snap)
     for x in p.preemptions:
         victim = attempts[x.attempt_id]
         for key in (victim.gpu_type, ANY_GPU_TYPE):
