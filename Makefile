@@ -14,7 +14,7 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 # What the type checker reads; its settings (strict on the core and the agent) are in pyproject.toml.
 MYPY_PATHS := scheduler agents controlplane frontend client/src/gpucp
 
-.PHONY: run test venv lint format services system-deps clean
+.PHONY: run test venv lint format services system-deps clean core
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ venv: $(STAMP)
 ## Embedded mode: SQLite, in-process scheduling loop, simulated GPU agents, on 127.0.0.1:8000.
 run: venv
 	$(BIN)/python manage.py embedded
+
+## The scheduling core compiled with mypyc, for the simulator's long replays (scheduler/native.py).
+core: venv
+	$(BIN)/python scripts/build_core.py
 
 system-deps:
 	bash scripts/install-system-deps.sh

@@ -17,7 +17,9 @@ promise per tenant whichever of its jobs the policy serves first (spells during 
 held less than its guarantee while a job of it that fits in the rest waited: how many, how
 many lasted past the bound, and the longest), and
 where `ours` stands between fifo-shared and srtf-shared. ``--results DIR`` keeps every replay
-(``L<load>-<policy>.pkl``) and reuses it.
+(``L<load>-<policy>.pkl``) and reuses it. ``--core python`` runs the scheduling core from
+source instead of its mypyc build (the default, built first where missing; scheduler/native.py):
+the decisions are the same, the CPU seconds are not.
 
 A policy may be a preset with fields of its Config set otherwise, ``PRESET+FIELD=VALUE[+...]``
 (``ours+max_preemptions=3``): a variant measured beside the presets. Under the table: the
@@ -33,12 +35,34 @@ import hashlib
 import math
 import os
 import pickle
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
+
+def _core(argv: list[str]) -> str:
+    """``--core`` from the command line, read before the core is imported: which one it is is
+    settled at its import (scheduler.native)."""
+    for i, arg in enumerate(argv):
+        if arg == "--core" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--core="):
+            return arg.partition("=")[2]
+    return "compiled"
+
+
+CORE = _core(sys.argv)
+if CORE == "compiled":
+    # Built once per version of the sources (about two minutes), kept in var/build/core.
+    subprocess.run([sys.executable, str(REPO / "scripts" / "build_core.py")], check=True)
+if CORE in ("compiled", "python"):
+    os.environ["GPUCP_CORE"] = CORE
+
+from scheduler import native  # noqa: E402
 from scheduler.simulator.compare import run_preset  # noqa: E402
 from scheduler.simulator.engine import Result, SimOptions  # noqa: E402
 from scheduler.simulator.loaders import load_trace  # noqa: E402
@@ -167,7 +191,15 @@ def main() -> int:
     parser.add_argument("--policies", default=",".join(PRESETS))
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument(
+        "--core",
+        choices=("compiled", "python"),
+        default="compiled",
+        help="run the scheduling core compiled with mypyc (built first if this version of the "
+        "sources has no build yet) or from source; both decide alike (scheduler/native.py)",
+    )
     args = parser.parse_args()
+    print(f"core: {native.active()}  (load {_load()})", flush=True)
     loads = [float(x) for x in args.loads.split(",")]
     names = [n for n in args.policies.split(",") if n]
     for load in loads:

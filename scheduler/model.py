@@ -8,7 +8,9 @@ referred to by stable string keys, jobs and attempts by integer ids.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 ANY_GPU_TYPE = ""
 
@@ -236,6 +238,28 @@ class Config:
     # "Eco" mode: with no binding budget, run each job at the least-energy cap that makes it at
     # most this much slower (0.05 = 5 %); None runs unconstrained jobs uncapped.
     eco_max_slowdown: float | None = None
+
+
+def config_with(base: Config, changes: Mapping[str, object]) -> Config:
+    """``base`` with ``changes`` (an operator's settings, a benchmark's variant) applied, checked
+    here: an unknown field is an error naming it, and a choice given by name (``"sjf"``) becomes
+    its member, so that a compiled core (scheduler.native), which checks every field's type,
+    takes the same settings as the source."""
+    known = {f.name: getattr(base, f.name) for f in fields(Config)}
+    unknown = sorted(set(changes) - set(known))
+    if unknown:
+        raise ValueError(f"unknown Config fields: {', '.join(unknown)}")
+    typed: dict[str, Any] = {}
+    for name, value in changes.items():
+        current = known[name]
+        if isinstance(current, enum.Enum) and isinstance(value, str):
+            try:
+                value = type(current)(value)
+            except ValueError:
+                choices = ", ".join(m.value for m in type(current))
+                raise ValueError(f"{name}={value!r}: expected one of {choices}") from None
+        typed[name] = value
+    return replace(base, **typed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,7 +201,7 @@ class _Ledger:
 
 
 def _delta_w(unit: _Unit, from_w: float, to_w: float) -> float:
-    return sum(unit.draw_w(to_w).values()) - sum(unit.draw_w(from_w).values())
+    return sum(unit.draw_w(to_w).values(), 0.0) - sum(unit.draw_w(from_w).values(), 0.0)
 
 
 def _cap_for_delta(unit: _Unit, from_w: float, to_w: float, delta_w: float) -> float:

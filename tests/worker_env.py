@@ -24,6 +24,10 @@ def _worker_redis_url(url: str, worker: str) -> str:
     return f"{match.group(1)}/{(base - index) % REDIS_DATABASES}"
 
 
+# The suites test the core from source (a compiled build, where one exists, is tested on its
+# own: tests/scheduler/test_native.py); the servers and scripts the tests start inherit this.
+os.environ.setdefault("GPUCP_CORE", "python")
+
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and os.environ.get("REDIS_URL"):
     os.environ["REDIS_URL"] = _worker_redis_url(os.environ["REDIS_URL"], _worker)

@@ -7,7 +7,6 @@ plan behind, and the next cycle plans from the same state again.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -33,12 +32,13 @@ MAX_LISTED_DECISIONS = 200
 def scheduler_config() -> m.Config:
     """The policy's switches: the core's defaults, overridden by settings.SCHEDULER_POLICY."""
     overrides = getattr(settings, "SCHEDULER_POLICY", None) or {}
-    known = {f.name for f in dataclasses.fields(m.Config)}
-    unknown = set(overrides) - known
-    if unknown:
-        raise ValueError(f"SCHEDULER_POLICY has unknown keys: {sorted(unknown)}")
     # The cost of a restart is the operator's setting; SCHEDULER_POLICY may still override it.
-    return m.Config(**{"restart_cost_s": settings.PREEMPTION_RESTART_COST_S, **overrides})
+    try:
+        return m.config_with(
+            m.Config(), {"restart_cost_s": settings.PREEMPTION_RESTART_COST_S, **overrides}
+        )
+    except ValueError as e:
+        raise ValueError(f"SCHEDULER_POLICY: {e}") from None
 
 
 # The loader hands out the same node and history tuples from cycle to cycle until they change

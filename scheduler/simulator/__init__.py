@@ -4,6 +4,12 @@
 command builds on it); ``python -m scheduler.simulator`` compares policy presets on a trace.
 """
 
+from scheduler import native as _native
+
+# Before the modules below are imported: they are taken from the compiled build where it is
+# used (scheduler.native).
+_native.attach(__name__, __path__)
+
 from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.engine import (
     JobOutcome,

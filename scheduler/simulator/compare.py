@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
+from scheduler.model import config_with
 from scheduler.simulator.engine import (
     PlanFunction,
     Progress,
@@ -47,7 +48,7 @@ def run_preset(
     ``config_changes``: fields of the preset's Config to set otherwise (a variant of it).
     """
     p = preset(name)
-    config = replace(p.config, **config_changes) if config_changes else p.config
+    config = config_with(p.config, config_changes) if config_changes else p.config
     jobs, nodes, tenants = cluster_for(trace, p.sharing)
     jobs = compress_arrivals(jobs, load_factor)
     opts = replace(options, oracle=p.oracle, partitioned_tenants=independent(trace, p.sharing))

@@ -14,10 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from scheduler.model import ANY_GPU_TYPE
+from scheduler.native import ROOT
 from scheduler.simulator.trace import Trace, TraceJob, TraceNode, TraceTenant
 
-# Relative to the project root; the data is read from there, never copied.
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+# Beside the project's root; the data is read from there, never copied. (The root of the
+# sources, not of this file: compiled, it lives in the build's directory.)
+DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"
 PHILLY_GPUS_PER_NODE = 8
 # Philly ran P100 and P40 boards; the power model knows the P100, so every Philly GPU is one.
 PHILLY_GPU_TYPE = "P100-PCIE-16GB"

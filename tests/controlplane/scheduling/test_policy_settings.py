@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.scheduling.cycle import scheduler_config
+from scheduler.model import Ordering, VictimOrder
+
 _CONFIG_OF_A_FRESH_PROCESS = """
 import django
 django.setup()
@@ -43,3 +46,27 @@ def test_a_preemption_bound_that_is_not_a_count_stops_the_process_with_its_name(
     done = _run(SCHEDULER_MAX_PREEMPTIONS=setting)
     assert done.returncode != 0
     assert "SCHEDULER_MAX_PREEMPTIONS must be" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"ordering": "fastest"}, "SCHEDULER_POLICY: ordering='fastest': expected one of fair,"),
+        ({"min_runtime": 5}, "SCHEDULER_POLICY: unknown Config fields: min_runtime"),
+    ],
+)
+def test_a_policy_setting_the_core_does_not_know_is_an_error_naming_it(
+    settings, overrides, message
+):
+    settings.SCHEDULER_POLICY = overrides
+    with pytest.raises(ValueError, match=message):
+        scheduler_config()
+
+
+def test_a_policy_choice_given_by_name_becomes_the_core_s_own_member(settings):
+    # What an operator's settings hold is text; the core (which may run compiled, checking
+    # every field's type) gets the member.
+    settings.SCHEDULER_POLICY = {"ordering": "sjf", "victim_order": "youngest"}
+    config = scheduler_config()
+    assert config.ordering is Ordering.SJF
+    assert config.victim_order is VictimOrder.YOUNGEST
