@@ -96,33 +96,24 @@ def build() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def run_probe(cwd: Path, mode: str) -> dict[str, object]:
+def python_with_core(mode: str, args: list[str], cwd: Path = REPO) -> str:
+    """The output of a fresh interpreter run with GPUCP_CORE=mode in ``cwd``."""
     env = dict(os.environ, GPUCP_CORE=mode, PYTHONPATH=str(cwd))
-    done = subprocess.run(
-        [sys.executable, "-c", "from scheduler import native; print(native.active())"],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {"core": done.stdout.strip()}
+    return done.stdout
 
 
+ACTIVE = ["-c", "from scheduler import native; print(native.active())"]
+
+
+# Both tests need the build: on one worker, so that it is made once, not twice at once.
 @pytest.mark.slow
+@pytest.mark.xdist_group("native-build")
 def test_the_compiled_core_decides_exactly_as_the_source_does():
     where = build()
     assert (where / "COMPLETE").is_file()
-    env = dict(os.environ, GPUCP_CORE="compiled")
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.scheduler.native_probe"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    compiled = json.loads(done.stdout)
+    compiled = json.loads(python_with_core("compiled", ["-m", "tests.scheduler.native_probe"]))
     assert compiled["core"] == f"mypyc {where.name}"
 
     from_source = native_probe.fingerprints()
@@ -137,11 +128,12 @@ def test_the_compiled_core_decides_exactly_as_the_source_does():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("native-build")
 def test_the_import_takes_the_build_of_its_sources_and_leaves_a_stale_one(tmp_path):
     where = build()
     root = copy_of_sources(tmp_path)
     shutil.copytree(where, native.build_dir(root))
 
-    assert run_probe(root, "auto") == {"core": f"mypyc {where.name}"}
+    assert python_with_core("auto", ACTIVE, root).strip() == f"mypyc {where.name}"
     edited(root / "scheduler" / "quota.py")
-    assert run_probe(root, "auto") == {"core": "python"}
+    assert python_with_core("auto", ACTIVE, root).strip() == "python"
