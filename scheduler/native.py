@@ -10,9 +10,10 @@ source stays the one truth:
   (with the interpreter's tag) names its directory, ``var/build/core/<digest>/``: a module
   edited since is never shadowed by a stale build, it simply finds none;
 - without a build, or with ``GPUCP_CORE=python``, everything runs from source as before;
-  ``GPUCP_CORE=compiled`` refuses to run without one (what a benchmark or a deployment that
-  counts on it sets);
-- ``make core`` builds (scripts/build_core.py; the container image builds it too).
+  ``GPUCP_CORE=compiled`` refuses to run without one (what a benchmark that counts on it
+  sets); the control plane and the agent default to ``python`` (controlplane/__init__.py);
+- ``make core`` builds (scripts/build_core.py); the container image does not, since the
+  processes it runs use the source.
 
 This module is the package's one piece of I/O, at import only: it reads the package's sources
 to find their build. It is never compiled itself (nor the packages' ``__init__`` files, which
