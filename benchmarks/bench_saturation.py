@@ -57,7 +57,7 @@ def _core(argv: list[str]) -> str:
 
 CORE = _core(sys.argv)
 if CORE == "compiled":
-    # Built once per version of the sources (about two minutes), kept in var/build/core.
+    # Built once per version of the sources (about 75 s), kept in var/build/core.
     subprocess.run([sys.executable, str(REPO / "scripts" / "build_core.py")], check=True)
 if CORE in ("compiled", "python"):
     os.environ["GPUCP_CORE"] = CORE

@@ -34,11 +34,17 @@ PACKAGE = "scheduler"
 ROOT = Path(__file__).resolve().parents[1]
 # Kept from source: every package's __init__ and __main__ (the import machinery calls this
 # module from them, and a compiled __init__ would take its package's path over), this module,
-# and the report writers, which spend their time in matplotlib and file output.
+# the report writers, which spend their time in matplotlib and file output, and what runs once
+# per replay (loading a trace, summing up its results) or outside the planner (the power-model
+# fit), which would only lengthen the build.
 NOT_COMPILED_NAMES = frozenset({"__init__.py", "__main__.py"})
 NOT_COMPILED = frozenset(
     {
         "native.py",
+        "power_fit.py",
+        "simulator/compare.py",
+        "simulator/loaders.py",
+        "simulator/metrics.py",
         "simulator/plots.py",
         "simulator/report.py",
         "simulator/sweep.py",

@@ -1151,27 +1151,13 @@ def find_victims(
     if s.cross or s.baseline is not None:
         victims.cross_counts(s.gpu_type)
     cross_gpus = victims.cross_gpus.get(s.gpu_type, {})
-
-    def node_usable(node: int) -> bool:
-        return (
-            ti.node_cap.get(node, 0) >= n
-            and node not in protected
-            and (fits is None or fits(node, n))
-        )
-
-    def potential(node: int) -> int:
-        return ti.free_on(node) + ti.soon.get(node, 0) + cross_gpus.get(node, 0)
-
+    # (No nested functions here: compiled by mypyc, they and the function's locals would form
+    # a reference cycle at every search, left to the cyclic collector; scheduler.native.)
     # What a gang has before any victim: free and soon-free GPUs on the nodes it may use.
     if nodes_ok is None:
         gang_base = ti.total_free + ti.soon_total
     else:
         gang_base = sum(ti.free_on(i) + ti.soon.get(i, 0) for i in ti.node_cap if nodes_ok(i))
-
-    def usable_gpus(c: Candidate) -> int:
-        if nodes_ok is None:
-            return sum(c.nodes.values())
-        return sum(count for node, count in c.nodes.items() if nodes_ok(node))
 
     sources = _sources(s, victims, ti, need_capacity)
     if s.need_quota:
@@ -1215,9 +1201,16 @@ def find_victims(
             if c.tenant != s.tenant:
                 if not books[c.tenant].over_guarantee(s.gpu_type, tentative.get(c.tenant, 0)):
                     continue
-                if need_capacity and single and not any(potential(node) >= n for node in c.nodes):
+                if (
+                    need_capacity
+                    and single
+                    and not any(
+                        ti.free_on(node) + ti.soon.get(node, 0) + cross_gpus.get(node, 0) >= n
+                        for node in c.nodes
+                    )
+                ):
                     continue
-                if need_capacity and nodes_ok is not None and not usable_gpus(c):
+                if need_capacity and nodes_ok is not None and not _usable_gpus(c, nodes_ok):
                     continue
             seen.add(aid)
             chosen.append((c, source))
@@ -1226,14 +1219,14 @@ def find_victims(
                 own_given += c.size
             for node, count in c.nodes.items():
                 freed[node] = freed.get(node, 0) + count
-            freed_total += usable_gpus(c)
+            freed_total += _usable_gpus(c, nodes_ok)
             if need_capacity:
                 if single:
                     if target is None:
                         for node in sorted(c.nodes):
                             if ti.free_on(node) + ti.soon.get(node, 0) + freed[
                                 node
-                            ] >= n and node_usable(node):
+                            ] >= n and _node_usable(ti, n, protected, fits, node):
                                 target = node
                                 break
                     capacity_ok = target is not None
@@ -1251,36 +1244,48 @@ def find_victims(
 
     # Only victims that help: on the target node, anywhere for a gang, or the tenant's own for
     # quota. Then give back every one that is not needed, last chosen first.
-    def helps(c: Candidate) -> bool:
+    kept = []
+    for c, source in chosen:
         if c.tenant == s.tenant and s.need_quota:
-            return True
-        if not need_capacity:
-            return False
-        if single:
-            return target in c.nodes
-        return nodes_ok is None or usable_gpus(c) > 0
-
-    kept = [(c, source) for c, source in chosen if helps(c)]
-
-    def enough(without: Candidate) -> bool:
+            helps = True
+        elif not need_capacity:
+            helps = False
+        elif single:
+            helps = target in c.nodes
+        else:
+            helps = nodes_ok is None or _usable_gpus(c, nodes_ok) > 0
+        if helps:
+            kept.append((c, source))
+    for pair in reversed(list(kept)):
+        without = pair[0]
         rest = [c for c, _ in kept if c is not without]
         if sum(c.size for c in rest if c.tenant == s.tenant) < s.need_quota:
-            return False
-        if not need_capacity:
-            return True
-        if single:
-            assert target is not None, "a job on one node is satisfied only once it has a node"
-            got = ti.free_on(target) + ti.soon.get(target, 0)
-            got += sum(c.nodes.get(target, 0) for c in rest)
-        else:
-            got = gang_base + sum(usable_gpus(c) for c in rest)
-        return got >= n
-
-    for pair in reversed(list(kept)):
-        if enough(pair[0]):
-            kept.remove(pair)
+            continue
+        if need_capacity:
+            if single:
+                assert target is not None, "a job on one node is satisfied only once it has a node"
+                got = ti.free_on(target) + ti.soon.get(target, 0)
+                got += sum(c.nodes.get(target, 0) for c in rest)
+            else:
+                got = gang_base + sum(_usable_gpus(c, nodes_ok) for c in rest)
+            if got < n:
+                continue
+        kept.remove(pair)
     rules = {"cross": "cross", "own": "own", "baseline": str(s.baseline)}
     return [(c, rules[source]) for c, source in kept], (target if single else None)
+
+
+def _node_usable(ti: TypeIndex, n: int, protected: set[int], fits: Fits | None, node: int) -> bool:
+    return (
+        ti.node_cap.get(node, 0) >= n and node not in protected and (fits is None or fits(node, n))
+    )
+
+
+def _usable_gpus(c: Candidate, nodes_ok: Callable[[int], bool] | None) -> int:
+    """The GPUs a victim frees on the nodes the job may use."""
+    if nodes_ok is None:
+        return sum(c.nodes.values())
+    return sum(count for node, count in c.nodes.items() if nodes_ok(node))
 
 
 def _least_lost(

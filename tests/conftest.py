@@ -8,6 +8,13 @@ import uuid
 
 import pytest
 from django.db.backends.signals import connection_created
+from hypothesis import settings
+
+# No time limit per example in any property test: these machines are shared, and a slow
+# example under load is not a failure (Hypothesis's default deadline of 200 ms made one, with
+# CI and another suite running side by side). Tests that set their own settings inherit this.
+settings.register_profile("gpucp", deadline=None)
+settings.load_profile("gpucp")
 
 
 def _never_the_deadlock_victim(sender, connection, **kwargs):

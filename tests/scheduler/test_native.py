@@ -86,7 +86,7 @@ def test_the_control_plane_and_the_agent_run_the_core_from_source():
 
 def build() -> Path:
     """The real build of this checkout's core (kept in var/build/core, made once per version of
-    the sources: about two minutes)."""
+    the sources: about 75 s here)."""
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "build_core.py")],
         capture_output=True,
