@@ -414,13 +414,17 @@ if "SCHEDULER_MIN_RUNTIME_S" in os.environ:
     SCHEDULER_POLICY["min_runtime_s"] = env_float("SCHEDULER_MIN_RUNTIME_S", 60.0)
 if os.environ.get("SCHEDULER_MAX_PREEMPTIONS", ""):
     # A job preempted this many times is not preempted again and then runs only within its
-    # tenant's guarantee (docs/job-contract.md); unset: no bound, the core's default.
-    try:
-        _max_preemptions = int(os.environ["SCHEDULER_MAX_PREEMPTIONS"])
-    except ValueError:
-        raise ImproperlyConfigured("SCHEDULER_MAX_PREEMPTIONS must be a whole number") from None
-    if _max_preemptions < 0:
-        raise ImproperlyConfigured("SCHEDULER_MAX_PREEMPTIONS must be 0 or more")
+    # tenant's guarantee (docs/job-contract.md); unset: the core's default (5), "none": no bound.
+    _max_preemptions: int | None = None
+    if os.environ["SCHEDULER_MAX_PREEMPTIONS"].strip().lower() != "none":
+        try:
+            _max_preemptions = int(os.environ["SCHEDULER_MAX_PREEMPTIONS"])
+        except ValueError:
+            raise ImproperlyConfigured(
+                "SCHEDULER_MAX_PREEMPTIONS must be a whole number, or none for no bound"
+            ) from None
+        if _max_preemptions < 0:
+            raise ImproperlyConfigured("SCHEDULER_MAX_PREEMPTIONS must be 0 or more")
     SCHEDULER_POLICY["max_preemptions"] = _max_preemptions
 
 # Node liveness (docs/agent-protocol.md, "Leases"). A node silent for

@@ -96,22 +96,24 @@ class _Borrowed:
     (a tenth of a preempting replay).
     """
 
-    __slots__ = ("_running", "_books", "_totals", "_ids")
+    __slots__ = ("_running", "_books", "_totals", "_bound", "_ids")
 
     def __init__(
         self,
         running: tuple[Running, ...],
         books: dict[str, Book],
         totals: quota.RunningTotals | None,
+        bound: quota.PreemptionBound,
     ):
         self._running = running
         self._books = books
         self._totals = totals
+        self._bound = bound
         self._ids: set[int] | None = None
 
     def __call__(self) -> set[int]:
         if self._ids is None:
-            self._ids = quota.label_borrowed(self._running, self._books, self._totals)
+            self._ids = quota.label_borrowed(self._running, self._books, self._totals, self._bound)
         return self._ids
 
 
@@ -145,7 +147,13 @@ class Admission:
         self.index = index
         self.books = books
         self.predicted_s = predicted_s
-        self._borrowed = _Borrowed(snapshot.running, books, totals)
+        # Config.max_preemptions as it applies to each job (the one the totals were summed under).
+        self.bound = (
+            totals.bound
+            if totals is not None
+            else quota.PreemptionBound(config.max_preemptions, snapshot.tenants)
+        )
+        self._borrowed = _Borrowed(snapshot.running, books, totals, self.bound)
         self.capacity = {t: ti.total_cap for t, ti in index.types.items()}
         self.types = list(index.types)  # sorted by name
         self.reservations: dict[str, Reservation] = {}
@@ -210,6 +218,7 @@ class Admission:
                 self._kept_candidates,
                 pool,
                 self._totals,
+                self.bound,
             )
         return self._victims
 
@@ -264,7 +273,6 @@ class Admission:
         if n <= 0:
             self._start_without_gpus(job, book)
             return
-        capped = quota.exempt(job.preemptions, self.config)
         types = self.index.types
         if job.gpu_type:
             ti = types.get(job.gpu_type)
@@ -280,6 +288,7 @@ class Admission:
             if job.volumes and not self._volumes_possible(job, ti):
                 self._wait(job, RC.MISSING_VOLUME, job.gpu_type)
                 return
+            capped = self.bound.reached(job.tenant, ti.gpu_type, n, job.preemptions)
             verdict = quota.check(book, ti.gpu_type, n, job.preemptible, self.config, capped)
             if verdict.ok and self._place(job, ti, book, verdict.borrowed):
                 return
@@ -297,6 +306,7 @@ class Admission:
             elif job.volumes and not self._volumes_possible(job, ti):
                 volumes_missing = True
             else:
+                capped = self.bound.reached(job.tenant, t, n, job.preemptions)
                 options.append((ti, quota.check(book, t, n, job.preemptible, self.config, capped)))
         if not options:
             if volumes_missing:
@@ -458,7 +468,8 @@ class Admission:
         book.add(
             ti.gpu_type,
             job.gpus,
-            fixed=not quota.takeable(job.preemptible, job.preemptions, self.config.max_preemptions),
+            fixed=not job.preemptible
+            or self.bound.reached(job.tenant, ti.gpu_type, job.gpus, job.preemptions),
         )
         book.running_jobs += 1
         fairness.refresh(book, self.capacity)

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scheduler.backfill import ReleaseIndex
-    from scheduler.model import Config, HistoryRecord, Node, Running
+    from scheduler.model import Config, HistoryRecord, Node, Running, Tenant
     from scheduler.placement import FreeGPUs, Topology
     from scheduler.predict import HistoryIndex
     from scheduler.preemption import Candidate, VictimPool
-    from scheduler.quota import RunningTotals
+    from scheduler.quota import PreemptionBound, RunningTotals
     from scheduler.reasons import Fleet
 
 
@@ -36,6 +36,7 @@ class PlanMemo:
         "_free",
         "_candidates",
         "_victim_pool",
+        "_bound",
         "sentences",
     )
 
@@ -54,16 +55,39 @@ class PlanMemo:
         # ((instant, config, topology), victim candidates by id of their attempt object)
         self._candidates: tuple[tuple[float, Config, Topology], dict[int, Any]] | None = None
         self._victim_pool: VictimPool | None = None
+        # (the bound's Config.max_preemptions, the tenants it was made from, the bound)
+        self._bound: tuple[int | None, tuple[Tenant, ...], PreemptionBound] | None = None
+
+    def preemption_bound(
+        self, max_preemptions: int | None, tenants: tuple[Tenant, ...]
+    ) -> PreemptionBound:
+        """Config.max_preemptions as it applies to these tenants' jobs (scheduler.quota.
+        PreemptionBound): the same object while the tenants' guarantees are the same, so what
+        was summed under it (running_totals) is kept."""
+        from scheduler.quota import PreemptionBound
+
+        cached = self._bound
+        if cached is not None and cached[0] == max_preemptions and cached[1] is tenants:
+            return cached[2]
+        bound = PreemptionBound(max_preemptions, tenants)
+        if cached is not None and cached[2].key == bound.key:
+            bound = cached[2]
+        self._bound = (max_preemptions, tenants, bound)
+        return bound
 
     def running_totals(
-        self, running: tuple[Running, ...], max_preemptions: int | None = None
+        self, running: tuple[Running, ...], bound: PreemptionBound | None = None
     ) -> RunningTotals:
         """The running attempts summed (scheduler.quota.RunningTotals), kept from call to call
         while the preemption bound they are summed under is the same."""
-        from scheduler.quota import RunningTotals
+        from scheduler.quota import PreemptionBound, RunningTotals
 
-        if self._running is None or self._running.max_preemptions != max_preemptions:
-            self._running = RunningTotals(max_preemptions)
+        if bound is None:
+            bound = PreemptionBound()
+        if self._running is None or (
+            self._running.bound is not bound and self._running.bound.key != bound.key
+        ):
+            self._running = RunningTotals(bound)
         return self._running.update(running)
 
     def releases(
@@ -135,14 +159,15 @@ class PlanMemo:
         from scheduler.preemption import VictimPool
 
         pool = self._victim_pool
+        totals = self._running
+        assert totals is not None, "running_totals() first"
         if (
             pool is None
             or (pool.config is not config and pool.config != config)
             or pool.topo is not topology
+            or pool.bound is not totals.bound
         ):
-            pool = self._victim_pool = VictimPool(config, topology)
-        totals = self._running
-        assert totals is not None, "running_totals() first"
+            pool = self._victim_pool = VictimPool(config, topology, totals.bound)
         pool.follow(totals)
         return pool
 

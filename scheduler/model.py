@@ -223,7 +223,10 @@ class Config:
     # bound), so no job restarts over and over; draining a node still stops it. Such a job may
     # then start only within its tenant's guarantee, as a job that cannot be preempted: GPUs it
     # borrowed could not be given back to the tenant they belong to (scheduler.quota.check).
-    max_preemptions: int | None = None
+    # A job its tenant's guarantee cannot hold (quota.PreemptionBound) is not bounded: it could
+    # never start again. 5 keeps every promise of the saturated replays at L = 6 and 8 and
+    # costs them under 3 % (docs/simulator-saturation.md, thirteenth pass).
+    max_preemptions: int | None = 5
     victim_order: VictimOrder = VictimOrder.LOST_WORK
     # What restarting a victim costs besides the work it loses (image, data, checkpoint load).
     restart_cost_s: float = 60.0

@@ -77,7 +77,8 @@ def _plan(snapshot: Snapshot, config: Config, memo: PlanMemo) -> Plan:
         config = replace(config, ordering=Ordering(config.ordering))
     steps: dict[str, float] = {}
     t0 = perf_counter()
-    totals = memo.running_totals(snapshot.running, config.max_preemptions)
+    bound = memo.preemption_bound(config.max_preemptions, snapshot.tenants)
+    totals = memo.running_totals(snapshot.running, bound)
     topology = memo.topology(snapshot.nodes)
     index = ClusterIndex(
         snapshot.nodes,

@@ -49,7 +49,7 @@ from typing import Any, NamedTuple, overload
 from scheduler.model import Config, Ordering, Running, VictimOrder
 from scheduler.placement import ClusterIndex, Fits, Topology, TypeIndex, nodes_of
 from scheduler.priority import attained_now, las_queue
-from scheduler.quota import Book, RunningTotals, exempt
+from scheduler.quota import Book, PreemptionBound, RunningTotals
 
 
 class Candidate:
@@ -141,7 +141,16 @@ class Victims:
         kept: dict[int, tuple[Running, Candidate]] | None = None,
         pool: VictimPool | None = None,
         totals: RunningTotals | None = None,
+        bound: PreemptionBound | None = None,
     ):
+        # `bound`: Config.max_preemptions as it applies to each attempt (PreemptionBound).
+        self._bound = (
+            bound
+            if bound is not None
+            else totals.bound
+            if totals is not None
+            else PreemptionBound(config.max_preemptions)
+        )
         # `kept`: candidates made by earlier plans at this same instant, under this config and
         # topology (PlanMemo.candidates), by id of their attempt object: reused for the same
         # object, since a candidate depends on nothing else.
@@ -185,13 +194,11 @@ class Victims:
         if self._by_type is None:
             by_type: dict[str, list[Running]] = {}
             min_runtime_s = self._config.min_runtime_s
-            config = self._config
             now_s = self._now_s
             by_owner = self._by_owner
+            takeable = self._bound.takeable
             for r in self._running:
-                if r.stopping or not r.preemptible or now_s - r.started_at_s < min_runtime_s:
-                    continue
-                if exempt(r.preemptions, config):
+                if r.stopping or now_s - r.started_at_s < min_runtime_s or not takeable(r):
                     continue
                 by_type.setdefault(r.gpu_type, []).append(r)
                 by_owner.setdefault((r.tenant, r.gpu_type), []).append(r)
@@ -352,16 +359,14 @@ class Victims:
         """Whether some usable node will have n GPUs free or freeable from borrowed work once
         its borrowed attempts have all run their minimum (young ones included)."""
         borrowed = self._borrowed()
-        config = self._config
         counts: dict[int, int] = {}
         for r in self._running:
             if (
                 r.attempt_id in borrowed
                 and r.gpu_type == ti.gpu_type
-                and r.preemptible
                 and not r.stopping
                 and r.attempt_id not in done
-                and not exempt(r.preemptions, config)
+                and self._bound.takeable(r)
             ):
                 for node, count in self._index.nodes_of(r).items():
                     counts[node] = counts.get(node, 0) + count
@@ -556,9 +561,12 @@ class VictimPool:
     reused while they are held.
     """
 
-    def __init__(self, config: Config, topo: Topology):
+    def __init__(self, config: Config, topo: Topology, bound: PreemptionBound | None = None):
         self.config = config
         self.topo = topo
+        # The preemption bound of the totals it follows (PlanMemo.victim_pool makes a new pool
+        # when that changes): attempts at it are no candidates.
+        self.bound = bound if bound is not None else PreemptionBound(config.max_preemptions)
         self._clear()
 
     def _clear(self) -> None:
@@ -659,7 +667,7 @@ class VictimPool:
             self._remove(key, c)
 
     def _take(self, r: Running, bulk: dict[int, list[PoolEntry]] | None) -> None:
-        if r.stopping or not r.preemptible or exempt(r.preemptions, self.config):
+        if r.stopping or not self.bound.takeable(r):
             return
         self._add(id(r), Candidate(r, nodes_of(self.topo, r), 0.0, 0.0), bulk)
 

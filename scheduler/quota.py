@@ -167,6 +167,63 @@ _NOT_PREEMPTIBLE = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "not_pre
 _PREEMPTION_CAP = Verdict(False, False, ReasonCode.QUOTA_LIMIT, False, "preemption_cap")
 
 
+class PreemptionBound:
+    """Config.max_preemptions as it applies to each job.
+
+    A job preempted that many times is not preempted again, and may then start only within its
+    tenant's guarantee, as a job that cannot be preempted (check, label_borrowed): GPUs it
+    borrowed could not be given back. That holds a promise only where the guarantee can hold
+    the job. A job larger than its tenant's guarantee for its type (every job of a tenant with
+    none, which only ever borrows) could never start within it, and the bound would make it
+    wait for ever; such a job stays within the rules' reach, preempted whenever they say so,
+    and its restarts are counted as any other's.
+    """
+
+    __slots__ = ("max_preemptions", "_guaranteed", "key")
+
+    def __init__(self, max_preemptions: int | None = None, tenants: Iterable[Tenant] = ()) -> None:
+        self.max_preemptions = max_preemptions
+        guaranteed: dict[str, dict[str, int]] = {}
+        if max_preemptions is not None:
+            for t in tenants:
+                guaranteed[t.name] = {q.gpu_type: q.guaranteed_gpus for q in t.quotas}
+        self._guaranteed = guaranteed
+        # Equal keys, equal bounds: what a memo compares to keep what it summed under one.
+        self.key: tuple[object, ...] = (
+            max_preemptions,
+            tuple(sorted((name, tuple(sorted(g.items()))) for name, g in guaranteed.items())),
+        )
+
+    def reached(self, tenant: str, gpu_type: str, gpus: int, preemptions: int) -> bool:
+        """Whether a job of `tenant` on `gpus` GPUs of `gpu_type` (ANY: not yet placed),
+        preempted `preemptions` times already, is at the bound: not preempted again, and
+        borrowing nothing."""
+        bound = self.max_preemptions
+        if bound is None or preemptions < bound:
+            return False
+        return self.holds(tenant, gpu_type, gpus)
+
+    def takeable(self, r: Running) -> bool:
+        """Whether a running attempt can be taken back from its tenant (preempted): not when it
+        cannot be preempted, nor at the bound. Work that cannot fills its tenant's guarantee
+        first (label_borrowed) and counts against it alone (Book.fixed, check)."""
+        return r.preemptible and not self.reached(r.tenant, r.gpu_type, len(r.gpus), r.preemptions)
+
+    def holds(self, tenant: str, gpu_type: str, gpus: int) -> bool:
+        """Whether the tenant's guarantees can hold `gpus` GPUs of `gpu_type` at once (every
+        guarantee that covers the type: its own and ANY's)."""
+        g = self._guaranteed.get(tenant)
+        if not g:
+            return False
+        whole = g.get(ANY)
+        if whole is not None and whole < gpus:
+            return False
+        if gpu_type:
+            typed = g.get(gpu_type)
+            return whole is not None if typed is None else typed >= gpus
+        return any(n >= gpus for n in g.values())
+
+
 class RunningTotals:
     """What a snapshot's running attempts add up to, kept up to date from one call to the next.
 
@@ -195,13 +252,13 @@ class RunningTotals:
         "_stamp",
         "borrowed_by_tenant",
         "stopping",
-        "max_preemptions",
+        "bound",
         "fixed",
     )
 
-    def __init__(self, max_preemptions: int | None = None) -> None:
-        # Config.max_preemptions: an attempt at the bound cannot be taken back (see exempt)
-        self.max_preemptions = max_preemptions
+    def __init__(self, bound: PreemptionBound | None = None) -> None:
+        # An attempt at the preemption bound cannot be taken back (PreemptionBound.takeable).
+        self.bound = bound if bound is not None else PreemptionBound()
         self._seen: dict[int, Running] = {}
         self._last: tuple[Running, ...] | None = None  # the tuple of the last update
         # What the last update changed, for other indexes kept beside these sums (the memo's
@@ -315,7 +372,7 @@ class RunningTotals:
         if not r.stopping:
             self._stamp += 1
             self.versions[r.tenant] = self._stamp
-            back = takeable(r.preemptible, r.preemptions, self.max_preemptions)
+            back = self.bound.takeable(r)
             entry = (back, r.started_at_s, r.attempt_id, r.gpu_type, len(r.gpus))
             if not back:
                 kind = (r.tenant, r.gpu_type)
@@ -440,7 +497,8 @@ def build_books(
     books = {t.name: Book(t) for t in snapshot.tenants}
     old_enough_s = snapshot.now_s - config.min_runtime_s
     if totals is None:
-        totals = RunningTotals(config.max_preemptions).update(snapshot.running)
+        bound = PreemptionBound(config.max_preemptions, snapshot.tenants)
+        totals = RunningTotals(bound).update(snapshot.running)
     lowest: dict[tuple[str, str], int] = {}
     for (tenant, gpu_type, priority), times in totals.started.items():
         if times[0] <= old_enough_s:
@@ -468,29 +526,12 @@ def build_books(
     return books
 
 
-def exempt(preemptions: int, config: Config) -> bool:
-    """Whether a job preempted `preemptions` times already is out of every preemption rule's
-    reach (Config.max_preemptions), and so may not borrow either."""
-    return _at_bound(preemptions, config.max_preemptions)
-
-
-def _at_bound(preemptions: int, max_preemptions: int | None) -> bool:
-    return max_preemptions is not None and preemptions >= max_preemptions
-
-
-def takeable(preemptible: bool, preemptions: int, max_preemptions: int | None) -> bool:
-    """Whether work can be taken back from its tenant (preempted): not when it cannot be
-    preempted, nor at the preemption bound. Work that cannot fills its tenant's guarantee
-    first (label_borrowed) and counts against it alone (Book.fixed, check)."""
-    return preemptible and not _at_bound(preemptions, max_preemptions)
-
-
 def check(
     book: Book, gpu_type: str, n: int, preemptible: bool, config: Config, capped: bool = False
 ) -> Verdict:
     """May the tenant start n GPUs of this (named) type now, and would they be borrowed?
 
-    `capped`: the job was preempted Config.max_preemptions times (exempt), so it is not
+    `capped`: the job is at the preemption bound (PreemptionBound.reached), so it is not
     preempted again and borrows nothing, as a job that cannot be preempted."""
     # Those two may use only the tenant's guarantee: borrowed GPUs must be given back when their
     # owner asks. Such an attempt fills the guarantee before the tenant's attempts that can be
@@ -545,12 +586,12 @@ def label_borrowed(
     running: tuple[Running, ...],
     books: dict[str, Book],
     summed: RunningTotals | None = None,
-    max_preemptions: int | None = None,
+    bound: PreemptionBound | None = None,
 ) -> set[int]:
     """Attempt ids that run beyond their tenant's guarantee.
 
     Attempts fill the guarantee in the order they started (ones that cannot be taken back
-    first: not preemptible, or at `max_preemptions`): those that pushed the tenant past a
+    first: not preemptible, or at the preemption `bound`): those that pushed the tenant past a
     guarantee are the borrowed ones, as the start that created them was marked borrowed,
     unless work that cannot be taken back started later within the guarantee and pushed them
     out of it. ``summed``: `running` summed already (RunningTotals.update, which has its own
@@ -563,6 +604,7 @@ def label_borrowed(
         if not r.stopping:
             by_tenant.setdefault(r.tenant, []).append(r)
     borrowed: set[int] = set()
+    takeable = (bound if bound is not None else PreemptionBound()).takeable
     for tenant, attempts in by_tenant.items():
         g = books[tenant].guaranteed
         # Usage only grows as attempts are counted in: a tenant whose whole usage fits every
@@ -574,7 +616,7 @@ def label_borrowed(
             continue
         attempts.sort(
             key=lambda r: (
-                takeable(r.preemptible, r.preemptions, max_preemptions),
+                takeable(r),
                 r.started_at_s,
                 r.attempt_id,
             )

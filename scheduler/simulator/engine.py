@@ -70,7 +70,7 @@ from scheduler.model import (
 )
 from scheduler.predict import normalise_name
 from scheduler.priority import LAS_QUEUE_THRESHOLDS_GPU_S, las_queue
-from scheduler.quota import exempt
+from scheduler.quota import PreemptionBound
 from scheduler.simulator.checkpoints import CheckpointIntervals
 from scheduler.simulator.errors import PlanError as PlanError  # raised here; re-exported
 from scheduler.simulator.policies import Oracle
@@ -245,6 +245,7 @@ class _Engine:
         if len(set(ids)) != len(ids):
             raise ValueError("job ids of a replay must be unique")
         self.tenants = tuple(tenants)
+        self.bound = PreemptionBound(config.max_preemptions, self.tenants)
         known_tenants = {t.name for t in self.tenants}
         for j in self.jobs:
             if j.tenant not in known_tenants:
@@ -576,8 +577,8 @@ class _Engine:
             t.memory_mib,
             t.user,
             normalise_name(t.name),
-            # One preempted Config.max_preemptions times may only start within its guarantee.
-            exempt(job.preemptions, self.config),
+            # One at the preemption bound may only start within its guarantee.
+            self.bound.reached(t.tenant, t.gpu_type, t.gpus, job.preemptions),
         )
         if self.config.ordering is Ordering.LAS:
             klass = (*klass, las_queue(p.attained_service_s))

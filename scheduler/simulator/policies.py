@@ -106,6 +106,7 @@ PRESETS: dict[str, Preset] = {
                 preemption=True,
                 backfill=False,
                 min_runtime_s=0.0,
+                max_preemptions=None,
             ),
             oracle=Oracle.REMAINING,
             sharing=Sharing.STATIC,
@@ -119,6 +120,7 @@ PRESETS: dict[str, Preset] = {
                 preemption=True,
                 backfill=False,
                 min_runtime_s=0.0,
+                max_preemptions=None,
             ),
             sharing=Sharing.STATIC,
         ),
@@ -135,6 +137,7 @@ PRESETS: dict[str, Preset] = {
             Config(ordering=Ordering.SJF, borrowing=True, preemption=False, backfill=False),
             oracle=Oracle.DURATION,
         ),
+        # The preempting baselines are the published rules, with no bound on preemptions per job.
         # A preempted job pays its restart before it progresses again, and the oracle counts it
         # in the job's remaining time (see the engine's _make_pending): a victim is taken only
         # by a job that ends sooner than it would even after paying that. The minimum run time
@@ -149,6 +152,7 @@ PRESETS: dict[str, Preset] = {
                 preemption=True,
                 backfill=False,
                 min_runtime_s=60.0,
+                max_preemptions=None,
             ),
             oracle=Oracle.REMAINING,
         ),
@@ -161,6 +165,7 @@ PRESETS: dict[str, Preset] = {
                 preemption=True,
                 backfill=False,
                 min_runtime_s=60.0,
+                max_preemptions=None,
             ),
         ),
         Preset(

@@ -22,6 +22,7 @@ from scheduler.model import (
     VictimOrder,
 )
 from scheduler.policy import plan
+from scheduler.quota import PreemptionBound
 
 NOW = 100_000.0
 TYPES = ("H100", "A100")
@@ -348,14 +349,16 @@ def test_only_preemptible_attempts_older_than_the_minimum_runtime_are_preempted(
     attempts = {r.attempt_id: r for r in snap.running}
     victims = [x.attempt_id for x in p.preemptions]
     assert len(victims) == len(set(victims)), "an attempt was preempted twice"
+    bound = PreemptionBound(config.max_preemptions, snap.tenants)
     for x in p.preemptions:
         r = attempts[x.attempt_id]
         assert r.preemptible and not r.stopping
         assert NOW - r.started_at_s >= config.min_runtime_s
         assert x.job_id == r.job_id
-        if config.max_preemptions is not None and x.for_job_id is not None:
-            # Only draining a node (no job it is stopped for) stops one past the bound.
-            assert r.preemptions < config.max_preemptions
+        if x.for_job_id is not None:
+            # Only draining a node (no job it is stopped for) stops one past the bound (which
+            # holds for a job its tenant's guarantee can hold: PreemptionBound).
+            assert not bound.reached(r.tenant, r.gpu_type, len(r.gpus), r.preemptions)
 
 
 @SETTINGS
@@ -364,9 +367,11 @@ def test_a_job_at_its_preemption_bound_never_starts_on_borrowed_gpus(snap, confi
     # It would not be preempted to give them back, so their owner would wait for it to end.
     p = plan(snap, config)
     jobs = {j.job_id: j for j in snap.pending}
-    cap = config.max_preemptions
+    bound = PreemptionBound(config.max_preemptions, snap.tenants)
+    type_of = {g.uuid: g.gpu_type for n in snap.nodes for g in n.gpus}
     for s in p.starts:
-        if cap is not None and jobs[s.job_id].preemptions >= cap:
+        j = jobs[s.job_id]
+        if s.gpu_uuids and bound.reached(j.tenant, type_of[s.gpu_uuids[0]], j.gpus, j.preemptions):
             assert not s.borrowed, s
 
 
@@ -376,23 +381,23 @@ def test_work_that_cannot_be_taken_back_never_grows_past_a_guarantee(snap, confi
     # Not preemptible, or at the preemption bound: GPUs it held beyond its tenant's guarantee
     # could not be given back to their owner. Starts may fill the guarantee with it, never more.
     p = plan(snap, config)
-    cap = config.max_preemptions
+    bound = PreemptionBound(config.max_preemptions, snap.tenants)
     type_of = {g.uuid: g.gpu_type for n in snap.nodes for g in n.gpus}
     jobs = {j.job_id: j for j in snap.pending}
 
-    def fixed(preemptible: bool, preemptions: int) -> bool:
-        return not preemptible or (cap is not None and preemptions >= cap)
-
     before: Counter = Counter()
     for r in snap.running:
-        if not r.stopping and fixed(r.preemptible, r.preemptions):
+        if not r.stopping and not bound.takeable(r):
             before[(r.tenant, r.gpu_type)] += len(r.gpus)
             before[(r.tenant, ANY_GPU_TYPE)] += len(r.gpus)
     after = Counter(before)
     for s in p.starts:
         job = jobs[s.job_id]
-        if s.gpu_uuids and fixed(job.preemptible, job.preemptions):
-            after[(job.tenant, type_of[s.gpu_uuids[0]])] += len(s.gpu_uuids)
+        t = type_of[s.gpu_uuids[0]] if s.gpu_uuids else ""
+        if s.gpu_uuids and (
+            not job.preemptible or bound.reached(job.tenant, t, job.gpus, job.preemptions)
+        ):
+            after[(job.tenant, t)] += len(s.gpu_uuids)
             after[(job.tenant, ANY_GPU_TYPE)] += len(s.gpu_uuids)
     for t in snap.tenants:
         for q in t.quotas:

@@ -34,7 +34,10 @@ def _run(**environment: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("setting, bound", [(None, "None"), ("", "None"), ("3", "3"), ("0", "0")])
+@pytest.mark.parametrize(
+    "setting, bound",
+    [(None, "5"), ("", "5"), ("3", "3"), ("0", "0"), ("none", "None"), (" None ", "None")],
+)
 def test_the_preemption_bound_comes_from_the_environment(setting, bound):
     done = _run(**({} if setting is None else {"SCHEDULER_MAX_PREEMPTIONS": setting}))
     assert done.returncode == 0, done.stderr
