@@ -377,6 +377,22 @@ def test_a_job_at_its_preemption_bound_never_starts_on_borrowed_gpus(snap, confi
 
 @SETTINGS
 @given(snapshots(), configs)
+def test_only_a_job_its_guarantee_can_hold_is_told_it_waits_for_the_preemption_bound(snap, config):
+    # At the bound a job may start only within its guarantee: told so, a job the guarantee
+    # cannot hold would wait for ever. Such a job is never bounded (PreemptionBound).
+    p = plan(snap, config)
+    jobs = {j.job_id: j for j in snap.pending}
+    bound = PreemptionBound(config.max_preemptions, snap.tenants)
+    for d in p.pending:
+        if "so it is not preempted again" in d.reason:
+            j = jobs[d.job_id]
+            assert bound.holds(j.tenant, j.gpu_type, j.gpus), (j, d.reason)
+            assert config.max_preemptions is not None
+            assert j.preemptions >= config.max_preemptions
+
+
+@SETTINGS
+@given(snapshots(), configs)
 def test_work_that_cannot_be_taken_back_never_grows_past_a_guarantee(snap, config):
     # Not preemptible, or at the preemption bound: GPUs it held beyond its tenant's guarantee
     # could not be given back to their owner. Starts may fill the guarantee with it, never more.
