@@ -14,10 +14,12 @@ from scheduler.model import (
     Node,
     Ordering,
     Pending,
+    Plan,
     Quota,
     ReasonCode,
     Running,
     Snapshot,
+    Start,
     Tenant,
     VictimOrder,
 )
@@ -361,17 +363,27 @@ def test_only_preemptible_attempts_older_than_the_minimum_runtime_are_preempted(
             assert not bound.reached(r.tenant, r.gpu_type, len(r.gpus), r.preemptions)
 
 
+def _bounded(snap: Snapshot, config: Config) -> tuple[Plan, dict[int, Pending], PreemptionBound]:
+    """The plan, the waiting jobs by id, and the preemption bound as it applies to them."""
+    jobs = {j.job_id: j for j in snap.pending}
+    return plan(snap, config), jobs, PreemptionBound(config.max_preemptions, snap.tenants)
+
+
+def _started_type(snap: Snapshot, s: Start) -> str:
+    """The GPU type a start was placed on ("" for a job without GPUs)."""
+    if not s.gpu_uuids:
+        return ""
+    return next(g.gpu_type for n in snap.nodes for g in n.gpus if g.uuid == s.gpu_uuids[0])
+
+
 @SETTINGS
 @given(snapshots(), configs)
 def test_a_job_at_its_preemption_bound_never_starts_on_borrowed_gpus(snap, config):
     # It would not be preempted to give them back, so their owner would wait for it to end.
-    p = plan(snap, config)
-    jobs = {j.job_id: j for j in snap.pending}
-    bound = PreemptionBound(config.max_preemptions, snap.tenants)
-    type_of = {g.uuid: g.gpu_type for n in snap.nodes for g in n.gpus}
+    p, jobs, bound = _bounded(snap, config)
     for s in p.starts:
         j = jobs[s.job_id]
-        if s.gpu_uuids and bound.reached(j.tenant, type_of[s.gpu_uuids[0]], j.gpus, j.preemptions):
+        if s.gpu_uuids and bound.reached(j.tenant, _started_type(snap, s), j.gpus, j.preemptions):
             assert not s.borrowed, s
 
 
@@ -380,9 +392,7 @@ def test_a_job_at_its_preemption_bound_never_starts_on_borrowed_gpus(snap, confi
 def test_only_a_job_its_guarantee_can_hold_is_told_it_waits_for_the_preemption_bound(snap, config):
     # At the bound a job may start only within its guarantee: told so, a job the guarantee
     # cannot hold would wait for ever. Such a job is never bounded (PreemptionBound).
-    p = plan(snap, config)
-    jobs = {j.job_id: j for j in snap.pending}
-    bound = PreemptionBound(config.max_preemptions, snap.tenants)
+    p, jobs, bound = _bounded(snap, config)
     for d in p.pending:
         if "so it is not preempted again" in d.reason:
             j = jobs[d.job_id]
@@ -396,10 +406,7 @@ def test_only_a_job_its_guarantee_can_hold_is_told_it_waits_for_the_preemption_b
 def test_work_that_cannot_be_taken_back_never_grows_past_a_guarantee(snap, config):
     # Not preemptible, or at the preemption bound: GPUs it held beyond its tenant's guarantee
     # could not be given back to their owner. Starts may fill the guarantee with it, never more.
-    p = plan(snap, config)
-    bound = PreemptionBound(config.max_preemptions, snap.tenants)
-    type_of = {g.uuid: g.gpu_type for n in snap.nodes for g in n.gpus}
-    jobs = {j.job_id: j for j in snap.pending}
+    p, jobs, bound = _bounded(snap, config)
 
     before: Counter = Counter()
     for r in snap.running:
@@ -409,7 +416,7 @@ def test_work_that_cannot_be_taken_back_never_grows_past_a_guarantee(snap, confi
     after = Counter(before)
     for s in p.starts:
         job = jobs[s.job_id]
-        t = type_of[s.gpu_uuids[0]] if s.gpu_uuids else ""
+        t = _started_type(snap, s)
         if s.gpu_uuids and (
             not job.preemptible or bound.reached(job.tenant, t, job.gpus, job.preemptions)
         ):

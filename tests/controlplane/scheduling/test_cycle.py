@@ -212,6 +212,32 @@ def test_a_job_preempted_as_often_as_the_policy_allows_waits_for_its_own_guarant
     assert running.preemptions == 1
 
 
+def test_past_the_default_bound_a_job_its_guarantee_cannot_hold_still_borrows(
+    settings, make_node, make_job, vision, alice
+):
+    """The default bound (5) applies only where the tenant's guarantee can hold the job: a
+    tenant that only borrows would otherwise never run a job again once it reached it."""
+    from controlplane.tenancy.models import Quota
+
+    settings.SCHEDULER_POLICY = {}
+    make_node("n1", gpus=8)
+    Quota.objects.filter(tenant=vision).update(guaranteed_gpus=0)
+    job = make_job(vision, alice, name="borrower", gpus=4, gpu_type="H100-SXM-80GB")
+    Job.objects.filter(pk=job.pk).update(preemptions=7)
+    assert run_scheduling_cycle()["starts"] == 1
+    (attempt,) = JobAttempt.objects.filter(job=job)
+    assert attempt.borrowed
+    # Guaranteed 4 GPUs, the same job is held by the guarantee: at the bound, it starts
+    # within it.
+    Quota.objects.filter(tenant=vision).update(guaranteed_gpus=4)
+    held = make_job(vision, alice, name="held", gpus=4, gpu_type="H100-SXM-80GB")
+    Job.objects.filter(pk=held.pk).update(preemptions=7)
+    actions.finish_attempt(attempt, exit_code=0)
+    assert run_scheduling_cycle()["starts"] == 1
+    (within,) = JobAttempt.objects.filter(job=held)
+    assert not within.borrowed
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_cycles_started_at_once_never_allocate_a_gpu_twice(make_node, make_job, vision, alice):
     for i in range(4):
